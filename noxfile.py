@@ -1,0 +1,76 @@
+"""Test matrix. ``popir`` and ``popsim`` run in venvs without torch, proving the layering.
+
+Every session that needs torch installs ``torch==2.13.0`` (the CPU wheel) before anything else, so no
+resolver ever pulls a CUDA build.
+"""
+
+import nox
+
+nox.options.sessions = ["lint", "popir", "popsim", "popdata", "poptorch"]
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+
+TORCH = "torch==2.13.0"
+TEST_DEPS = ["pytest>=7", "hypothesis>=6.80"]
+BUILD_DEPS = ["setuptools>=68", "Cython>=3.0", "numpy>=1.24", "scipy>=1.10"]
+ASSERT_NO_TORCH = (
+    "import importlib.util, sys; "
+    "sys.exit('torch must not be installed in this session' if importlib.util.find_spec('torch') else 0)"
+)
+
+
+def _install_layers(session, *names):
+    session.install(*BUILD_DEPS)
+    session.install("--no-build-isolation", *(f"packages/{name}" for name in names))
+
+
+def _pytest(session, *paths):
+    session.run("pytest", "-p", "no:cacheprovider", *paths, *session.posargs)
+
+
+@nox.session
+def lint(session):
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def popir(session):
+    session.install(*TEST_DEPS, "numpy>=1.24")
+    session.install("packages/popir")
+    session.run("python", "-c", ASSERT_NO_TORCH)
+    session.run("python", "-c", "import popir")
+    _pytest(session, "tests/popir")
+
+
+@nox.session
+def popsim(session):
+    session.install(*TEST_DEPS)
+    _install_layers(session, "popir", "popsim")
+    session.run("python", "-c", ASSERT_NO_TORCH)
+    _pytest(session, "tests/popsim")
+
+
+@nox.session
+def popdata(session):
+    session.install(TORCH)
+    session.install(*TEST_DEPS)
+    session.install("packages/popdata")
+    _pytest(session, "tests/popdata")
+
+
+@nox.session
+def poptorch(session):
+    session.install(TORCH)
+    session.install(*TEST_DEPS, "scikit-learn>=1.3")
+    _install_layers(session, "popir", "popsim", "popdata", "poptorch")
+    _pytest(session, "tests/poptorch", "tests/common", "tests/examples")
+
+
+@nox.session(default=False)
+def bench(session):
+    session.install(TORCH)
+    session.install("scikit-learn>=1.3")
+    _install_layers(session, "popir", "popsim", "popdata", "poptorch")
+    session.run("python", "bench/run_all.py", *session.posargs)

@@ -1,0 +1,60 @@
+"""Reverse-mode autodiff: walk the nodes in reverse and apply each primitive's VJP rule.
+
+Gradients are popir nodes appended to the same graph, so passes optimise them and popsim runs them.
+"""
+
+import numpy as np
+
+from popir.errors import IRError
+from popir.registry import get_op
+
+
+def grad(graph, loss, wrt, seed=None):
+    """Gradients of ``loss`` with respect to each Value in ``wrt`` (a list of Values, same order).
+
+    ``seed`` is the cotangent of ``loss`` (default: ones). Nodes that do not lie on a path from
+    ``wrt`` to ``loss`` are skipped; a Value with no path gets a zero gradient.
+    """
+    if not loss.dtype.is_float:
+        raise IRError(f"cannot differentiate a {loss.dtype} loss")
+    needed = _on_path(graph, wrt, loss)
+    cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
+    for node in reversed(graph.nodes):
+        if not any(v.id in needed for v in node.outputs):
+            continue
+        cts = [cotangents.get(v.id) for v in node.outputs]
+        if all(ct is None for ct in cts):
+            continue
+        opdef = get_op(node.op)
+        if not opdef.differentiable:
+            continue
+        with graph.source_line(node.source):
+            input_cts = opdef.vjp(tuple(node.inputs), tuple(node.outputs), tuple(cts), **node.attrs)
+        for value, ct in zip(node.inputs, input_cts):
+            if ct is None or value.id not in needed or not value.dtype.is_float:
+                continue
+            if ct.type != value.type:
+                raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
+            previous = cotangents.get(value.id)
+            cotangents[value.id] = ct if previous is None else previous + ct
+    return [cotangents[w.id] if w.id in cotangents else _full(graph, w, 0.0) for w in wrt]
+
+
+def _full(graph, like, fill):
+    from popir.ops import broadcast_to
+
+    scalar = graph.constant(np.array(fill, dtype=like.dtype.numpy))
+    return broadcast_to(scalar, shape=like.shape) if like.shape else scalar
+
+
+def _on_path(graph, wrt, loss):
+    """Ids of values that depend on some ``wrt`` and on which ``loss`` depends."""
+    forward = {w.id for w in wrt}
+    for node in graph.nodes:
+        if any(v.id in forward for v in node.inputs):
+            forward.update(v.id for v in node.outputs)
+    backward = {loss.id}
+    for node in reversed(graph.nodes):
+        if any(v.id in backward for v in node.outputs):
+            backward.update(v.id for v in node.inputs)
+    return forward & backward

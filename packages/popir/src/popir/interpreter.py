@@ -1,0 +1,37 @@
+"""The reference interpreter: runs a graph with the NumPy reference of every primitive."""
+
+import numpy as np
+
+from popir.errors import IRError
+from popir.registry import get_op
+
+
+def evaluate(graph, feeds):
+    """All values of ``graph`` given arrays for every graph input; returns {value id: ndarray}."""
+    env = {}
+    for v in graph.inputs:
+        if v.name not in feeds:
+            raise IRError(f"no value fed for graph input {v.name!r}")
+        array = np.asarray(feeds[v.name])
+        if array.shape != v.shape:
+            raise IRError(f"input {v.name!r}: expected shape {v.shape}, got {array.shape}")
+        env[v.id] = array.astype(v.dtype.numpy, copy=False)
+    for node in graph.nodes:
+        result = get_op(node.op).ref(*[env[v.id] for v in node.inputs], **node.attrs)
+        results = result if isinstance(result, tuple) else (result,)
+        for value, array in zip(node.outputs, results):
+            env[value.id] = np.asarray(array, dtype=value.dtype.numpy).reshape(value.shape)
+    return env
+
+
+def run(graph, feeds):
+    """The named outputs of ``graph`` for ``feeds`` (name -> array, one per graph input)."""
+    env = evaluate(graph, feeds)
+    return {name: env[v.id] for name, v in graph.outputs.items()}
+
+
+def step(graph, feeds):
+    """One run that also returns the updated state: (outputs, {state name: new array})."""
+    env = evaluate(graph, feeds)
+    outputs = {name: env[v.id] for name, v in graph.outputs.items()}
+    return outputs, {state.name: env[v.id] for state, v in graph.updates.items()}

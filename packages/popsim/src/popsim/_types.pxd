@@ -1,0 +1,7 @@
+# Shared C typedefs of the engine: every .pyx of popsim uses these names, so a width changes in one place.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+
+ctypedef int64_t offset_t   # byte offset inside an IPU's tile arena
+ctypedef int32_t tile_t     # tile index inside one IPU
+ctypedef uint8_t byte_t
+ctypedef uint32_t u32
