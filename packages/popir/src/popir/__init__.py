@@ -6,7 +6,7 @@ primitive); reverse-mode ``autodiff.grad``; the reference ``interpreter``; passe
 
 from importlib.metadata import version as _version
 
-from popir import autodiff, interpreter, ops
+from popir import autodiff, interpreter, ops, passes
 from popir.dtypes import DType, as_dtype
 from popir.errors import IRError
 from popir.graph import Graph, Node, TensorType, Value
@@ -30,4 +30,5 @@ __all__ = [
     "get_op",
     "interpreter",
     "ops",
+    "passes",
 ]

@@ -1,0 +1,131 @@
+"""Algebraic simplification: identities that remove work without changing a single result.
+
+x*1, 1*x, x+0, 0+x, x-0, x/1; transpose of transpose (perms composed, identity dropped); reshape of
+reshape and reshape to the same shape; broadcast_to of broadcast_to and to the same shape; cast to the
+same dtype; reduce_sum over axes of size 1 only. A constant operand counts when all its elements hold the value, also
+seen through broadcast_to and reshape (autodiff seeds are broadcast scalars).
+"""
+
+import numpy as np
+
+from popir.dtypes import DType, as_dtype
+from popir.ops._infer import broadcast_shapes, norm_axes
+from popir.passes._rebuild import Rebuilder, constant_array, producer_op
+
+
+def filled_with(builder, value, fill):
+    """Whether every element of ``value`` is a constant equal to ``fill``."""
+    key = ("filled", value.id, fill)
+    known = builder.memo.get(key)
+    if known is None:
+        op = producer_op(value)
+        if op == "constant":
+            known = bool(np.all(constant_array(value) == fill))
+        elif op in ("broadcast_to", "reshape"):
+            known = filled_with(builder, value.producer.inputs[0], fill)
+        else:
+            known = False
+        builder.memo[key] = known
+    return known
+
+
+def _as_shape(builder, x, shape):
+    """``x`` itself when it already has ``shape``, else ``x`` broadcast to it."""
+    return x if x.shape == shape else builder.apply("broadcast_to", [x], {"shape": shape})
+
+
+def _identity_operand(builder, keep, drop, other, fill):
+    """``keep`` (broadcast to the result shape) when ``drop`` is filled with ``fill``, else None."""
+    if not filled_with(builder, drop, fill):
+        return None
+    return [_as_shape(builder, keep, broadcast_shapes(keep.shape, other.shape))]
+
+
+def _add(builder, a, b, attrs):
+    return _identity_operand(builder, a, b, b, 0) or _identity_operand(builder, b, a, a, 0)
+
+
+def _mul(builder, a, b, attrs):
+    return _identity_operand(builder, a, b, b, 1) or _identity_operand(builder, b, a, a, 1)
+
+
+def _sub(builder, a, b, attrs):
+    return _identity_operand(builder, a, b, b, 0)
+
+
+def _div(builder, a, b, attrs):
+    return _identity_operand(builder, a, b, b, 1)
+
+
+def _transpose(builder, x, attrs):
+    perm = attrs["perm"]
+    if producer_op(x) == "transpose":
+        inner = x.producer
+        perm = tuple(inner.attrs["perm"][p] for p in perm)
+        x = inner.inputs[0]
+    elif perm != tuple(range(len(perm))):
+        return None
+    if perm == tuple(range(len(perm))):
+        return [x]
+    return builder.apply("transpose", [x], {"perm": perm})
+
+
+def _reshape(builder, x, attrs):
+    shape = attrs["shape"]
+    if producer_op(x) == "reshape":
+        x = x.producer.inputs[0]
+    elif x.shape != shape:
+        return None
+    return [x] if x.shape == shape else builder.apply("reshape", [x], {"shape": shape})
+
+
+def _broadcast_to(builder, x, attrs):
+    shape = attrs["shape"]
+    if producer_op(x) == "broadcast_to":
+        x = x.producer.inputs[0]
+    elif x.shape != shape:
+        return None
+    return [_as_shape(builder, x, shape)]
+
+
+def _cast(builder, x, attrs):
+    return [x] if as_dtype(attrs["dtype"]) is x.dtype else None
+
+
+def _reduce_sum(builder, x, attrs):
+    axes = norm_axes(attrs["axes"], x.ndim)
+    if any(x.shape[a] != 1 for a in axes):
+        return None
+    if attrs["keepdims"] or not axes:
+        return [x]
+    return builder.apply("reshape", [x], {"shape": tuple(d for i, d in enumerate(x.shape) if i not in axes)})
+
+
+_UNARY = {
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "broadcast_to": _broadcast_to,
+    "cast": _cast,
+    "reduce_sum": _reduce_sum,
+}
+_BINARY = {"add": _add, "sub": _sub, "mul": _mul, "div": _div}
+
+
+def simplify_rule(builder, op, inputs, attrs, types):
+    """Rewrite rule: a simpler equivalent of the node, or None."""
+    if op in _BINARY:
+        if inputs[0].dtype is DType.bool:
+            return None
+        result = _BINARY[op](builder, inputs[0], inputs[1], attrs)
+    elif op in _UNARY:
+        result = _UNARY[op](builder, inputs[0], attrs)
+    else:
+        return None
+    if result is not None:
+        builder.changes += 1
+    return result
+
+
+def simplify(graph):
+    """A new graph with the algebraic identities above applied."""
+    return Rebuilder(graph, [simplify_rule]).replay()

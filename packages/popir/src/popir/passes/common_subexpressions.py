@@ -1,0 +1,48 @@
+"""Common-subexpression elimination: one node per (op, inputs, attributes), constants shared by value."""
+
+import numpy as np
+
+from popir.passes._rebuild import Rebuilder
+
+# Ops whose result does not depend on the order of their two operands (exactly, in IEEE arithmetic too).
+COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "logical_and", "logical_or"})
+
+
+def attr_key(value):
+    """A hashable key equal for equal attribute values: arrays by dtype, shape and bytes, floats by bits."""
+    if isinstance(value, tuple):
+        return tuple(attr_key(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, float):
+        # -0.0 == 0.0 in Python, yet the two give different results (pad value, division).
+        return ("float", value.hex())
+    return (type(value).__name__, value)
+
+
+class CommonSubexpressions:
+    """A rewrite rule: answer a node already emitted with the same op, inputs and attributes.
+
+    Keep one instance per sweep: it remembers the nodes of the graph being built.
+    """
+
+    def __init__(self):
+        self.seen = {}
+
+    def __call__(self, builder, op, inputs, attrs, types):
+        ids = [v.id for v in inputs]
+        if op in COMMUTATIVE:
+            ids.sort()
+        key = (op, tuple(ids), tuple((k, attr_key(v)) for k, v in sorted(attrs.items())))
+        found = self.seen.get(key)
+        if found is not None:
+            builder.changes += 1
+            return found
+        outputs = builder.emit(op, inputs, attrs, types)
+        self.seen[key] = outputs
+        return outputs
+
+
+def eliminate_common_subexpressions(graph):
+    """A new graph in which identical computations are done once."""
+    return Rebuilder(graph, [CommonSubexpressions()]).replay()
