@@ -1,0 +1,222 @@
+"""Optimizer update rules as popir: SGD, Adam, AdamW, RMSprop (torch's formulas) and LAMB.
+
+``OptimizerBuilder.apply`` appends, to a program graph, the update of every trained parameter from its
+(already reduced) gradient, and ``graph.update``s the parameters and the optimizer state. Variable
+hyper-parameters are scalar ``optimizer_state`` inputs named ``hyper_name(group, name)``, written by the
+executor; constant ones are compiled in and vanish when they are 0 (no weight decay, no momentum...).
+"""
+
+import numpy as np
+
+from popir import DType, IRError
+
+STEP = "_opt.step"
+LOSS_SCALING = "_opt.loss_scaling"
+
+
+def hyper_name(group_index, name):
+    """Device variable holding a variable hyper-parameter of a parameter group."""
+    return f"_opt.group{group_index}.{name}"
+
+
+def state_name(param, slot):
+    """Device variable holding optimizer state ``slot`` (torch's name, e.g. exp_avg) of parameter ``param``."""
+    return f"_opt.{param}.{slot}"
+
+
+def _op(name, *inputs, **attrs):
+    """Apply a popir primitive by its registry name."""
+    return inputs[0].graph.apply(name, inputs, attrs)[0]
+
+
+def _is_zero(h):
+    return not hasattr(h, "graph") and h == 0
+
+
+def _is_one(h):
+    return not hasattr(h, "graph") and h == 1
+
+
+def _scalar(graph, h):
+    return h if hasattr(h, "graph") else graph.constant(np.array(h, dtype=np.float32))
+
+
+class OptimizerBuilder:
+    """Builds one OptimizerSpec's update rule into graphs; records the initial value of every new variable."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.initial = {}
+
+    # -- variables ------------------------------------------------------------------------------
+    def _variable(self, graph, name, shape, dtype, fill):
+        try:
+            return graph.input(name)
+        except IRError:
+            self.initial.setdefault(name, np.full(shape, fill, dtype=np.dtype(dtype)))
+            return graph.add_input(name, shape, dtype, kind="optimizer_state")
+
+    def hyper(self, graph, group_index, name):
+        """A hyper-parameter: a scalar Value if variable, else its float value."""
+        group = self.spec.groups[group_index]
+        if name not in group.variable:
+            return group.values[name]
+        return self._variable(graph, hyper_name(group_index, name), (), "float32", group.values[name])
+
+    def loss_scaling(self, graph):
+        """The loss scaling factor: a Value if variable, else a float."""
+        if self.spec.loss_scaling_variable:
+            return self._variable(graph, LOSS_SCALING, (), "float32", self.spec.loss_scaling)
+        return self.spec.loss_scaling
+
+    def loss_seed(self, graph, loss):
+        """The cotangent that starts backpropagation: loss_scaling (1 unless set) in the loss's shape."""
+        scale = self.loss_scaling(graph)
+        if _is_one(scale):
+            return None
+        value = _op("cast", _scalar(graph, scale), dtype=loss.dtype.value)
+        return _op("broadcast_to", value, shape=loss.shape) if loss.shape else value
+
+    def _state(self, graph, param, slot, fill, dtype_attr):
+        dtype = self.spec.state_dtypes.get(dtype_attr) or self.spec.state_dtypes.get("accum_type", "float32")
+        if dtype == "float32" and param.dtype != DType.float32:
+            dtype = param.dtype.value
+        value = self._variable(graph, state_name(param.name, slot), param.shape, dtype, fill)
+        return value, (_op("cast", value, dtype="float32") if value.dtype != DType.float32 else value)
+
+    def _store(self, graph, variable, new):
+        graph.update(variable, _op("cast", new, dtype=variable.dtype.value) if new.dtype != variable.dtype else new)
+
+    def _step(self, graph):
+        step = self._variable(graph, STEP, (), "float32", 0.0)
+        return step, step + 1.0
+
+    # -- the update -----------------------------------------------------------------------------
+    def apply(self, graph, params, grads, group_of):
+        """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group."""
+        grads = {
+            name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
+        }
+        scale = self.loss_scaling(graph)
+        if not _is_one(scale):
+            grads = {name: g / scale for name, g in grads.items()}
+        if self.spec.max_grad_norm is not None:
+            grads = self._clip(graph, grads)
+        step, t = self._step(graph) if self._needs_step() else (None, None)
+        rule = getattr(self, f"_{self.spec.kind}")
+        for name, p in params.items():
+            p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
+            new = rule(graph, group_of[name], p32, grads[name], t)
+            graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
+        if step is not None:
+            graph.update(step, t)
+
+    def _needs_step(self):
+        kind = self.spec.kind
+        if kind in ("adam", "adamw", "lamb"):
+            return True
+        if kind == "sgd":
+            return any(not _is_zero(g.values["dampening"]) or "dampening" in g.variable for g in self.spec.groups)
+        return False
+
+    def _clip(self, graph, grads):
+        """Global-norm clipping exactly as torch.nn.utils.clip_grad_norm_."""
+        squares = [_op("reduce_sum", g * g, axes=None, keepdims=False) for g in grads.values()]
+        total = squares[0]
+        for s in squares[1:]:
+            total = total + s
+        coef = _scalar(graph, float(self.spec.max_grad_norm)) / (_op("sqrt", total) + 1e-6)
+        coef = _op("minimum", coef, _scalar(graph, 1.0))
+        return {name: g * coef for name, g in grads.items()}
+
+    def _sgd(self, graph, gi, p, g, t):
+        h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
+        lr, momentum, dampening, wd = h("lr"), h("momentum"), h("dampening"), h("weight_decay")
+        if not _is_zero(wd):
+            g = g + p * wd
+        if not _is_zero(momentum):
+            vs = h("velocity_scaling")
+            buf_var, buf = self._state(graph, p, "momentum_buffer", 0.0, "velocity_accum_type")
+            scaled_g = g if _is_one(vs) else g * vs
+            new_buf = buf * momentum + (
+                scaled_g if _is_zero(dampening) else scaled_g * (1.0 - _scalar(graph, dampening))
+            )
+            if t is not None:
+                # torch starts the buffer at the first gradient, undamped.
+                new_buf = _op("where", _op("eq", t, _scalar(graph, 1.0)), scaled_g, new_buf)
+            self._store(graph, buf_var, new_buf)
+            velocity = new_buf if _is_one(vs) else new_buf / vs
+            g = g + velocity * momentum if self.spec.groups[gi].structure["nesterov"] else velocity
+        return p - g * lr
+
+    def _adam_moments(self, graph, gi, p, g, t):
+        h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
+        b1, b2 = h("beta1"), h("beta2")
+        m_var, m = self._state(graph, p, "exp_avg", 0.0, "first_order_momentum_accum_type")
+        v_var, v = self._state(graph, p, "exp_avg_sq", 0.0, "second_order_momentum_accum_type")
+        new_m = m + (g - m) * (1.0 - _scalar(graph, b1))
+        new_v = v * b2 + g * g * (1.0 - _scalar(graph, b2))
+        self._store(graph, m_var, new_m)
+        self._store(graph, v_var, new_v)
+        if not self.spec.bias_correction:
+            return new_m, new_v, None, None
+        bc1 = 1.0 - _op("pow", _scalar(graph, b1), t)
+        bc2 = 1.0 - _op("pow", _scalar(graph, b2), t)
+        return new_m, new_v, bc1, bc2
+
+    def _adam(self, graph, gi, p, g, t):
+        lr, wd, eps = (self.hyper(graph, gi, n) for n in ("lr", "weight_decay", "eps"))
+        if self.spec.kind == "adamw":
+            if not _is_zero(wd):
+                p = p * (1.0 - _scalar(graph, lr) * wd)
+        elif not _is_zero(wd):
+            g = g + p * wd
+        m, v, bc1, bc2 = self._adam_moments(graph, gi, p, g, t)
+        if bc1 is None:
+            return p - (m / (_op("sqrt", v) + eps)) * lr
+        step_size = _scalar(graph, lr) / bc1
+        denom = _op("sqrt", v) / _op("sqrt", bc2) + eps
+        return p - (m / denom) * step_size
+
+    _adamw = _adam
+
+    def _rmsprop(self, graph, gi, p, g, t):
+        h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
+        lr, alpha, eps, wd, momentum = h("lr"), h("alpha"), h("eps"), h("weight_decay"), h("momentum")
+        tf = self.spec.use_tf_variant
+        if not _is_zero(wd):
+            g = g + p * wd
+        sq_var, sq = self._state(graph, p, "square_avg", 1.0 if tf else 0.0, "second_order_momentum_accum_type")
+        new_sq = sq * alpha + g * g * (1.0 - _scalar(graph, alpha))
+        self._store(graph, sq_var, new_sq)
+        if self.spec.groups[gi].structure["centered"]:
+            ga_var, ga = self._state(graph, p, "grad_avg", 0.0, "first_order_momentum_accum_type")
+            new_ga = ga + (g - ga) * (1.0 - _scalar(graph, alpha))
+            self._store(graph, ga_var, new_ga)
+            new_sq = new_sq - new_ga * new_ga
+        avg = _op("sqrt", new_sq + eps) if tf else _op("sqrt", new_sq) + eps
+        if _is_zero(momentum):
+            return p - (g / avg) * lr
+        buf_var, buf = self._state(graph, p, "momentum_buffer", 0.0, "first_order_momentum_accum_type")
+        new_buf = buf * momentum + ((g / avg) * lr if tf else g / avg)
+        self._store(graph, buf_var, new_buf)
+        return p - new_buf if tf else p - new_buf * lr
+
+    def _lamb(self, graph, gi, p, g, t):
+        lr, wd, eps, max_norm = (self.hyper(graph, gi, n) for n in ("lr", "weight_decay", "eps", "max_weight_norm"))
+        m, v, bc1, bc2 = self._adam_moments(graph, gi, p, g, t)
+        if bc1 is not None:
+            m, v = m / bc1, v / bc2
+        update = m / (_op("sqrt", v) + eps)
+        if not _is_zero(wd):
+            update = update + p * wd
+        r1 = _op("minimum", _norm(p), _scalar(graph, max_norm))
+        r2 = _norm(update)
+        zero = _scalar(graph, 0.0)
+        either_zero = _op("logical_or", _op("eq", r1, zero), _op("eq", r2, zero))
+        trust = _op("where", either_zero, _scalar(graph, 1.0), r1 / _op("maximum", r2, _scalar(graph, 1e-30)))
+        return p - update * (trust * lr)
+
+
+def _norm(x):
+    return _op("sqrt", _op("reduce_sum", x * x, axes=None, keepdims=False))

@@ -1,0 +1,118 @@
+"""Turn a captured forward graph into the device programs of a wrapped model.
+
+Inference: one program, ``inference``. Training with gradientAccumulation x replicationFactor == 1: one
+fused program, ``train`` (forward, backward, optimizer step). Otherwise two programs sharing device
+variables by name: ``accumulate`` (forward and backward, gradients added into ``_accum.<param>``
+variables), run once per micro-batch, and ``apply`` (optimizer step from the reduced accumulators, which
+it then resets). Replicas are simulated as extra micro-batches of the same step.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import popir
+from poptorch._optimizer_graph import OptimizerBuilder
+from poptorch.enums import ReductionType
+from poptorch.errors import Error
+
+RNG_SEED = "_rng_seed"
+NO_LOSS = "Couldn't find a loss in graph!"
+MANY_LOSSES = (
+    "Multiple independent losses found in graph. Graph must have one final loss. "
+    "Wrap final graph loss in poptorch.identity_loss."
+)
+
+
+def accumulator_name(param):
+    """Device variable accumulating the gradient of ``param`` between optimizer steps."""
+    return f"_accum.{param}"
+
+
+@dataclass
+class Programs:
+    """The graphs to compile, the per-micro-batch program, the step program (or None) and new variables."""
+
+    graphs: dict
+    micro_batch: str
+    step: str | None = None
+    initial: dict = field(default_factory=dict)
+    trained: list = field(default_factory=list)
+
+
+def build_inference(captured):
+    """The single inference program."""
+    _advance_rng(captured.graph)
+    return Programs({"inference": captured.graph}, "inference")
+
+
+def _advance_rng(graph):
+    """Give each run fresh random numbers: the seed's second word counts runs."""
+    try:
+        seed = graph.input(RNG_SEED)
+    except popir.IRError:
+        return
+    if seed not in graph.updates:
+        graph.update(seed, seed + graph.constant(np.array([0, 1], dtype=np.int32)))
+
+
+def the_loss(captured):
+    """The one final loss of a captured training graph, else the PopTorch error."""
+    if not captured.losses:
+        raise Error(NO_LOSS)
+    if len(captured.losses) > 1:
+        raise Error(MANY_LOSSES)
+    loss = captured.losses[0]
+    if not loss.dtype.is_float:
+        raise Error(f"The loss must be a floating point tensor, got {loss.dtype}")
+    return loss
+
+
+def build_training(captured, spec, group_of, options, on_phase=lambda phase: None):
+    """Training programs for ``captured`` with the optimizer ``spec``.
+
+    ``group_of`` maps each trained parameter's name to its parameter-group index (parameters outside the
+    optimizer are not trained). ``on_phase`` is told when autodiff and the optimizer update start.
+    """
+    graph = captured.graph
+    loss = the_loss(captured)
+    trained = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
+    params = {name: graph.input(name) for name in trained}
+    builder = OptimizerBuilder(spec)
+    on_phase("autodiff")
+    grads = popir.autodiff.grad(graph, loss, list(params.values()), seed=builder.loss_seed(graph, loss))
+    grads = dict(zip(trained, grads))
+    _advance_rng(graph)
+    on_phase("optimise")
+    micro_batches = options.replication_factor * options.Training.gradient_accumulation
+    if micro_batches == 1:
+        builder.apply(graph, params, grads, group_of)
+        return Programs({"train": graph}, "train", None, builder.initial, trained)
+
+    initial = {}
+    apply = popir.Graph(f"{graph.name}_apply")
+    step_params, reduced = {}, {}
+    mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+    for name in trained:
+        p, g = params[name], grads[name]
+        acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
+        initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
+        graph.update(acc, acc + g)
+        step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
+        step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
+        reduced[name] = step_acc * (1.0 / micro_batches) if mean else step_acc
+        apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
+    builder.apply(apply, step_params, reduced, group_of)
+    initial.update(builder.initial)
+    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
+
+
+def _zeros(graph, shape, dtype):
+    zero = graph.constant(np.zeros((), dtype=dtype.numpy))
+    return popir.ops.broadcast_to(zero, shape=shape) if shape else zero
+
+
+def optimise(programs):
+    """Run popir's optimisation passes over every program."""
+    programs.graphs = {name: popir.passes.optimize(graph) for name, graph in programs.graphs.items()}
+    return programs

@@ -1,0 +1,438 @@
+"""``poptorch.optim``: torch optimizers with PopTorch's extras, and how any accepted optimizer is described.
+
+The Python ``step()`` of an optimizer never runs: a wrapped model reads the optimizer once through
+``describe`` and compiles its update rule into the program (see ``_optimizer_graph``). In these classes,
+hyper-parameters passed explicitly are *variable* (``setOptimizer`` changes them without recompiling)
+and defaults are compiled in; for torch's own optimizers only ``lr`` is variable.
+"""
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from poptorch.errors import Error
+
+# Hyper-parameters of each rule, per parameter group; ``betas`` is split into beta1/beta2.
+HYPER_PARAMETERS = {
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "velocity_scaling"),
+    "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
+    "adamw": ("lr", "beta1", "beta2", "eps", "weight_decay"),
+    "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum"),
+    "lamb": ("lr", "beta1", "beta2", "eps", "weight_decay", "max_weight_norm"),
+}
+# Structural choices, compiled in: changing one needs a new executable.
+_STRUCTURE = {"sgd": ("nesterov",), "rmsprop": ("centered",), "adam": (), "adamw": (), "lamb": ()}
+_DTYPES = {None: "float32", torch.float32: "float32", torch.float16: "float16", torch.half: "float16"}
+
+
+class _PoptorchOptimizer:
+    """Mixin for poptorch.optim classes: remembers which hyper-parameters the user passed explicitly."""
+
+    def _remember_variables(self, explicit, group_keys):
+        self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
+
+    def state_dict(self):
+        """torch's state dict plus ``ipu_state`` (the state as last copied from the device)."""
+        state = super().state_dict()
+        state["ipu_state"] = {k: dict(v) for k, v in state["state"].items()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict saved from a poptorch optimizer; the next model call uploads it."""
+        if "ipu_state" not in state_dict:
+            raise Error("Only IPU optimizer states can be loaded onto the IPU.")
+        state_dict = {k: v for k, v in state_dict.items() if k != "ipu_state"}
+        super().load_state_dict(state_dict)
+        self._poptorch_state_loaded = True
+
+
+def _groups(params):
+    """The parameters as a list, and the hyper-parameters set per group (explicit, hence variable)."""
+    params = list(params)
+    keys = set()
+    for group in params:
+        if isinstance(group, dict):
+            keys |= {k for k in group if k != "params"}
+    return params, keys
+
+
+def _explicit(**kwargs):
+    return {name: value is not None for name, value in kwargs.items()}
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+class SGD(_PoptorchOptimizer, torch.optim.SGD):
+    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``max_grad_norm`` and ``accum_type``."""
+
+    def __init__(
+        self,
+        params,
+        lr=None,
+        momentum=None,
+        dampening=None,
+        weight_decay=None,
+        nesterov=None,
+        maximize=None,
+        foreach=None,
+        differentiable=None,
+        loss_scaling=None,
+        velocity_scaling=None,
+        max_grad_norm=None,
+        accum_type=None,
+        velocity_accum_type=None,
+    ):
+        params, group_keys = _groups(params)
+        super().__init__(
+            params,
+            lr=_default(lr, 0.01),
+            momentum=_default(momentum, 0.0),
+            dampening=_default(dampening, 0.0),
+            weight_decay=_default(weight_decay, 0.0),
+            nesterov=bool(nesterov),
+        )
+        self.loss_scaling = _default(loss_scaling, 1.0)
+        self.max_grad_norm = max_grad_norm
+        self.accum_type = accum_type
+        self.velocity_accum_type = velocity_accum_type
+        for group in self.param_groups:
+            group.setdefault("velocity_scaling", _default(velocity_scaling, 1.0))
+        self._remember_variables(
+            _explicit(
+                lr=lr,
+                momentum=momentum,
+                dampening=dampening,
+                weight_decay=weight_decay,
+                loss_scaling=loss_scaling,
+                velocity_scaling=velocity_scaling,
+            ),
+            group_keys,
+        )
+
+
+class Adam(_PoptorchOptimizer, torch.optim.Adam):
+    """torch.optim.Adam plus ``loss_scaling``, ``max_grad_norm`` and state accumulation types."""
+
+    def __init__(
+        self,
+        params,
+        lr=None,
+        betas=None,
+        eps=None,
+        weight_decay=None,
+        amsgrad=False,
+        foreach=None,
+        maximize=None,
+        capturable=None,
+        differentiable=None,
+        fused=None,
+        loss_scaling=None,
+        accum_type=None,
+        first_order_momentum_accum_type=None,
+        second_order_momentum_accum_type=None,
+        max_grad_norm=None,
+    ):
+        if amsgrad:
+            raise ValueError("Adam amsgrad=True is not supported on the IPU.")
+        params, group_keys = _groups(params)
+        super().__init__(
+            params,
+            lr=_default(lr, 0.001),
+            betas=_default(betas, (0.9, 0.999)),
+            eps=_default(eps, 1e-8),
+            weight_decay=_default(weight_decay, 0.0),
+        )
+        _adaptive_extras(
+            self,
+            loss_scaling,
+            accum_type,
+            first_order_momentum_accum_type,
+            second_order_momentum_accum_type,
+            max_grad_norm,
+        )
+        self._remember_variables(
+            _explicit(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, loss_scaling=loss_scaling),
+            group_keys,
+        )
+
+
+class AdamW(_PoptorchOptimizer, torch.optim.AdamW):
+    """torch.optim.AdamW plus ``loss_scaling``, ``bias_correction``, ``max_grad_norm`` and accumulation types."""
+
+    def __init__(
+        self,
+        params,
+        lr=None,
+        betas=None,
+        eps=None,
+        weight_decay=None,
+        amsgrad=False,
+        foreach=None,
+        maximize=None,
+        capturable=None,
+        differentiable=None,
+        fused=None,
+        loss_scaling=None,
+        bias_correction=True,
+        accum_type=None,
+        first_order_momentum_accum_type=None,
+        second_order_momentum_accum_type=None,
+        max_grad_norm=None,
+    ):
+        if amsgrad:
+            raise ValueError("AdamW amsgrad=True is not supported on the IPU.")
+        params, group_keys = _groups(params)
+        super().__init__(
+            params,
+            lr=_default(lr, 0.001),
+            betas=_default(betas, (0.9, 0.999)),
+            eps=_default(eps, 1e-8),
+            weight_decay=_default(weight_decay, 0.01),
+        )
+        self.bias_correction = bool(bias_correction)
+        _adaptive_extras(
+            self,
+            loss_scaling,
+            accum_type,
+            first_order_momentum_accum_type,
+            second_order_momentum_accum_type,
+            max_grad_norm,
+        )
+        self._remember_variables(
+            _explicit(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, loss_scaling=loss_scaling),
+            group_keys,
+        )
+
+
+class RMSprop(_PoptorchOptimizer, torch.optim.RMSprop):
+    """torch.optim.RMSprop plus ``loss_scaling``, ``use_tf_variant``, ``max_grad_norm`` and accumulation types."""
+
+    def __init__(
+        self,
+        params,
+        lr=None,
+        alpha=None,
+        eps=None,
+        weight_decay=None,
+        momentum=None,
+        centered=None,
+        foreach=None,
+        maximize=None,
+        differentiable=None,
+        loss_scaling=None,
+        accum_type=None,
+        first_order_momentum_accum_type=None,
+        second_order_momentum_accum_type=None,
+        use_tf_variant=False,
+        max_grad_norm=None,
+    ):
+        params, group_keys = _groups(params)
+        super().__init__(
+            params,
+            lr=_default(lr, 0.01),
+            alpha=_default(alpha, 0.99),
+            eps=_default(eps, 1e-8),
+            weight_decay=_default(weight_decay, 0.0),
+            momentum=_default(momentum, 0.0),
+            centered=bool(centered),
+        )
+        self.use_tf_variant = bool(use_tf_variant)
+        _adaptive_extras(
+            self,
+            loss_scaling,
+            accum_type,
+            first_order_momentum_accum_type,
+            second_order_momentum_accum_type,
+            max_grad_norm,
+        )
+        self._remember_variables(
+            _explicit(
+                lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, loss_scaling=loss_scaling
+            ),
+            group_keys,
+        )
+
+
+class LAMB(_PoptorchOptimizer, torch.optim.Optimizer):
+    """Layer-wise adaptive moments (You et al. 2019) with PopTorch's ``max_weight_norm`` and ``bias_correction``.
+
+    update = m_hat / (sqrt(v_hat) + eps) + weight_decay * w;  w -= lr * min(||w||, max_weight_norm) / ||update||
+    * update, with a trust ratio of 1 where either norm is 0.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr=None,
+        betas=None,
+        eps=None,
+        weight_decay=None,
+        bias_correction=True,
+        loss_scaling=None,
+        max_weight_norm=None,
+        accum_type=None,
+        first_order_momentum_accum_type=None,
+        second_order_momentum_accum_type=None,
+        max_grad_norm=None,
+    ):
+        defaults = {
+            "lr": _default(lr, 0.001),
+            "betas": _default(betas, (0.9, 0.999)),
+            "eps": _default(eps, 1e-8),
+            "weight_decay": _default(weight_decay, 0.01),
+            "max_weight_norm": _default(max_weight_norm, 65500.0),
+        }
+        params, group_keys = _groups(params)
+        super().__init__(params, defaults)
+        self.bias_correction = bool(bias_correction)
+        _adaptive_extras(
+            self,
+            loss_scaling,
+            accum_type,
+            first_order_momentum_accum_type,
+            second_order_momentum_accum_type,
+            max_grad_norm,
+        )
+        self._remember_variables(
+            _explicit(
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                loss_scaling=loss_scaling,
+                max_weight_norm=max_weight_norm,
+            ),
+            group_keys,
+        )
+
+    def step(self, closure=None):
+        """Not run: the update rule is compiled into the wrapped model's program."""
+        raise Error("poptorch.optim.LAMB only runs inside a poptorch.trainingModel.")
+
+
+def _adaptive_extras(opt, loss_scaling, accum_type, first, second, max_grad_norm):
+    opt.loss_scaling = _default(loss_scaling, 1.0)
+    opt.accum_type = accum_type
+    opt.first_order_momentum_accum_type = first
+    opt.second_order_momentum_accum_type = second
+    opt.max_grad_norm = max_grad_norm
+
+
+@dataclass
+class GroupSpec:
+    """One parameter group: its parameters, hyper-parameter values and which of them are variable."""
+
+    params: list
+    values: dict
+    variable: frozenset
+    structure: dict
+
+
+@dataclass
+class OptimizerSpec:
+    """What the compiled update rule depends on. ``structure_key()`` changes force recompilation."""
+
+    kind: str
+    groups: list
+    loss_scaling: float
+    loss_scaling_variable: bool
+    max_grad_norm: float | None
+    bias_correction: bool = True
+    use_tf_variant: bool = False
+    state_dtypes: dict = field(default_factory=dict)
+
+    def structure_key(self):
+        """Everything compiled in: kind, options, structural and constant hyper-parameter values."""
+        groups = [
+            (
+                len(g.params),
+                sorted(g.structure.items()),
+                sorted((k, v) for k, v in g.values.items() if k not in g.variable),
+                sorted(g.variable),
+            )
+            for g in self.groups
+        ]
+        constant_ls = None if self.loss_scaling_variable else self.loss_scaling
+        return repr(
+            (
+                self.kind,
+                groups,
+                constant_ls,
+                self.loss_scaling_variable,
+                self.max_grad_norm,
+                self.bias_correction,
+                self.use_tf_variant,
+                sorted(self.state_dtypes.items()),
+            )
+        )
+
+
+_KINDS = (
+    (torch.optim.AdamW, "adamw"),
+    (torch.optim.Adam, "adam"),
+    (torch.optim.SGD, "sgd"),
+    (torch.optim.RMSprop, "rmsprop"),
+    (LAMB, "lamb"),
+)
+_OURS = (SGD, Adam, AdamW, RMSprop, LAMB)
+
+
+def _kind_of(optimizer):
+    for cls, kind in _KINDS:
+        if isinstance(optimizer, cls):
+            if type(optimizer) not in _OURS and type(optimizer) is not cls:
+                warnings.warn(
+                    f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
+                    f"as {cls.__name__}, any custom behaviour is ignored.",
+                    stacklevel=4,
+                )
+            return kind
+    raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+
+
+def describe(optimizer):
+    """The OptimizerSpec of a torch or poptorch optimizer."""
+    kind = _kind_of(optimizer)
+    ours = isinstance(optimizer, _PoptorchOptimizer)
+    explicit = optimizer.variable_attrs if ours else {"lr"}
+    groups = []
+    for group in optimizer.param_groups:
+        if group.get("amsgrad"):
+            raise ValueError("Adam amsgrad=True is not supported on the IPU.")
+        if group.get("maximize"):
+            raise Error("maximize=True is not supported by poptorch optimizers.")
+        values = {}
+        for name in HYPER_PARAMETERS[kind]:
+            if name in ("beta1", "beta2"):
+                values[name] = float(group["betas"][0 if name == "beta1" else 1])
+            else:
+                values[name] = float(group.get(name, 1.0 if name == "velocity_scaling" else 0.0))
+        variable = {
+            n for n in HYPER_PARAMETERS[kind] if n in explicit or (n.startswith("beta") and "betas" in explicit)
+        }
+        structure = {name: bool(group.get(name, False)) for name in _STRUCTURE[kind]}
+        groups.append(GroupSpec(list(group["params"]), values, frozenset(variable), structure))
+    dtypes = {}
+    for attr in (
+        "accum_type",
+        "velocity_accum_type",
+        "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+    ):
+        value = getattr(optimizer, attr, None)
+        if value not in _DTYPES:
+            raise Error(f"{attr} must be torch.float32 or torch.float16, not {value}")
+        dtypes[attr] = _DTYPES[value]
+    return OptimizerSpec(
+        kind=kind,
+        groups=groups,
+        loss_scaling=float(getattr(optimizer, "loss_scaling", 1.0)),
+        loss_scaling_variable="loss_scaling" in explicit,
+        max_grad_norm=getattr(optimizer, "max_grad_norm", None),
+        bias_correction=getattr(optimizer, "bias_correction", True),
+        use_tf_variant=getattr(optimizer, "use_tf_variant", False),
+        state_dtypes=dtypes,
+    )
