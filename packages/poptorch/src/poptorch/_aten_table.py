@@ -1,0 +1,1062 @@
+"""The ATen -> popir lowering table: one function per ATen op, registered in ``TABLE``.
+
+Each lowering is called fx-Interpreter style as ``fn(ctx, *args, **kwargs)`` with the ATen node's
+arguments, where tensors are popir Values and everything else stays Python. ``ctx`` is the
+``_capture.Lowering`` in charge: it knows the graph, the node being lowered (``ctx.node``, with torch's
+fake result in ``node.meta["val"]``) and hands out random seeds. Lowerings emit popir primitives by name
+(``_op``), so each ATen op reads as its popir recipe. Losses are lowered here too (``LOSS_OPS``) as
+popir composites over primitives.
+"""
+
+import math
+import operator
+
+import numpy as np
+import torch
+
+from poptorch._losses import REDUCTIONS
+from poptorch.errors import Error
+
+aten = torch.ops.aten
+TABLE = {}
+
+# ATen loss ops kept out of the decompositions so that each loss stays one recognisable node.
+LOSS_OPS = (
+    aten.mse_loss.default,
+    aten.l1_loss.default,
+    aten.smooth_l1_loss.default,
+    aten.huber_loss.default,
+    aten.nll_loss.default,
+    aten.nll_loss_nd.default,
+    aten.nll_loss_forward.default,
+    aten.nll_loss2d.default,
+    aten.nll_loss2d_forward.default,
+    aten.cross_entropy_loss.default,
+    aten.binary_cross_entropy.default,
+    aten.binary_cross_entropy_with_logits.default,
+    aten.kl_div.default,
+    torch.ops.poptorch.identity_loss.default,
+)
+
+# ATen ops that only check metadata at run time: nothing to compute on the device.
+IGNORED_OPS = (
+    aten._assert_tensor_metadata.default,
+    aten._assert_scalar.default,
+    aten.sym_constrain_range_for_size.default,
+)
+
+_TORCH_TO_POPIR = {
+    torch.float32: "float32",
+    torch.float64: "float32",
+    torch.float16: "float16",
+    torch.int64: "int32",
+    torch.int32: "int32",
+    torch.int16: "int32",
+    torch.int8: "int32",
+    torch.uint8: "int32",
+    torch.bool: "bool",
+}
+
+
+def lowers(*targets):
+    """Register the decorated function as the lowering of each ATen overload in ``targets``."""
+
+    def register(fn):
+        for target in targets:
+            TABLE[target] = fn
+        return fn
+
+    return register
+
+
+def popir_dtype(torch_dtype):
+    """The device dtype of a torch dtype (int64 -> int32, float64 -> float32, as PopTorch does)."""
+    try:
+        return _TORCH_TO_POPIR[torch_dtype]
+    except KeyError:
+        raise Error(f"tensors of type {torch_dtype} are not supported on the IPU") from None
+
+
+def _op(name, *inputs, **attrs):
+    """Apply popir primitive ``name``: one Value, or a list for several outputs."""
+    outputs = inputs[0].graph.apply(name, inputs, attrs)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _const(graph, value, dtype):
+    return graph.constant(np.asarray(value, dtype=np.dtype(dtype)))
+
+
+def _cast(x, dtype):
+    return x if x.dtype == dtype else _op("cast", x, dtype=dtype)
+
+
+def _meta(ctx):
+    return ctx.node.meta["val"]
+
+
+def _out_dtype(ctx, index=None):
+    val = _meta(ctx)
+    return popir_dtype((val if index is None else val[index]).dtype)
+
+
+def _out_shape(ctx, index=None):
+    val = _meta(ctx)
+    return tuple(int(d) for d in (val if index is None else val[index]).shape)
+
+
+def _as_value(ctx, x, dtype):
+    """``x`` cast to ``dtype`` if it is a Value, else a constant scalar of ``dtype``."""
+    if hasattr(x, "graph"):
+        return _cast(x, dtype)
+    return _const(ctx.graph, x, dtype)
+
+
+def _promoted(ctx):
+    """The popir dtype torch computes in for the current node's tensor/scalar arguments."""
+    args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in ctx.node.args]
+    operands = [a for a in args if isinstance(a, (torch.Tensor, bool, int, float))]
+    result = operands[0] if len(operands) == 1 else torch.result_type(*operands[:2])
+    return popir_dtype(result.dtype if isinstance(result, torch.Tensor) else result)
+
+
+def _axis(dim, ndim):
+    return dim % max(ndim, 1)
+
+
+def _axes(dims, ndim):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return None
+    dims = [dims] if isinstance(dims, int) else dims
+    return tuple(sorted(_axis(d, ndim) for d in dims))
+
+
+def _count(x, axes):
+    return int(np.prod([x.shape[a] for a in (range(x.ndim) if axes is None else axes)], dtype=np.int64))
+
+
+# -- arithmetic and elementwise ------------------------------------------------------------------
+
+
+def _arith(prim):
+    def lower(ctx, a, b, *, alpha=1):
+        dtype = _out_dtype(ctx)
+        a, b = _as_value(ctx, a, dtype), _as_value(ctx, b, dtype)
+        if alpha != 1:
+            b = _op("mul", b, _const(ctx.graph, alpha, dtype))
+        return _op(prim, a, b)
+
+    return lower
+
+
+TABLE[aten.add.Tensor] = TABLE[aten.add.Scalar] = _arith("add")
+TABLE[aten.sub.Tensor] = TABLE[aten.sub.Scalar] = _arith("sub")
+TABLE[aten.mul.Tensor] = TABLE[aten.mul.Scalar] = _arith("mul")
+TABLE[aten.maximum.default] = _arith("maximum")
+TABLE[aten.minimum.default] = _arith("minimum")
+TABLE[aten.pow.Tensor_Tensor] = TABLE[aten.pow.Scalar] = _arith("pow")
+
+
+@lowers(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(ctx, a, b, *, alpha=1):
+    return _arith("sub")(ctx, b, a if alpha == 1 else _arith("mul")(ctx, a, alpha))
+
+
+@lowers(aten.div.Tensor, aten.div.Scalar)
+def _div(ctx, a, b):
+    dtype = _out_dtype(ctx)
+    return _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+
+
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default)
+def _div_mode(ctx, a, b, *, rounding_mode="floor"):
+    dtype = _out_dtype(ctx)
+    if rounding_mode is None:
+        return _div(ctx, a, b)
+    if dtype != "int32" or rounding_mode != "floor":
+        raise Error(f"division with rounding_mode={rounding_mode!r} is only supported as floor division of integers")
+    return _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+
+
+@lowers(aten.pow.Tensor_Scalar)
+def _pow_scalar(ctx, x, exponent):
+    dtype = _out_dtype(ctx)
+    x = _cast(x, dtype)
+    if exponent == 1:
+        return x
+    if exponent == 2:
+        return _op("mul", x, x)
+    if exponent == 0.5:
+        return _op("sqrt", x)
+    if exponent == -0.5:
+        return _op("rsqrt", x)
+    return _op("pow", x, _const(ctx.graph, exponent, dtype))
+
+
+def _unary(prim):
+    def lower(ctx, x):
+        return _op(prim, _cast(x, _out_dtype(ctx)))
+
+    return lower
+
+
+for _name in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "abs", "sin", "cos", "relu"):
+    TABLE[getattr(aten, _name).default] = _unary(_name)
+
+
+@lowers(aten.reciprocal.default)
+def _reciprocal(ctx, x):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("div", _const(ctx.graph, 1.0, x.dtype), x)
+
+
+@lowers(aten.log1p.default)
+def _log1p(ctx, x):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("log", _op("add", x, _const(ctx.graph, 1.0, x.dtype)))
+
+
+@lowers(aten.expm1.default)
+def _expm1(ctx, x):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("sub", _op("exp", x), _const(ctx.graph, 1.0, x.dtype))
+
+
+@lowers(aten.log2.default, aten.log10.default)
+def _log_base(ctx, x):
+    x = _cast(x, _out_dtype(ctx))
+    base = 2.0 if ctx.node.target is aten.log2.default else 10.0
+    return _op("div", _op("log", x), _const(ctx.graph, math.log(base), x.dtype))
+
+
+@lowers(aten.square.default)
+def _square(ctx, x):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("mul", x, x)
+
+
+@lowers(aten.silu.default)
+def _silu(ctx, x):
+    return _op("mul", x, _op("sigmoid", x))
+
+
+@lowers(aten.gelu.default)
+def _gelu(ctx, x, *, approximate="none"):
+    g = ctx.graph
+    half = _op("mul", x, _const(g, 0.5, x.dtype))
+    if approximate == "tanh":
+        cube = _op("mul", _op("mul", x, x), x)
+        inner = _op("add", x, _op("mul", cube, _const(g, 0.044715, x.dtype)))
+        t = _op("tanh", _op("mul", inner, _const(g, math.sqrt(2.0 / math.pi), x.dtype)))
+    else:
+        t = _op("erf", _op("mul", x, _const(g, 1.0 / math.sqrt(2.0), x.dtype)))
+    return _op("mul", half, _op("add", t, _const(g, 1.0, x.dtype)))
+
+
+@lowers(aten.leaky_relu.default)
+def _leaky_relu(ctx, x, negative_slope=0.01):
+    zero = _const(ctx.graph, 0.0, x.dtype)
+    return _op("where", _op("gt", x, zero), x, _op("mul", x, _const(ctx.graph, negative_slope, x.dtype)))
+
+
+@lowers(aten.elu.default)
+def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    g = ctx.graph
+    neg = _op(
+        "mul",
+        _op("sub", _op("exp", _op("mul", x, _const(g, input_scale, x.dtype))), _const(g, 1.0, x.dtype)),
+        _const(g, alpha, x.dtype),
+    )
+    out = _op("where", _op("gt", x, _const(g, 0.0, x.dtype)), x, neg)
+    return out if scale == 1.0 else _op("mul", out, _const(g, scale, x.dtype))
+
+
+@lowers(aten.softplus.default)
+def _softplus(ctx, x, beta=1.0, threshold=20.0):
+    g = ctx.graph
+    bx = _op("mul", x, _const(g, beta, x.dtype))
+    soft = _op("div", _op("log", _op("add", _op("exp", bx), _const(g, 1.0, x.dtype))), _const(g, beta, x.dtype))
+    return _op("where", _op("gt", bx, _const(g, threshold, x.dtype)), x, soft)
+
+
+@lowers(aten.hardtanh.default, aten.clamp.default, aten.clamp.Tensor)
+def _clamp(ctx, x, min=None, max=None):
+    dtype = _out_dtype(ctx)
+    x = _cast(x, dtype)
+    if min is not None:
+        x = _op("maximum", x, _as_value(ctx, min, dtype))
+    if max is not None:
+        x = _op("minimum", x, _as_value(ctx, max, dtype))
+    return x
+
+
+# -- comparisons and selection ---------------------------------------------------------------------
+
+
+def _compare(prim):
+    def lower(ctx, a, b):
+        dtype = _promoted(ctx)
+        return _op(prim, _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+
+    return lower
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    TABLE[getattr(aten, _name).Tensor] = TABLE[getattr(aten, _name).Scalar] = _compare(_name)
+
+
+def _logical(prim):
+    def lower(ctx, *xs):
+        return _op(prim, *[_truthy(ctx, x) for x in xs])
+
+    return lower
+
+
+def _truthy(ctx, x):
+    return x if x.dtype == "bool" else _op("ne", x, _const(ctx.graph, 0, x.dtype))
+
+
+TABLE[aten.logical_and.default] = TABLE[aten.bitwise_and.Tensor] = _logical("logical_and")
+TABLE[aten.logical_or.default] = TABLE[aten.bitwise_or.Tensor] = _logical("logical_or")
+TABLE[aten.logical_not.default] = TABLE[aten.bitwise_not.default] = _logical("logical_not")
+
+
+@lowers(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+def _where(ctx, cond, a, b):
+    dtype = _out_dtype(ctx)
+    return _op("where", _truthy(ctx, cond), _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+
+
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx, x, mask, value):
+    return _op("where", mask, x, _as_value(ctx, value, x.dtype))
+
+
+# -- casts, copies and constants -----------------------------------------------------------------------
+
+
+@lowers(aten._to_copy.default, aten.to.dtype, aten.type_as.default)
+def _to_copy(ctx, x, *args, **kwargs):
+    return _cast(x, _out_dtype(ctx))
+
+
+@lowers(
+    aten.clone.default,
+    aten.alias.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+    aten.contiguous.default,
+    torch.ops.poptorch.ipu_print_tensor.default,
+)
+def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)
+def _full_like(ctx, x, fill_value=0, **kwargs):
+    fill = {aten.ones_like.default: 1, aten.full_like.default: fill_value}.get(ctx.node.target, 0)
+    return _full_constant(ctx, fill)
+
+
+def _full_constant(ctx, fill):
+    dtype = _out_dtype(ctx)
+    scalar = _const(ctx.graph, fill, dtype)
+    shape = _out_shape(ctx)
+    return _op("broadcast_to", scalar, shape=shape) if shape else scalar
+
+
+@lowers(aten.copy.default)
+def _copy(ctx, dst, src, non_blocking=False):
+    return (
+        _op("broadcast_to", _cast(src, dst.dtype), shape=dst.shape) if src.shape != dst.shape else _cast(src, dst.dtype)
+    )
+
+
+# -- reductions ------------------------------------------------------------------------------------------
+
+
+@lowers(aten.sum.dim_IntList, aten.sum.default)
+def _sum(ctx, x, dims=None, keepdim=False, *, dtype=None):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("reduce_sum", x, axes=_axes(dims, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.mean.dim, aten.mean.default)
+def _mean(ctx, x, dims=None, keepdim=False, *, dtype=None):
+    x = _cast(x, _out_dtype(ctx))
+    axes = _axes(dims, x.ndim)
+    total = _op("reduce_sum", x, axes=axes, keepdims=keepdim)
+    return _op("div", total, _const(ctx.graph, _count(x, axes), x.dtype))
+
+
+def _extreme(prim):
+    def lower(ctx, x, dims=None, keepdim=False):
+        return _op(prim, x, axes=_axes(dims, x.ndim), keepdims=keepdim)
+
+    return lower
+
+
+TABLE[aten.amax.default] = TABLE[aten.max.default] = _extreme("reduce_max")
+TABLE[aten.amin.default] = TABLE[aten.min.default] = _extreme("reduce_min")
+
+
+def _extreme_with_index(prim, arg):
+    def lower(ctx, x, dim, keepdim=False):
+        axis = _axis(dim, x.ndim)
+        return _op(prim, x, axes=(axis,), keepdims=keepdim), _op(arg, x, axis=axis, keepdims=keepdim)
+
+    return lower
+
+
+TABLE[aten.max.dim] = _extreme_with_index("reduce_max", "argmax")
+TABLE[aten.min.dim] = _extreme_with_index("reduce_min", "argmin")
+
+
+def _arg(prim):
+    def lower(ctx, x, dim=None, keepdim=False):
+        if dim is None:
+            flat = _op(
+                "argmax" if prim == "argmax" else "argmin",
+                _op("reshape", x, shape=(x.type.size,)),
+                axis=0,
+                keepdims=False,
+            )
+            return _op("reshape", flat, shape=(1,) * x.ndim) if keepdim else flat
+        return _op(prim, x, axis=_axis(dim, x.ndim), keepdims=keepdim)
+
+    return lower
+
+
+TABLE[aten.argmax.default] = _arg("argmax")
+TABLE[aten.argmin.default] = _arg("argmin")
+
+
+@lowers(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def _any_all(ctx, x, dims=None, keepdim=False):
+    prim = "reduce_max" if ctx.node.target.name().startswith("aten::any") else "reduce_min"
+    as_int = _cast(_truthy(ctx, x), "int32")
+    reduced = _op(prim, as_int, axes=_axes(dims, x.ndim), keepdims=keepdim)
+    return _op("ne", reduced, _const(ctx.graph, 0, "int32"))
+
+
+def variance(x, axes, correction, keepdim):
+    """Variance of ``x`` over ``axes`` with ``correction`` (Bessel's correction when 1); also the mean."""
+    g = x.graph
+    n = _count(x, axes)
+    mean = _op("div", _op("reduce_sum", x, axes=axes, keepdims=True), _const(g, n, x.dtype))
+    centred = _op("sub", x, mean)
+    sq = _op("reduce_sum", _op("mul", centred, centred), axes=axes, keepdims=keepdim)
+    var = _op("div", sq, _const(g, max(n - correction, 0), x.dtype))
+    return var, (mean if keepdim else _op("reshape", mean, shape=sq.shape))
+
+
+@lowers(aten.var.correction, aten.var_mean.correction)
+def _var(ctx, x, dims=None, *, correction=None, keepdim=False):
+    x = _cast(x, "float32" if not x.dtype.is_float else x.dtype)
+    var, mean = variance(x, _axes(dims, x.ndim), 1 if correction is None else correction, keepdim)
+    return (var, mean) if ctx.node.target is aten.var_mean.correction else var
+
+
+# -- movement -----------------------------------------------------------------------------------------------
+
+
+@lowers(
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.flatten.using_ints,
+    aten.view_copy.default,
+)
+def _reshape(ctx, x, *args):
+    shape = _out_shape(ctx)
+    return x if x.shape == shape else _op("reshape", x, shape=shape)
+
+
+@lowers(aten.permute.default)
+def _permute(ctx, x, dims):
+    perm = tuple(_axis(d, x.ndim) for d in dims)
+    return x if perm == tuple(range(x.ndim)) else _op("transpose", x, perm=perm)
+
+
+@lowers(aten.t.default, aten.numpy_T.default)
+def _t(ctx, x):
+    return _op("transpose", x, perm=tuple(reversed(range(x.ndim)))) if x.ndim > 1 else x
+
+
+@lowers(aten.transpose.int)
+def _transpose(ctx, x, dim0, dim1):
+    perm = list(range(x.ndim))
+    a, b = _axis(dim0, x.ndim), _axis(dim1, x.ndim)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(ctx, x, perm)
+
+
+@lowers(aten.expand.default, aten.expand_copy.default)
+def _expand(ctx, x, size, *, implicit=False):
+    shape = _out_shape(ctx)
+    return x if x.shape == shape else _op("broadcast_to", x, shape=shape)
+
+
+def slice_axis(x, axis, start, stop, step=1):
+    """``x[..., start:stop:step, ...]`` along ``axis`` (bounds already clamped)."""
+    if (start, stop, step) == (0, x.shape[axis], 1):
+        return x
+    starts = tuple(start if i == axis else 0 for i in range(x.ndim))
+    stops = tuple(stop if i == axis else d for i, d in enumerate(x.shape))
+    steps = tuple(step if i == axis else 1 for i in range(x.ndim))
+    return _op("slice", x, starts=starts, stops=stops, steps=steps)
+
+
+@lowers(aten.slice.Tensor)
+def _slice(ctx, x, dim=0, start=None, end=None, step=1):
+    axis = _axis(dim, x.ndim)
+    start, stop, step = slice(start, end, step).indices(x.shape[axis])
+    stop = max(stop, start)
+    return slice_axis(x, axis, start, stop, step)
+
+
+@lowers(aten.select.int)
+def _select(ctx, x, dim, index):
+    axis = _axis(dim, x.ndim)
+    index = index % x.shape[axis]
+    return _op("reshape", slice_axis(x, axis, index, index + 1), shape=_out_shape(ctx))
+
+
+@lowers(aten.split_with_sizes.default, aten.split.Tensor, aten.split.sizes)
+def _split(ctx, x, sizes, dim=0):
+    axis = _axis(dim, x.ndim)
+    if isinstance(sizes, int):
+        sizes = [min(sizes, x.shape[axis] - s) for s in range(0, x.shape[axis], sizes)]
+    offsets = np.cumsum([0, *sizes])
+    return [slice_axis(x, axis, int(lo), int(hi)) for lo, hi in zip(offsets[:-1], offsets[1:])]
+
+
+@lowers(aten.unbind.int)
+def _unbind(ctx, x, dim=0):
+    axis = _axis(dim, x.ndim)
+    shape = x.shape[:axis] + x.shape[axis + 1 :]
+    return [_op("reshape", slice_axis(x, axis, i, i + 1), shape=shape) for i in range(x.shape[axis])]
+
+
+@lowers(aten.cat.default)
+def _cat(ctx, tensors, dim=0):
+    dtype = _out_dtype(ctx)
+    parts = [_cast(t, dtype) for t in tensors if t.type.size > 0 or t.ndim > 1]
+    if len(parts) == 1:
+        return parts[0]
+    return _op("concat", *parts, axis=_axis(dim, parts[0].ndim))
+
+
+@lowers(aten.stack.default)
+def _stack(ctx, tensors, dim=0):
+    axis = dim % (tensors[0].ndim + 1)
+    parts = [_op("reshape", t, shape=t.shape[:axis] + (1,) + t.shape[axis:]) for t in tensors]
+    return _cat(ctx, parts, axis)
+
+
+@lowers(aten.repeat.default)
+def _repeat(ctx, x, repeats):
+    lead = len(repeats) - x.ndim
+    x = _op("reshape", x, shape=(1,) * lead + x.shape) if lead else x
+    interleaved = tuple(d for r, s in zip(repeats, x.shape) for d in (1, s))
+    tiled = tuple(d for r, s in zip(repeats, x.shape) for d in (r, s))
+    out = _op("broadcast_to", _op("reshape", x, shape=interleaved), shape=tiled)
+    return _op("reshape", out, shape=_out_shape(ctx))
+
+
+@lowers(aten.flip.default)
+def _flip(ctx, x, dims):
+    for axis in {_axis(d, x.ndim) for d in dims}:
+        n = x.shape[axis]
+        if n > 1:
+            x = _op("gather", x, _const(ctx.graph, np.arange(n - 1, -1, -1), "int32"), axis=axis)
+    return x
+
+
+@lowers(aten.constant_pad_nd.default)
+def _pad(ctx, x, pad, value=0):
+    pairs = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        pairs[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    for axis, (lo, hi) in enumerate(pairs):
+        if lo < 0 or hi < 0:
+            x = slice_axis(x, axis, max(-lo, 0), x.shape[axis] - max(-hi, 0))
+    pads = tuple((max(lo, 0), max(hi, 0)) for lo, hi in pairs)
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    return _op("pad", x, pads=pads, value=float(value))
+
+
+def _index_value(ctx, indices, size):
+    """Integer indices as int32 with negative ones wrapped into [0, size)."""
+    indices = _cast(indices, "int32")
+    zero = _const(ctx.graph, 0, "int32")
+    return _op("where", _op("lt", indices, zero), _op("add", indices, _const(ctx.graph, size, "int32")), indices)
+
+
+@lowers(aten.embedding.default)
+def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return _op("gather", weight, _cast(indices, "int32"), axis=0)
+
+
+@lowers(aten.index_select.default)
+def _index_select(ctx, x, dim, index):
+    axis = _axis(dim, x.ndim)
+    return _op("gather", x, _index_value(ctx, index, x.shape[axis]), axis=axis)
+
+
+@lowers(aten.index.Tensor)
+def _index(ctx, x, indices):
+    used = [(axis, idx) for axis, idx in enumerate(indices) if idx is not None]
+    if len(used) != 1 or used[0][1].dtype == "bool":
+        raise Error("indexing with more than one index tensor, or with a boolean mask, is not supported")
+    axis, idx = used[0]
+    return _op("gather", x, _index_value(ctx, idx, x.shape[axis]), axis=axis)
+
+
+@lowers(aten.gather.default)
+def _gather(ctx, x, dim, index, *, sparse_grad=False):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis])
+    if index.shape != x.shape:
+        x = slice_to(x, index.shape, axis)
+    return _op("take_along_axis", x, index, axis=axis)
+
+
+def slice_to(x, shape, keep_axis):
+    """``x`` cut down to ``shape`` on every axis but ``keep_axis`` (torch.gather reads a prefix)."""
+    for axis, d in enumerate(shape):
+        if axis != keep_axis and d != x.shape[axis]:
+            x = slice_axis(x, axis, 0, d)
+    return x
+
+
+# -- linear algebra, convolution and pooling ---------------------------------------------------------------
+
+
+@lowers(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _matmul(ctx, a, b):
+    return _op("matmul", a, b)
+
+
+@lowers(aten.addmm.default, aten.baddbmm.default)
+def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+    prod = _op("matmul", a, b)
+    if alpha != 1:
+        prod = _op("mul", prod, _const(ctx.graph, alpha, prod.dtype))
+    if beta == 0:
+        return prod
+    if beta != 1:
+        bias = _op("mul", bias, _const(ctx.graph, beta, bias.dtype))
+    return _op("add", prod, bias)
+
+
+@lowers(aten.convolution.default)
+def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Error("transposed convolutions are not supported")
+    spatial = x.ndim - 2
+    if spatial not in (1, 2):
+        raise Error(f"only 1-d and 2-d convolutions are supported, got {spatial}-d")
+    if spatial == 1:
+        x = _op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
+        w = _op("reshape", w, shape=(w.shape[0], w.shape[1], 1, w.shape[2]))
+        stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+    out = _op(
+        "conv2d", x, w, stride=tuple(stride), padding=_pad_pairs(padding), dilation=tuple(dilation), groups=groups
+    )
+    if bias is not None:
+        out = _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1)))
+    return _op("reshape", out, shape=_out_shape(ctx)) if spatial == 1 else out
+
+
+def _pad_pairs(padding):
+    return tuple((int(p), int(p)) for p in _pair(padding))
+
+
+def _pair(v, default=None):
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return default
+    return (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))
+
+
+@lowers(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def _max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kernel = _pair(kernel_size)
+    out = _op(
+        "max_pool2d",
+        x,
+        kernel=kernel,
+        stride=_pair(stride, kernel),
+        padding=_pad_pairs(padding),
+        dilation=_pair(dilation),
+        ceil_mode=bool(ceil_mode),
+    )
+    return (out, None) if ctx.node.target is aten.max_pool2d_with_indices.default else out
+
+
+@lowers(aten.avg_pool2d.default)
+def _avg_pool2d(
+    ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    kernel, pad = _pair(kernel_size), _pair(padding)
+    stride = _pair(stride, kernel)
+    expected = _out_shape(ctx)
+    windows = depthwise_window_sum(x, kernel, stride, pad)
+    if windows.shape != expected:
+        raise Error("avg_pool2d with ceil_mode adding a partial window is not supported")
+    if divisor_override:
+        divisor = _const(ctx.graph, divisor_override, x.dtype)
+    elif count_include_pad or pad == (0, 0):
+        divisor = _const(ctx.graph, kernel[0] * kernel[1], x.dtype)
+    else:
+        ones = _op("broadcast_to", _const(ctx.graph, 1.0, x.dtype), shape=(1, 1) + x.shape[2:])
+        divisor = depthwise_window_sum(ones, kernel, stride, pad)
+    return _op("div", windows, divisor)
+
+
+def depthwise_window_sum(x, kernel, stride, padding):
+    """Per-channel sums over pooling windows, as a grouped convolution with a ones kernel."""
+    channels = x.shape[1]
+    ones = _op("broadcast_to", _const(x.graph, 1.0, x.dtype), shape=(channels, 1) + tuple(kernel))
+    return _op("conv2d", x, ones, stride=tuple(stride), padding=_pad_pairs(padding), dilation=(1, 1), groups=channels)
+
+
+@lowers(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(ctx, x, output_size):
+    out_hw = _out_shape(ctx)[-2:]
+    in_hw = x.shape[-2:]
+    if any(i % o for i, o in zip(in_hw, out_hw)):
+        raise Error(f"adaptive_avg_pool2d from {list(in_hw)} to {list(out_hw)} needs the input to be a multiple")
+    kernel = tuple(i // o for i, o in zip(in_hw, out_hw))
+    squeeze = x.ndim == 3
+    if squeeze:
+        x = _op("reshape", x, shape=(1,) + x.shape)
+    out = _op("div", depthwise_window_sum(x, kernel, kernel, (0, 0)), _const(ctx.graph, kernel[0] * kernel[1], x.dtype))
+    return _op("reshape", out, shape=_out_shape(ctx)) if squeeze else out
+
+
+# -- normalisation, softmax and dropout ----------------------------------------------------------------------
+
+
+def log_softmax(x, axis):
+    """Numerically stable log-softmax of ``x`` along ``axis``."""
+    shifted = _op("sub", x, _op("reduce_max", x, axes=(axis,), keepdims=True))
+    return _op("sub", shifted, _op("log", _op("reduce_sum", _op("exp", shifted), axes=(axis,), keepdims=True)))
+
+
+def softmax(x, axis):
+    """Numerically stable softmax of ``x`` along ``axis``."""
+    e = _op("exp", _op("sub", x, _op("reduce_max", x, axes=(axis,), keepdims=True)))
+    return _op("div", e, _op("reduce_sum", e, axes=(axis,), keepdims=True))
+
+
+@lowers(aten._softmax.default, aten.softmax.int)
+def _softmax(ctx, x, dim, half_to_float=False):
+    return softmax(_cast(x, _out_dtype(ctx)), _axis(dim, x.ndim))
+
+
+@lowers(aten._log_softmax.default, aten.log_softmax.int)
+def _log_softmax(ctx, x, dim, half_to_float=False):
+    return log_softmax(_cast(x, _out_dtype(ctx)), _axis(dim, x.ndim))
+
+
+def _normalise(x, mean, var, eps):
+    rstd = _op("rsqrt", _op("add", var, _const(x.graph, eps, x.dtype)))
+    return _op("mul", _op("sub", x, mean), rstd), rstd
+
+
+def _affine(y, weight, bias, shape):
+    if weight is not None:
+        y = _op("mul", y, _op("reshape", weight, shape=shape))
+    if bias is not None:
+        y = _op("add", y, _op("reshape", bias, shape=shape))
+    return y
+
+
+@lowers(aten.native_layer_norm.default)
+def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    var, mean = variance(x, axes, 0, True)
+    y, rstd = _normalise(x, mean, var, eps)
+    return _affine(y, weight, bias, tuple(normalized_shape)), mean, rstd
+
+
+@lowers(aten.native_group_norm.default)
+def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
+    grouped = _op("reshape", x, shape=(n, group, (c // group) * hxw))
+    var, mean = variance(grouped, (2,), 0, True)
+    y, rstd = _normalise(grouped, mean, var, eps)
+    y = _affine(_op("reshape", y, shape=x.shape), weight, bias, (1, c) + (1,) * (x.ndim - 2))
+    return y, _op("reshape", mean, shape=(n, group)), _op("reshape", rstd, shape=(n, group))
+
+
+def _bn_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _batch_stats(x):
+    axes = (0,) + tuple(range(2, x.ndim))
+    var, mean = variance(x, axes, 0, True)
+    return var, mean, _count(x, axes)
+
+
+@lowers(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_functional(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        y, _ = _normalise(
+            x, _op("reshape", running_mean, shape=_bn_shape(x)), _op("reshape", running_var, shape=_bn_shape(x)), eps
+        )
+        y = _affine(y, weight, bias, _bn_shape(x))
+        return y, None, None, running_mean, running_var
+    var, mean, n = _batch_stats(x)
+    y, rstd = _normalise(x, mean, var, eps)
+    y = _affine(y, weight, bias, _bn_shape(x))
+    g = ctx.graph
+    m = _const(g, momentum, x.dtype)
+    keep = _const(g, 1.0 - momentum, x.dtype)
+    flat_mean = _op("reshape", mean, shape=running_mean.shape)
+    unbiased = _op("mul", _op("reshape", var, shape=running_var.shape), _const(g, n / max(n - 1, 1), x.dtype))
+    new_mean = _op("add", _op("mul", running_mean, keep), _op("mul", flat_mean, m))
+    new_var = _op("add", _op("mul", running_var, keep), _op("mul", unbiased, m))
+    return y, flat_mean, _op("reshape", rstd, shape=running_var.shape), new_mean, new_var
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    y, _ = _normalise(
+        x, _op("reshape", running_mean, shape=_bn_shape(x)), _op("reshape", running_var, shape=_bn_shape(x)), eps
+    )
+    return _affine(y, weight, bias, _bn_shape(x)), None, None
+
+
+@lowers(aten._native_batch_norm_legit.no_stats)
+def _batch_norm_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    var, mean, _ = _batch_stats(x)
+    y, rstd = _normalise(x, mean, var, eps)
+    flat = (x.shape[1],)
+    return _affine(y, weight, bias, _bn_shape(x)), _op("reshape", mean, shape=flat), _op("reshape", rstd, shape=flat)
+
+
+def dropout(ctx, x, p):
+    """Inverted dropout with the device RNG: (output, keep mask)."""
+    u = _op("random_uniform", ctx.random_seed(), shape=x.shape, dtype="float32")
+    keep = _op("ge", u, _const(ctx.graph, p, "float32"))
+    scaled = _op("mul", x, _const(ctx.graph, 1.0 / (1.0 - p), x.dtype))
+    return _op("where", keep, scaled, _const(ctx.graph, 0.0, x.dtype)), keep
+
+
+@lowers(aten.native_dropout.default)
+def _native_dropout(ctx, x, p, train):
+    if not train or p == 0:
+        return x, _op("broadcast_to", _const(ctx.graph, True, "bool"), shape=x.shape)
+    if p >= 1:
+        zeros = _op("broadcast_to", _const(ctx.graph, 0.0, x.dtype), shape=x.shape)
+        return zeros, _op("broadcast_to", _const(ctx.graph, False, "bool"), shape=x.shape)
+    return dropout(ctx, x, p)
+
+
+@lowers(aten.bernoulli.p)
+def _bernoulli(ctx, x, p=0.5, *, generator=None):
+    u = _op("random_uniform", ctx.random_seed(), shape=x.shape, dtype="float32")
+    return _cast(_op("lt", u, _const(ctx.graph, p, "float32")), _out_dtype(ctx))
+
+
+@lowers(aten.rand.default, aten.rand_like.default)
+def _rand(ctx, *args, **kwargs):
+    return _cast(_op("random_uniform", ctx.random_seed(), shape=_out_shape(ctx), dtype="float32"), _out_dtype(ctx))
+
+
+# -- losses ------------------------------------------------------------------------------------------------------
+
+_REDUCTION_ENUM = {0: "none", 1: "mean", 2: "sum"}
+
+
+def reduce_loss(x, reduction):
+    """Apply a loss reduction ("none", "mean", "sum", or torch's enum 0/1/2) to elementwise losses."""
+    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    if reduction == "none":
+        return x
+    total = _op("reduce_sum", x, axes=None, keepdims=False)
+    if reduction == "sum":
+        return total
+    return _op("div", total, _const(x.graph, max(x.type.size, 1), x.dtype))
+
+
+@lowers(torch.ops.poptorch.identity_loss.default)
+def _identity_loss(ctx, x, reduction):
+    if reduction not in REDUCTIONS:
+        raise Error(f"identity_loss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return reduce_loss(x, reduction)
+
+
+@lowers(aten.mse_loss.default)
+def _mse_loss(ctx, a, b, reduction=1):
+    d = _op("sub", a, b)
+    return reduce_loss(_op("mul", d, d), reduction)
+
+
+@lowers(aten.l1_loss.default)
+def _l1_loss(ctx, a, b, reduction=1):
+    return reduce_loss(_op("abs", _op("sub", a, b)), reduction)
+
+
+def _smooth(a, b, delta, scale_quadratic):
+    g = a.graph
+    d = _op("abs", _op("sub", a, b))
+    quad = _op("mul", _op("mul", d, d), _const(g, 0.5 / (delta if scale_quadratic else 1.0), a.dtype))
+    lin = _op("sub", d, _const(g, 0.5 * delta, a.dtype))
+    if not scale_quadratic:
+        lin = _op("mul", lin, _const(g, delta, a.dtype))
+    return _op("where", _op("lt", d, _const(g, delta, a.dtype)), quad, lin)
+
+
+@lowers(aten.smooth_l1_loss.default)
+def _smooth_l1_loss(ctx, a, b, reduction=1, beta=1.0):
+    if beta == 0:
+        return _l1_loss(ctx, a, b, reduction)
+    return reduce_loss(_smooth(a, b, beta, True), reduction)
+
+
+@lowers(aten.huber_loss.default)
+def _huber_loss(ctx, a, b, reduction=1, delta=1.0):
+    return reduce_loss(_smooth(a, b, delta, False), reduction)
+
+
+def nll(logp, target, weight, reduction, ignore_index):
+    """Negative log-likelihood of class indices ``target`` under log-probabilities ``logp`` (class axis 1)."""
+    g = logp.graph
+    if logp.ndim == 1:
+        logp = _op("reshape", logp, shape=(1,) + logp.shape)
+        target = _op("reshape", target, shape=(1,))
+    target = _cast(target, "int32")
+    valid = _op("ne", target, _const(g, ignore_index, "int32"))
+    safe = _op("where", valid, target, _const(g, 0, "int32"))
+    picked = _op("take_along_axis", logp, _op("reshape", safe, shape=(safe.shape[0], 1) + safe.shape[1:]), axis=1)
+    picked = _op("reshape", picked, shape=safe.shape)
+    w = _cast(valid, logp.dtype)
+    if weight is not None:
+        w = _op("mul", w, _op("gather", weight, safe, axis=0))
+    losses = _op("neg", _op("mul", picked, w))
+    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    total_weight = _op("reduce_sum", w, axes=None, keepdims=False)
+    if reduction == "none":
+        return losses, total_weight
+    total = _op("reduce_sum", losses, axes=None, keepdims=False)
+    return (_op("div", total, total_weight) if reduction == "mean" else total), total_weight
+
+
+@lowers(aten.nll_loss.default, aten.nll_loss_nd.default, aten.nll_loss2d.default)
+def _nll_loss(ctx, logp, target, weight=None, reduction=1, ignore_index=-100):
+    out, _ = nll(logp, target, weight, reduction, ignore_index)
+    return _op("reshape", out, shape=_out_shape(ctx))
+
+
+@lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
+    out, total_weight = nll(logp, target, weight, reduction, ignore_index)
+    return _op("reshape", out, shape=_out_shape(ctx, 0)), total_weight
+
+
+@lowers(aten.cross_entropy_loss.default)
+def _cross_entropy(ctx, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    axis = 1 if logits.ndim > 1 else 0
+    logp = log_softmax(logits, axis)
+    if target.dtype.is_float:
+        if weight is not None:
+            logp = _op("mul", logp, _op("reshape", weight, shape=_class_shape(logits)))
+        n_classes = logits.shape[axis]
+        if label_smoothing:
+            target = _op(
+                "add",
+                _op("mul", target, _const(ctx.graph, 1.0 - label_smoothing, target.dtype)),
+                _const(ctx.graph, label_smoothing / n_classes, target.dtype),
+            )
+        per_sample = _op("neg", _op("reduce_sum", _op("mul", logp, target), axes=(axis,), keepdims=False))
+        reduction = _REDUCTION_ENUM.get(reduction, reduction)
+        if reduction == "mean" and logits.ndim > 1:
+            total = _op("reduce_sum", per_sample, axes=None, keepdims=False)
+            return _op("div", total, _const(ctx.graph, per_sample.type.size, total.dtype))
+        return reduce_loss(per_sample, reduction)
+    if label_smoothing:
+        if weight is not None:
+            raise Error("cross_entropy with both label_smoothing and class weights is not supported")
+        return _smoothed_cross_entropy(ctx, logp, target, reduction, ignore_index, label_smoothing)
+    out, _ = nll(logp, target, weight, reduction, ignore_index)
+    return out
+
+
+def _class_shape(x):
+    return (x.shape[0],) if x.ndim == 1 else (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _smoothed_cross_entropy(ctx, logp, target, reduction, ignore_index, eps):
+    g = ctx.graph
+    axis = 1 if logp.ndim > 1 else 0
+    n_classes = logp.shape[axis]
+    nll_losses, count = nll(logp, target, None, 0, ignore_index)
+    valid = _cast(_op("ne", _cast(target, "int32"), _const(g, ignore_index, "int32")), logp.dtype)
+    smooth = _op("neg", _op("reduce_sum", logp, axes=(axis,), keepdims=False))
+    smooth = _op("mul", _op("reshape", smooth, shape=nll_losses.shape), _op("reshape", valid, shape=nll_losses.shape))
+    losses = _op(
+        "add",
+        _op("mul", nll_losses, _const(g, 1.0 - eps, logp.dtype)),
+        _op("mul", smooth, _const(g, eps / n_classes, logp.dtype)),
+    )
+    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    if reduction == "none":
+        return _op("reshape", losses, shape=_out_shape(ctx))
+    total = _op("reduce_sum", losses, axes=None, keepdims=False)
+    return _op("div", total, count) if reduction == "mean" else total
+
+
+@lowers(aten.binary_cross_entropy.default)
+def _bce(ctx, p, y, weight=None, reduction=1):
+    g = ctx.graph
+    floor = _const(g, -100.0, p.dtype)
+    log_p = _op("maximum", _op("log", p), floor)
+    log_1mp = _op("maximum", _op("log", _op("sub", _const(g, 1.0, p.dtype), p)), floor)
+    losses = _op("neg", _op("add", _op("mul", y, log_p), _op("mul", _op("sub", _const(g, 1.0, p.dtype), y), log_1mp)))
+    if weight is not None:
+        losses = _op("mul", losses, weight)
+    return reduce_loss(losses, reduction)
+
+
+@lowers(aten.binary_cross_entropy_with_logits.default)
+def _bce_logits(ctx, x, y, weight=None, pos_weight=None, reduction=1):
+    g = ctx.graph
+    one = _const(g, 1.0, x.dtype)
+    softplus_neg = _op(
+        "add",
+        _op("log", _op("add", one, _op("exp", _op("neg", _op("abs", x))))),
+        _op("maximum", _op("neg", x), _const(g, 0.0, x.dtype)),
+    )
+    if pos_weight is not None:
+        log_weight = _op("add", one, _op("mul", _op("sub", pos_weight, one), y))
+        losses = _op("add", _op("mul", _op("sub", one, y), x), _op("mul", log_weight, softplus_neg))
+    else:
+        losses = _op("add", _op("mul", _op("sub", one, y), x), softplus_neg)
+    if weight is not None:
+        losses = _op("mul", losses, weight)
+    return reduce_loss(losses, reduction)
+
+
+@lowers(aten.kl_div.default)
+def _kl_div(ctx, logq, target, reduction=1, *, log_target=False):
+    g = ctx.graph
+    if log_target:
+        losses = _op("mul", _op("exp", target), _op("sub", target, logq))
+    else:
+        positive = _op("gt", target, _const(g, 0.0, target.dtype))
+        safe = _op("where", positive, target, _const(g, 1.0, target.dtype))
+        losses = _op(
+            "where", positive, _op("mul", target, _op("sub", _op("log", safe), logq)), _const(g, 0.0, target.dtype)
+        )
+    return reduce_loss(losses, reduction)
+
+
+TABLE[operator.getitem] = lambda ctx, values, index: values[index]

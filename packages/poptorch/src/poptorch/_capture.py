@@ -1,0 +1,351 @@
+"""Capture: ``torch.export`` a model, then lower its core-ATen graph to a popir forward graph.
+
+``capture(model, args, kwargs)`` exports with ``strict=False`` (in the model's current train/eval mode),
+runs the default core-ATen decompositions except the loss ops (so each loss stays one node), checks that
+every op has a lowering in ``_aten_table.TABLE`` (listing all unsupported ops at once, with the user's
+source lines), then interprets the exported graph node by node into popir. Every popir node records the
+user's source line.
+
+Randomness (dropout): the graph gets one extra input of kind ``buffer`` named ``RNG_SEED`` ("_rng_seed",
+int32[2]); each random op draws from its own stream derived from it. The runtime owns the seed: it feeds
+it and advances it between steps (capture registers no update for it).
+"""
+
+import operator
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+from torch.utils import _pytree as pytree
+
+import popir
+import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
+from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, popir_dtype
+from poptorch.errors import Error, UnsupportedOpError
+
+RNG_SEED = "_rng_seed"
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_POPTORCH_DIR = os.path.dirname(__file__)
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
+# Keyword arguments that only place a tensor (device, memory layout): meaningless on the IPU.
+_PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
+
+
+@dataclass
+class Captured:
+    """A captured model: the popir forward graph and how the user's call maps onto it.
+
+    graph: forward graph. User tensors are inputs of kind "input", parameters kind "parameter" named by
+        FQN, buffers kind "buffer" named by FQN (plus ``RNG_SEED`` when the model draws random numbers).
+    input_names: graph input names of the user's tensor arguments, in flat order (args then kwargs).
+    input_specs: (torch.Size, torch.dtype) of each user tensor as given (before narrowing).
+    constant_args: flat position (index into ``flatten_call`` leaves) -> value of each non-tensor argument
+        baked into the graph.
+    parameters / frozen / buffers: FQNs in named_parameters() / requires_grad=False / named_buffers() order.
+    outputs: graph output names of the flattened user outputs, in order; out_spec rebuilds their structure.
+    output_dtypes: torch dtypes of the outputs as eager torch returns them.
+    input_mutations: user input name -> graph output name holding its in-place updated value.
+    losses: final loss Values (outputs of identity_loss or of a torch loss that no other loss consumes).
+    """
+
+    graph: popir.Graph
+    input_names: list = field(default_factory=list)
+    input_specs: list = field(default_factory=list)
+    constant_args: dict = field(default_factory=dict)
+    parameters: list = field(default_factory=list)
+    frozen: set = field(default_factory=set)
+    buffers: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    out_spec: object = None
+    output_dtypes: list = field(default_factory=list)
+    input_mutations: dict = field(default_factory=dict)
+    losses: list = field(default_factory=list)
+
+
+def flatten_call(args, kwargs):
+    """The flat leaves of a call's (args, kwargs), in the order ``Captured`` positions refer to."""
+    leaves, _ = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    return leaves
+
+
+def capture(model, args, kwargs=None):
+    """Export ``model(*args, **kwargs)`` and lower it to popir; raises poptorch.Error with the user's line."""
+    args, kwargs = tuple(args), dict(kwargs or {})
+    program = _export(model, args, kwargs)
+    _check_supported(program)
+    return _Lowering(model, program, args, kwargs).run()
+
+
+def _export(model, args, kwargs):
+    table = torch.export.default_decompositions()
+    for op in LOSS_OPS:
+        table.pop(op, None)
+    try:
+        program = torch.export.export(model, args, kwargs, strict=False)
+        return program.run_decompositions(table)
+    except Error:
+        raise
+    except Exception as exc:
+        raise Error(_export_failure(exc)) from exc
+
+
+def _export_failure(exc):
+    where = _user_frame_of_traceback(exc.__traceback__)
+    summary = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "data-dependent" in str(exc) or "GuardOnDataDependent" in type(exc).__name__:
+        what = (
+            "the model's Python code depends on tensor values (data-dependent control flow, .item(), "
+            "int()/float()/bool() of a tensor), which the IPU cannot compile"
+        )
+    else:
+        what = "the model could not be captured with torch.export"
+    return f"{what}{f' at {where}' if where else ''}: {summary}"
+
+
+def _user_frame_of_traceback(tb):
+    frames = [f for f in __import__("traceback").extract_tb(tb) if _is_user_file(f.filename)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+
+
+def _is_user_file(path):
+    path = os.path.abspath(path)
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+
+
+def source_line(node):
+    """The user's ``file:line: code`` that produced an exported fx node (None if unknown)."""
+    frames = [m for m in _FRAME.finditer(node.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
+    if not frames:
+        return None
+    m = frames[-1]
+    return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+
+
+def _is_foldable(node):
+    """A factory op (arange, full, scalar_tensor, ...): no tensor inputs and deterministic, so foldable."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return not any(isinstance(a, torch.fx.Node) for a in leaves) and isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _is_symbolic(node):
+    return node.target is torch.ops.aten.sym_size.int or (
+        getattr(node.target, "__module__", None) in ("_operator", "operator") and node.target is not operator.getitem
+    )
+
+
+def _check_supported(program):
+    problems = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target in TABLE or node.target in IGNORED_OPS:
+            continue
+        if _is_foldable(node) or _is_symbolic(node):
+            continue
+        name = node.target.name() if hasattr(node.target, "name") else str(node.target)
+        if node.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            name += " (Tensor.item(): reading a tensor value in Python)"
+        problems.append(f"  {name} at {source_line(node) or 'an unknown line'}")
+    if problems:
+        raise UnsupportedOpError(f"{len(problems)} unsupported operation(s) in the model:\n" + "\n".join(problems))
+
+
+class _Lowering:
+    """fx-Interpreter over the exported graph: fx nodes -> popir Values (the ``ctx`` of every lowering)."""
+
+    def __init__(self, model, program, args, kwargs):
+        self.model = model
+        self.program = program
+        self.args, self.kwargs = args, kwargs
+        self.graph = popir.Graph(type(model).__name__)
+        self.node = None
+        self.env = {}
+        self._seed = None
+        self._streams = 0
+
+    # -- services for the lowerings -----------------------------------------------------------------
+    def random_seed(self):
+        """An int32[2] seed for one random op: the RNG_SEED input offset by a per-op stream number."""
+        if self._seed is None:
+            self._seed = self.graph.add_input(RNG_SEED, (2,), "int32", kind="buffer")
+        stream = self._streams
+        self._streams += 1
+        if stream == 0:
+            return self._seed
+        return self._seed + self.graph.constant(np.array([0, stream], dtype=np.int32))
+
+    # -- driver ----------------------------------------------------------------------------------------
+    def run(self):
+        captured = Captured(graph=self.graph)
+        self._add_state_inputs(captured)
+        self._bind_inputs(captured)
+        for node in self.program.graph.nodes:
+            if node.op == "call_function":
+                self.env[node] = self._lower(node)
+            elif node.op == "output":
+                self._bind_outputs(captured, node.args[0])
+        captured.out_spec = self.program.call_spec.out_spec
+        captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
+        return captured
+
+    def _add_state_inputs(self, captured):
+        self.state = {}
+        for fqn, p in self.model.named_parameters():
+            self.state[id(p)] = self.graph.add_input(fqn, p.shape, popir_dtype(p.dtype), kind="parameter")
+            captured.parameters.append(fqn)
+            if not p.requires_grad:
+                captured.frozen.add(fqn)
+        for fqn, b in self.model.named_buffers():
+            self.state[id(b)] = self.graph.add_input(fqn, b.shape, popir_dtype(b.dtype), kind="buffer")
+            captured.buffers.append(fqn)
+
+    def _state_input(self, kind, target):
+        tensor = self.model.get_parameter(target) if kind == InputKind.PARAMETER else self.model.get_buffer(target)
+        return self.state[id(tensor)]
+
+    def _bind_inputs(self, captured):
+        placeholders = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
+        leaves = flatten_call(self.args, self.kwargs)
+        user_specs = [s for s in self.program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        position = dict(
+            zip(
+                (s.arg.name for s in user_specs if isinstance(s.arg, TensorArgument)),
+                (i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)),
+            )
+        )
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                captured.constant_args[i] = leaf
+        for spec in self.program.graph_signature.input_specs:
+            node = placeholders[spec.arg.name] if isinstance(spec.arg, TensorArgument) else None
+            if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                self.env[node] = self._state_input(spec.kind, spec.target)
+            elif spec.kind == InputKind.CONSTANT_TENSOR:
+                tensor = self.program.constants[spec.target]
+                self.env[node] = _constant(self.graph, tensor)
+            elif spec.kind == InputKind.USER_INPUT and node is not None:
+                leaf = leaves[position[node.name]]
+                self.env[node] = self.graph.add_input(node.name, leaf.shape, popir_dtype(leaf.dtype))
+                captured.input_names.append(node.name)
+                captured.input_specs.append((leaf.shape, leaf.dtype))
+            elif spec.kind != InputKind.USER_INPUT:
+                raise Error(f"models with {spec.kind.name.lower()} inputs ({spec.target}) are not supported")
+        for node in placeholders.values():
+            self.env.setdefault(node, node.meta.get("val"))
+
+    def _lower(self, node):
+        self.node = node
+        where = source_line(node)
+        if node.target in IGNORED_OPS:
+            return None
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, self._read, (node.args, node.kwargs))
+        kwargs = {k: v for k, v in kwargs.items() if k not in _PLACEMENT_KWARGS}
+        with self.graph.source_line(where):
+            try:
+                if node.target in TABLE:
+                    return TABLE[node.target](self, *args, **kwargs)
+                if _is_foldable(node):
+                    return _constant(self.graph, node.target(*args, **kwargs))
+                raise Error(f"{node.target} has no lowering")
+            except Error as exc:
+                raise type(exc)(f"{exc} (at {where or 'an unknown line'})") from None
+            except popir.IRError as exc:
+                raise Error(f"could not lower {node.target} at {where or 'an unknown line'}: {exc}") from exc
+
+    def _read(self, node):
+        value = self.env[node]
+        if value is None and node.op == "call_function":
+            raise Error(
+                f"the result {node.name} of {node.args[0].target if node.args else node.target} "
+                f"is not available on the IPU (used at {source_line(node) or 'an unknown line'})"
+            )
+        return value
+
+    def _bind_outputs(self, captured, results):
+        for spec, node in zip(self.program.graph_signature.output_specs, results):
+            value = self.env[node] if isinstance(node, torch.fx.Node) else node
+            if spec.kind == OutputKind.USER_OUTPUT:
+                name = f"output_{len(captured.outputs)}"
+                meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else torch.tensor(node)
+                if not isinstance(value, popir.Value):
+                    value = _constant(self.graph, torch.as_tensor(meta if value is None else value))
+                self.graph.output(name, value)
+                captured.outputs.append(name)
+                captured.output_dtypes.append(meta.dtype)
+            elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+                kind = InputKind.BUFFER if spec.kind == OutputKind.BUFFER_MUTATION else InputKind.PARAMETER
+                state = self._state_input(kind, spec.target)
+                self.graph.update(state, _fit(value, state))
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                name = f"mutated_{spec.target}"
+                target = self.graph.input(spec.target)
+                self.graph.output(name, _fit(value, target))
+                captured.input_mutations[spec.target] = name
+            else:
+                raise Error(f"exported output of kind {spec.kind.name} is not supported")
+
+    def _user_output_nodes(self):
+        out = next(n for n in self.program.graph.nodes if n.op == "output")
+        return [
+            node
+            for spec, node in zip(self.program.graph_signature.output_specs, out.args[0])
+            if spec.kind == OutputKind.USER_OUTPUT and isinstance(node, torch.fx.Node)
+        ]
+
+    def _loss_value(self, node):
+        value = self.env[node]
+        return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def _fit(value, like):
+    """``value`` with the dtype and shape of graph input ``like`` (for state updates)."""
+    if value.dtype != like.dtype:
+        value = value.graph.apply("cast", (value,), {"dtype": like.dtype})[0]
+    if value.shape != like.shape:
+        value = value.graph.apply("reshape", (value,), {"shape": like.shape})[0]
+    return value
+
+
+def _constant(graph, tensor):
+    tensor = torch.as_tensor(tensor).detach().cpu()
+    return graph.constant(tensor.numpy(), dtype=popir_dtype(tensor.dtype))
+
+
+def _final_losses(fx_graph, user_outputs):
+    """Final loss nodes: loss ops no other loss op depends on, each extended to the user output it feeds.
+
+    A loss that only flows through single-loss arithmetic into a user output (``loss * 0.5``,
+    ``kl_div(...) / batch``) is represented by that output, so training minimises what the user returns.
+    """
+    loss_nodes = [n for n in fx_graph.nodes if n.op == "call_function" and n.target in LOSS_OPS]
+    depends = {}
+    for node in fx_graph.nodes:
+        inputs = [a for a in node.all_input_nodes]
+        depends[node] = set().union(*(depends[a] | ({a} if a in loss_nodes else set()) for a in inputs))
+    final = [n for n in loss_nodes if not any(n in depends[m] for m in loss_nodes)]
+    outputs = set(user_outputs)
+    return list(dict.fromkeys(_follow_to_output(n, depends, loss_nodes, outputs) for n in final))
+
+
+def _follow_to_output(loss, depends, loss_nodes, outputs):
+    current, reached = loss, loss if loss in outputs else None
+    while True:
+        users = [u for u in current.users if u.op == "call_function"]
+        if len(users) != 1:
+            break
+        user = users[0]
+        loss_inputs = [a for a in user.all_input_nodes if a in loss_nodes or depends[a] & set(loss_nodes)]
+        if loss_inputs != [current]:
+            break
+        current = user
+        if current in outputs:
+            reached = current
+    return reached or loss
