@@ -1,5 +1,113 @@
-"""poptorch: run unmodified PyTorch models on a simulated Graphcore IPU."""
+"""poptorch: run unmodified PyTorch models on a simulated Graphcore IPU (the PopTorch 3.x API)."""
 
+import warnings
 from importlib.metadata import version as _version
 
+import torch
+
+from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
+from poptorch import optim
+from poptorch._executor import PoplarExecutor
+from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch.enums import MeanReductionStrategy, OutputMode, ReductionType, SyncPattern
+from poptorch.errors import Error, UnsupportedOpError
+from poptorch.options import Options
+
 __version__ = _version("poptorch")
+
+_LEGACY_TRAINING = (
+    "device_iterations",
+    "gradient_accumulation",
+    "replication_factor",
+    "profile",
+    "trace_model",
+    "loss",
+    "optimizer",
+)
+_LEGACY_INFERENCE = ("device_iterations", "replication_factor", "profile", "trace_model")
+
+
+def trainingModel(model, options=None, optimizer=None, *legacy_args, **legacy_kwargs):
+    """Wrap ``model`` for training on the IPU: each call runs forward, backward and the optimizer step.
+
+    ``optimizer`` defaults to ``poptorch.optim.SGD(lr=0.01)``. The old signature ``trainingModel(model,
+    device_iterations, gradient_accumulation=1, replication_factor=1, profile=False, trace_model=True,
+    loss=None, optimizer=None)`` is still accepted, with a DeprecationWarning.
+    """
+    if _is_legacy(options, legacy_args, legacy_kwargs, _LEGACY_TRAINING):
+        return _legacy(model, True, (options, optimizer, *legacy_args), legacy_kwargs, _LEGACY_TRAINING)
+    return PoplarExecutor(model, options if options is not None else Options(), True, optimizer)
+
+
+def inferenceModel(model, options=None, *legacy_args, **legacy_kwargs):
+    """Wrap ``model`` for inference on the IPU.
+
+    The old signature ``inferenceModel(model, device_iterations=1, replication_factor=1, profile=False,
+    trace_model=True)`` is still accepted, with a DeprecationWarning.
+    """
+    if _is_legacy(options, legacy_args, legacy_kwargs, _LEGACY_INFERENCE):
+        return _legacy(model, False, (options, *legacy_args), legacy_kwargs, _LEGACY_INFERENCE)
+    return PoplarExecutor(model, options if options is not None else Options(), False)
+
+
+def _is_legacy(options, args, kwargs, names):
+    return isinstance(options, int) or bool(args) or any(k in names for k in kwargs)
+
+
+def _legacy(model, training, args, kwargs, names):
+    warnings.warn(
+        f"This {'trainingModel' if training else 'inferenceModel'} signature is deprecated: pass a "
+        "poptorch.Options instead of device_iterations, replication_factor, ...",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    values = {k: v for k, v in values.items() if v is not None}
+    unknown = set(values) - set(names)
+    if unknown:
+        raise TypeError(f"Unexpected arguments: {', '.join(sorted(unknown))}")
+    opts = Options().deviceIterations(values.get("device_iterations", 1))
+    opts.replicationFactor(values.get("replication_factor", 1))
+    opts.Training.gradientAccumulation(values.get("gradient_accumulation", 1))
+    if values.get("loss") is not None:
+        model = _WithLoss(model, values["loss"])
+    executor = PoplarExecutor(model, opts, training, values.get("optimizer"))
+    executor._write_profile = bool(values.get("profile"))
+    executor._sync_after_call = values.get("loss") is not None
+    return executor
+
+
+class _WithLoss(torch.nn.Module):
+    """The legacy ``loss=`` argument: the model's output and ``loss(output, label)``, the label last."""
+
+    def __init__(self, model, loss):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, *args):
+        *inputs, label = args
+        output = self.model(*inputs)
+        return output, self.loss(output, label)
+
+
+__all__ = [
+    "AsynchronousDataAccessor",
+    "DataLoader",
+    "DataLoaderMode",
+    "Error",
+    "MeanReductionStrategy",
+    "Options",
+    "OutputMode",
+    "PoplarExecutor",
+    "ReductionType",
+    "SyncPattern",
+    "UnsupportedOpError",
+    "__version__",
+    "identity_loss",
+    "inferenceModel",
+    "ipu_print_tensor",
+    "optim",
+    "trainingModel",
+]

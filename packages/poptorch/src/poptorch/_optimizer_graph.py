@@ -77,11 +77,11 @@ class OptimizerBuilder:
         value = _op("cast", _scalar(graph, scale), dtype=loss.dtype.value)
         return _op("broadcast_to", value, shape=loss.shape) if loss.shape else value
 
-    def _state(self, graph, param, slot, fill, dtype_attr):
+    def _state(self, graph, name, param, slot, fill, dtype_attr):
         dtype = self.spec.state_dtypes.get(dtype_attr) or self.spec.state_dtypes.get("accum_type", "float32")
         if dtype == "float32" and param.dtype != DType.float32:
             dtype = param.dtype.value
-        value = self._variable(graph, state_name(param.name, slot), param.shape, dtype, fill)
+        value = self._variable(graph, state_name(name, slot), param.shape, dtype, fill)
         return value, (_op("cast", value, dtype="float32") if value.dtype != DType.float32 else value)
 
     def _store(self, graph, variable, new):
@@ -106,7 +106,7 @@ class OptimizerBuilder:
         rule = getattr(self, f"_{self.spec.kind}")
         for name, p in params.items():
             p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
-            new = rule(graph, group_of[name], p32, grads[name], t)
+            new = rule(graph, group_of[name], name, p32, grads[name], t)
             graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
         if step is not None:
             graph.update(step, t)
@@ -129,14 +129,14 @@ class OptimizerBuilder:
         coef = _op("minimum", coef, _scalar(graph, 1.0))
         return {name: g * coef for name, g in grads.items()}
 
-    def _sgd(self, graph, gi, p, g, t):
+    def _sgd(self, graph, gi, name, p, g, t):
         h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
         lr, momentum, dampening, wd = h("lr"), h("momentum"), h("dampening"), h("weight_decay")
         if not _is_zero(wd):
             g = g + p * wd
         if not _is_zero(momentum):
             vs = h("velocity_scaling")
-            buf_var, buf = self._state(graph, p, "momentum_buffer", 0.0, "velocity_accum_type")
+            buf_var, buf = self._state(graph, name, p, "momentum_buffer", 0.0, "velocity_accum_type")
             scaled_g = g if _is_one(vs) else g * vs
             new_buf = buf * momentum + (
                 scaled_g if _is_zero(dampening) else scaled_g * (1.0 - _scalar(graph, dampening))
@@ -149,11 +149,11 @@ class OptimizerBuilder:
             g = g + velocity * momentum if self.spec.groups[gi].structure["nesterov"] else velocity
         return p - g * lr
 
-    def _adam_moments(self, graph, gi, p, g, t):
+    def _adam_moments(self, graph, gi, name, p, g, t):
         h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
         b1, b2 = h("beta1"), h("beta2")
-        m_var, m = self._state(graph, p, "exp_avg", 0.0, "first_order_momentum_accum_type")
-        v_var, v = self._state(graph, p, "exp_avg_sq", 0.0, "second_order_momentum_accum_type")
+        m_var, m = self._state(graph, name, p, "exp_avg", 0.0, "first_order_momentum_accum_type")
+        v_var, v = self._state(graph, name, p, "exp_avg_sq", 0.0, "second_order_momentum_accum_type")
         new_m = m + (g - m) * (1.0 - _scalar(graph, b1))
         new_v = v * b2 + g * g * (1.0 - _scalar(graph, b2))
         self._store(graph, m_var, new_m)
@@ -164,14 +164,14 @@ class OptimizerBuilder:
         bc2 = 1.0 - _op("pow", _scalar(graph, b2), t)
         return new_m, new_v, bc1, bc2
 
-    def _adam(self, graph, gi, p, g, t):
+    def _adam(self, graph, gi, name, p, g, t):
         lr, wd, eps = (self.hyper(graph, gi, n) for n in ("lr", "weight_decay", "eps"))
         if self.spec.kind == "adamw":
             if not _is_zero(wd):
                 p = p * (1.0 - _scalar(graph, lr) * wd)
         elif not _is_zero(wd):
             g = g + p * wd
-        m, v, bc1, bc2 = self._adam_moments(graph, gi, p, g, t)
+        m, v, bc1, bc2 = self._adam_moments(graph, gi, name, p, g, t)
         if bc1 is None:
             return p - (m / (_op("sqrt", v) + eps)) * lr
         step_size = _scalar(graph, lr) / bc1
@@ -180,31 +180,31 @@ class OptimizerBuilder:
 
     _adamw = _adam
 
-    def _rmsprop(self, graph, gi, p, g, t):
+    def _rmsprop(self, graph, gi, name, p, g, t):
         h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
         lr, alpha, eps, wd, momentum = h("lr"), h("alpha"), h("eps"), h("weight_decay"), h("momentum")
         tf = self.spec.use_tf_variant
         if not _is_zero(wd):
             g = g + p * wd
-        sq_var, sq = self._state(graph, p, "square_avg", 1.0 if tf else 0.0, "second_order_momentum_accum_type")
+        sq_var, sq = self._state(graph, name, p, "square_avg", 1.0 if tf else 0.0, "second_order_momentum_accum_type")
         new_sq = sq * alpha + g * g * (1.0 - _scalar(graph, alpha))
         self._store(graph, sq_var, new_sq)
         if self.spec.groups[gi].structure["centered"]:
-            ga_var, ga = self._state(graph, p, "grad_avg", 0.0, "first_order_momentum_accum_type")
+            ga_var, ga = self._state(graph, name, p, "grad_avg", 0.0, "first_order_momentum_accum_type")
             new_ga = ga + (g - ga) * (1.0 - _scalar(graph, alpha))
             self._store(graph, ga_var, new_ga)
             new_sq = new_sq - new_ga * new_ga
         avg = _op("sqrt", new_sq + eps) if tf else _op("sqrt", new_sq) + eps
         if _is_zero(momentum):
             return p - (g / avg) * lr
-        buf_var, buf = self._state(graph, p, "momentum_buffer", 0.0, "first_order_momentum_accum_type")
+        buf_var, buf = self._state(graph, name, p, "momentum_buffer", 0.0, "first_order_momentum_accum_type")
         new_buf = buf * momentum + ((g / avg) * lr if tf else g / avg)
         self._store(graph, buf_var, new_buf)
         return p - new_buf if tf else p - new_buf * lr
 
-    def _lamb(self, graph, gi, p, g, t):
+    def _lamb(self, graph, gi, name, p, g, t):
         lr, wd, eps, max_norm = (self.hyper(graph, gi, n) for n in ("lr", "weight_decay", "eps", "max_weight_norm"))
-        m, v, bc1, bc2 = self._adam_moments(graph, gi, p, g, t)
+        m, v, bc1, bc2 = self._adam_moments(graph, gi, name, p, g, t)
         if bc1 is not None:
             m, v = m / bc1, v / bc2
         update = m / (_op("sqrt", v) + eps)
