@@ -2,12 +2,22 @@
 
 import numpy as np
 
+from popir.dtypes import as_dtype
 from popir.errors import IRError
 from popir.registry import get_op
 
 
-def evaluate(graph, feeds):
-    """All values of ``graph`` given arrays for every graph input; returns {value id: ndarray}."""
+def evaluate(graph, feeds, compute_dtype=None):
+    """All values of ``graph`` given arrays for every graph input; returns {value id: ndarray}.
+
+    ``compute_dtype`` (tests only, e.g. np.float64) replaces every floating-point dtype of the graph,
+    including float ``dtype`` attributes, so gradients can be checked against finite differences.
+    """
+    compute = None if compute_dtype is None else np.dtype(compute_dtype)
+
+    def storage(dtype):
+        return compute if compute is not None and dtype.is_float else dtype.numpy
+
     env = {}
     for v in graph.inputs:
         if v.name not in feeds:
@@ -15,12 +25,15 @@ def evaluate(graph, feeds):
         array = np.asarray(feeds[v.name])
         if array.shape != v.shape:
             raise IRError(f"input {v.name!r}: expected shape {v.shape}, got {array.shape}")
-        env[v.id] = array.astype(v.dtype.numpy, copy=False)
+        env[v.id] = array.astype(storage(v.dtype), copy=False)
     for node in graph.nodes:
-        result = get_op(node.op).ref(*[env[v.id] for v in node.inputs], **node.attrs)
+        attrs = node.attrs
+        if compute is not None and "dtype" in attrs and as_dtype(attrs["dtype"]).is_float:
+            attrs = {**attrs, "dtype": compute}
+        result = get_op(node.op).ref(*[env[v.id] for v in node.inputs], **attrs)
         results = result if isinstance(result, tuple) else (result,)
         for value, array in zip(node.outputs, results):
-            env[value.id] = np.asarray(array, dtype=value.dtype.numpy).reshape(value.shape)
+            env[value.id] = np.asarray(array, dtype=storage(value.dtype)).reshape(value.shape)
     return env
 
 

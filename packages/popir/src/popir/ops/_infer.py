@@ -1,6 +1,8 @@
 """Shape and dtype helpers shared by op rules."""
 
-from popir.dtypes import DType
+import numpy as np
+
+from popir.dtypes import DType, as_dtype
 from popir.errors import IRError
 from popir.graph import TensorType
 
@@ -55,3 +57,12 @@ def elementwise(*types):
 
 def boolean(shape):
     return TensorType(tuple(shape), DType.bool)
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype a reference computes in for a ``dtype`` attribute.
+
+    The interpreter's float64 checking mode passes a NumPy dtype through, which is kept as is;
+    graph attributes (DType names) map to their device dtype.
+    """
+    return dtype if isinstance(dtype, np.dtype) else as_dtype(dtype).numpy

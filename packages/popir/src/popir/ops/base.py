@@ -133,3 +133,14 @@ reduce_sum = defop(
     vjp=_reduce_sum_vjp,
     doc="Sum over ``axes`` (None: all); fp16 inputs accumulate in fp32.",
 )
+
+
+def full(graph, shape, value, dtype):
+    """A ``shape`` tensor of ``value`` in ``graph`` (a broadcast scalar constant)."""
+    scalar = graph.constant(np.array(value), dtype)
+    return broadcast_to(scalar, shape=tuple(shape)) if tuple(shape) else scalar
+
+
+def zeros_like(x):
+    """Zeros of ``x``'s shape and dtype."""
+    return full(x.graph, x.shape, 0, x.dtype)

@@ -1,0 +1,98 @@
+"""Loss composites with torch's reductions ("mean", "sum", "none") and ignore_index handling."""
+
+from popir.dtypes import DType
+from popir.errors import IRError
+from popir.ops.activations import log_softmax
+from popir.ops.base import full, reduce_sum, reshape
+from popir.ops.elementwise import cast, ne, where
+from popir.ops.movement import gather, take_along_axis
+from popir.ops.stats import mean
+
+
+def reduce_loss(loss, reduction):
+    """Apply torch's ``reduction`` to a per-element loss."""
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return reduce_sum(loss, axes=None, keepdims=False)
+    if reduction == "none":
+        return loss
+    raise IRError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _valid_targets(target, ignore_index):
+    """(mask of targets != ignore_index, targets with ignored entries replaced by class 0)."""
+    keep = ne(target, full(target.graph, (), ignore_index, DType.int32))
+    return keep, where(keep, target, full(target.graph, target.shape, 0, DType.int32))
+
+
+def _class_vector(v, ndim, class_axis):
+    """A (C,) vector shaped to broadcast along ``class_axis``."""
+    return reshape(v, shape=tuple(v.shape[0] if i == class_axis else 1 for i in range(ndim)))
+
+
+def nll_loss(log_probs, target, weight=None, reduction="mean", ignore_index=-100):
+    """torch.nn.functional.nll_loss: log_probs (N, C, ...) or (C,), int32 target (N, ...) or ()."""
+    if target.dtype != DType.int32:
+        raise IRError(f"nll_loss target must be int32 class indices, got {target.dtype}")
+    batched = log_probs.ndim > 1
+    lp = log_probs if batched else reshape(log_probs, shape=(1,) + log_probs.shape)
+    tg = target if batched else reshape(target, shape=(1,))
+    if tg.shape != (lp.shape[0],) + lp.shape[2:]:
+        raise IRError(f"nll_loss target {list(target.shape)} does not fit input {list(log_probs.shape)}")
+    keep, safe = _valid_targets(tg, ignore_index)
+    picked = take_along_axis(lp, reshape(safe, shape=(tg.shape[0], 1) + tg.shape[1:]), axis=1)
+    w = cast(keep, dtype=lp.dtype)
+    if weight is not None:
+        w = w * gather(weight, safe, axis=0)
+    loss = -(reshape(picked, shape=tg.shape) * w)
+    if reduction == "mean":
+        return reduce_sum(loss, axes=None, keepdims=False) / reduce_sum(w, axes=None, keepdims=False)
+    loss = reduce_loss(loss, reduction)
+    return loss if batched or reduction != "none" else reshape(loss, shape=())
+
+
+def cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy with class-index targets (int32) or class probabilities (float).
+
+    Supports ``weight``, ``ignore_index`` and ``label_smoothing`` with torch's formulas.
+    """
+    class_axis = 1 if logits.ndim > 1 else 0
+    lp = log_softmax(logits, axis=class_axis)
+    if target.dtype.is_float:
+        return _soft_cross_entropy(lp, target, weight, reduction, label_smoothing, class_axis)
+    nll = nll_loss(lp, target, weight, reduction, ignore_index)
+    if label_smoothing == 0.0:
+        return nll
+    # torch: (1 - s) * nll + s / C * smooth, smooth = -sum_c w_c lp_c with ignored targets masked and
+    # the mean taken over the same (weighted) count as nll_loss.
+    weighted = lp if weight is None else lp * _class_vector(weight, lp.ndim, class_axis)
+    keep, safe = _valid_targets(target, ignore_index)
+    keep = cast(keep, dtype=lp.dtype)
+    smooth = -reduce_sum(weighted, axes=(class_axis,), keepdims=False) * keep
+    if reduction == "mean":
+        counted = keep if weight is None else gather(weight, safe, axis=0) * keep
+        smooth = reduce_sum(smooth, axes=None, keepdims=False) / reduce_sum(counted, axes=None, keepdims=False)
+    else:
+        smooth = reduce_loss(smooth, reduction)
+    return nll * (1.0 - label_smoothing) + smooth * (label_smoothing / logits.shape[class_axis])
+
+
+def _soft_cross_entropy(lp, target, weight, reduction, label_smoothing, class_axis):
+    if target.shape != lp.shape:
+        raise IRError(f"probability target {list(target.shape)} must match the input {list(lp.shape)}")
+    classes = lp.shape[class_axis]
+    if label_smoothing:
+        target = target * (1.0 - label_smoothing) + label_smoothing / classes
+    if weight is not None:
+        target = target * _class_vector(weight, lp.ndim, class_axis)
+    loss = -reduce_sum(lp * target, axes=(class_axis,), keepdims=False)
+    if reduction == "mean" and lp.ndim > 1:
+        return reduce_sum(loss, axes=None, keepdims=False) * (1.0 / (lp.type.size // classes))
+    return reduce_loss(loss, reduction)
+
+
+def mse_loss(a, b, reduction="mean"):
+    """torch.nn.functional.mse_loss."""
+    d = a - b
+    return reduce_loss(d * d, reduction)
