@@ -31,7 +31,7 @@ def filled_with(builder, value, fill):
 
 def _as_shape(builder, x, shape):
     """``x`` itself when it already has ``shape``, else ``x`` broadcast to it."""
-    return x if x.shape == shape else builder.apply("broadcast_to", [x], {"shape": shape})
+    return x if x.shape == shape else builder.apply("broadcast_to", [x], {"shape": shape})[0]
 
 
 def _identity_operand(builder, keep, drop, other, fill):
