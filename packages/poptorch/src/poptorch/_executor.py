@@ -38,6 +38,9 @@ class _OutputTensor(torch.Tensor):
     def backward(self, *args, **kwargs):
         raise RuntimeError(BACKWARD_ERROR)
 
+    def __repr__(self, *, tensor_contents=None):
+        return repr(self.as_subclass(torch.Tensor))
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # Anything computed from an output is a plain tensor again.
@@ -108,7 +111,7 @@ def _kind(training):
 
 def _host_tensor(array, dtype):
     """A device result as a torch tensor (int64 comes back as int32, float64 as float32)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    tensor = torch.from_numpy(np.array(array, order="C"))
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
@@ -331,7 +334,7 @@ class PoplarExecutor:
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
-            feeds_by_name[name] = layout.split(name, np.ascontiguousarray(tensor.detach().numpy(), dtype=dtype))
+            feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
         per_output = {}
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
@@ -339,7 +342,7 @@ class PoplarExecutor:
         runs_per_step = layout.ga * layout.r
         for index, (d, a, r) in enumerate(layout.micro_batches()):
             start = time.time()
-            feeds = {name: np.ascontiguousarray(split[d, a, r]) for name, split in feeds_by_name.items()}
+            feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
             fed = time.time()
             for lists in perf["input"]:
                 lists.append(start)
