@@ -69,7 +69,9 @@ class AsynchronousDataAccessor:
         miss_sleep_time_in_ms: sleep between polls when a slot is not ready.
         load_indefinitely: if True the worker goes on into the next epoch without waiting for ``iter()``.
         early_preload: if True the worker starts loading before the first ``iter()``.
-        sharing_strategy: how the dataset reaches the worker (:class:`popdata.SharingStrategy`).
+        sharing_strategy: how the dataset reaches the worker (:class:`popdata.SharingStrategy`). The default,
+            ``Fork``, needs no pickling (like torch's own workers on Linux); the others start the worker from
+            a fork server, so a script using them needs the ``if __name__ == "__main__":`` guard.
         rebatched_size: if set, the worker concatenates the dataset's batches along dim 0 into batches of
             this many samples; a shorter last batch is kept only if ``dataset.drop_last`` is False.
 
@@ -88,7 +90,7 @@ class AsynchronousDataAccessor:
         miss_sleep_time_in_ms=0.1,
         load_indefinitely=True,
         early_preload=False,
-        sharing_strategy=SharingStrategy.FileSystem,
+        sharing_strategy=SharingStrategy.Fork,
         rebatched_size=None,
     ):
         if not isinstance(buffer_size, int) or buffer_size < 1:
@@ -124,7 +126,12 @@ class AsynchronousDataAccessor:
             ),
             name="popdata-accessor",
         )
-        self._process.start()
+        try:
+            self._process.start()
+        except BaseException:
+            if leftover is not None:
+                os.unlink(leftover)
+            raise
         child_conn.close()
         self._finalizer = weakref.finalize(self, _shutdown, self._process, self._control, self._conn, leftover)
 
@@ -187,10 +194,20 @@ class AsynchronousDataAccessor:
 
     def _receive_slots(self):
         while self._slots is None:
-            if not self._conn.poll(self._sleep):
+            if self._conn.poll(self._sleep):
+                self._receive()
+            else:
                 self._check_alive()
-                continue
-            self._handle(self._conn.recv())
+
+    def _receive(self):
+        try:
+            message = self._conn.recv()
+        except EOFError:
+            # The worker closed its end without a word: it died. Wait for its exit code.
+            self._process.join(timeout=5)
+            self._check_alive()
+            raise
+        self._handle(message)
 
     def _handle(self, message):
         kind, *rest = message
@@ -202,7 +219,7 @@ class AsynchronousDataAccessor:
         if blob is not None:
             try:
                 cause = pickle.loads(blob)
-            except Exception:  # noqa: BLE001 - fall back to the traceback text alone
+            except Exception:  # fall back to the traceback text alone
                 cause = None
         self._fail(WorkerError(f"the AsynchronousDataAccessor worker process failed:\n{text}"), cause)
 
@@ -215,8 +232,11 @@ class AsynchronousDataAccessor:
     def _check_alive(self):
         if self._process.exitcode is not None:
             # An error message may have arrived just before the process ended.
-            if self._conn.poll():
-                self._handle(self._conn.recv())
+            try:
+                if self._conn.poll():
+                    self._handle(self._conn.recv())
+            except EOFError:
+                pass
             self._fail(
                 WorkerError(
                     f"the AsynchronousDataAccessor worker process died unexpectedly (exit code "
@@ -227,7 +247,7 @@ class AsynchronousDataAccessor:
 
     def _wait(self):
         if self._conn.poll():
-            self._handle(self._conn.recv())
+            self._receive()
         else:
             self._check_alive()
         time.sleep(self._sleep)

@@ -157,7 +157,7 @@ class DataLoader(torch.utils.data.DataLoader):
             )
 
     @property
-    def combinedBatchSize(self):  # noqa: N802 - PopTorch's public name
+    def combinedBatchSize(self):
         """Samples per combined batch (None with a batch_sampler that has no integer ``batch_size``)."""
         return self._combined_batch_size
 

@@ -1,6 +1,7 @@
 """The accessor's worker process: iterate the dataset and fill the ring buffer (see ring.py)."""
 
 import ctypes
+import multiprocessing
 import os
 import pickle
 import signal
@@ -170,18 +171,23 @@ def main(payload, control, conn, consumer_conn, miss_sleep, load_indefinitely, r
     """Entry point of the worker process; any exception is sent to the consumer with its traceback."""
     if consumer_conn is not None:
         consumer_conn.close()
+    # SIGTERM (from terminate() or the parent's death) unwinds normally, shutting the dataset's workers down.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     _die_with_parent()
+    if "fork" in multiprocessing.get_all_start_methods():
+        # Torch workers must be this process's own children (a fork server's would outlive it unnoticed).
+        multiprocessing.set_start_method("fork", force=True)
     torch.set_num_threads(1)
     try:
         dataset = load_payload(payload)
         Producer(dataset, control, conn, miss_sleep, load_indefinitely, rebatched_size).run()
     except SystemExit:
         pass
-    except BaseException as error:  # noqa: BLE001 - every failure must reach the consumer
+    except BaseException as error:  # every failure must reach the consumer
         text = "".join(traceback.format_exception(error))
         try:
             blob = pickle.dumps(error)
-        except Exception:  # noqa: BLE001 - an unpicklable exception still reports its traceback
+        except Exception:  # an unpicklable exception still reports its traceback
             blob = None
         try:
             conn.send(("error", blob, text))
