@@ -243,6 +243,39 @@ def test_reduce_sum_over_unit_axes_is_a_reshape_or_nothing():
     _same_results(g, out, _feeds(g))
 
 
+def test_reshape_of_a_reduce_sum_to_its_keepdims_shape_is_a_keepdims_reduce_sum():
+    g, (x,) = _graph((2, 3, 4))
+    g.output("y", ops.reshape(ops.reduce_sum(x, axes=(1,), keepdims=False), shape=(2, 1, 4)))
+    out = passes.eliminate_dead_code(passes.simplify(g))
+    assert _ops(out) == ["reduce_sum"] and out.nodes[0].attrs == {"axes": (1,), "keepdims": True}
+    _same_results(g, out, _feeds(g))
+
+
+@_needs("where", "gt")
+def test_elementwise_ops_absorb_explicit_broadcasts():
+    g, (x, y) = _graph((2, 3), (3,))
+    g.output("mul", x * ops.broadcast_to(y, shape=(2, 3)))
+    g.output("kept", ops.broadcast_to(y, shape=(4, 3)) + 1.5)
+    zero = ops.broadcast_to(g.constant(np.float32(0.0)), shape=(2, 3))
+    g.output("where", _apply("where", _apply("gt", x, zero), x, zero))
+    out = passes.eliminate_dead_code(passes.simplify(g))
+    assert [n.inputs[1] for n in out.nodes if n.op == "mul"] == [out.input("x1")]
+    assert _ops(out).count("broadcast_to") == 1 and out.nodes[-1].inputs[2].shape == ()
+    _same_results(g, out, _feeds(g))
+
+
+@_needs("slice", "pad", "concat")
+def test_slices_pads_and_concats_that_change_nothing_vanish():
+    g, (x,) = _graph((2, 3))
+    g.output("all", _apply("slice", x, starts=(0, -5), stops=(2, 99), steps=(1, 1)))
+    g.output("part", _apply("slice", x, starts=(0, 1), stops=(2, 3), steps=None))
+    g.output("pad0", _apply("pad", x, pads=((0, 0), (0, 0)), value=1.0))
+    g.output("one", _apply("concat", x, axis=0))
+    out = passes.eliminate_dead_code(passes.simplify(g))
+    assert _ops(out) == ["slice"]
+    assert out.outputs["all"] is out.outputs["pad0"] is out.outputs["one"] is out.input("x0")
+
+
 @_needs("transpose")
 def test_transposes_compose_and_identity_transposes_vanish():
     g, (x,) = _graph((2, 3, 4))
@@ -380,6 +413,40 @@ def _matmul(draw, g, pool):
     return _apply("matmul", a, b)
 
 
+def _window(draw, g, pool):
+    """A slice, pad or concat round trip back to the pool shape (sometimes a no-op one)."""
+    x = ops.broadcast_to(draw(st.sampled_from(pool)), shape=(2, 3))
+    kind = draw(st.sampled_from([k for k in ("slice", "pad", "concat") if k in AVAILABLE]))
+    if kind == "slice":
+        lo = draw(st.sampled_from([0, 2]))  # leaves 6 or 2 elements, sizes that pool shapes have
+        return _fit(draw, _apply("slice", x, starts=(0, lo), stops=(2, 3), steps=None))
+    if kind == "pad":
+        padded = _apply("pad", x, pads=((0, 0), (draw(st.integers(0, 1)), 0)), value=draw(st.sampled_from([0.0, -1.5])))
+        return _apply("slice", padded, starts=(0, padded.shape[1] - 3), stops=(2, 3 + padded.shape[1]), steps=None)
+    parts = draw(st.lists(st.sampled_from([x, draw(st.sampled_from(pool))]), min_size=1, max_size=2))
+    joined = _apply("concat", *[ops.reshape(ops.broadcast_to(p, shape=(2, 3)), shape=(6,)) for p in parts], axis=0)
+    return _fit(draw, _apply("slice", joined, starts=(0,), stops=(6,), steps=None))
+
+
+def _random(draw, g, pool):
+    """Uniform noise from a constant seed (foldable when small) or from the seed input."""
+    seed = g.constant(np.array([draw(st.integers(0, 9)), 7], np.int32)) if draw(st.booleans()) else g.input("seed")
+    return _apply("random_uniform", seed, shape=draw(st.sampled_from(SHAPES)), dtype=F32)
+
+
+def _composite(draw, g, pool):
+    """A composite from popir.ops: softmax, GELU, layer_norm or dropout."""
+    x = ops.broadcast_to(draw(st.sampled_from(pool)), shape=(2, 3))
+    kind = draw(st.sampled_from(["softmax", "gelu", "layer_norm", "dropout"]))
+    if kind == "softmax":
+        return ops.softmax(x, axis=draw(st.sampled_from([0, -1])))
+    if kind == "gelu":
+        return ops.gelu(x, approximate=draw(st.sampled_from(["none", "tanh"])))
+    if kind == "layer_norm":
+        return ops.layer_norm(x, (3,), draw(st.sampled_from(pool[1:2] + [None])), None)
+    return ops.dropout(x, draw(st.sampled_from([0.0, 0.5])), g.input("seed"))
+
+
 def _repeat(draw, g, pool):
     """A node that repeats an earlier one exactly (work for CSE)."""
     nodes = [n for n in g.nodes if len(n.outputs) == 1 and n.outputs[0] in pool]
@@ -392,7 +459,14 @@ def _repeat(draw, g, pool):
 BUILDERS = [_constant, _unary, _binary, _reduce, _movement, _broadcast, _repeat]
 BUILDERS += [
     b
-    for b, needs in ((_select, ("where", "gt")), (_cast, ("cast",)), (_matmul, ("matmul",)))
+    for b, needs in (
+        (_select, ("where", "gt")),
+        (_cast, ("cast",)),
+        (_matmul, ("matmul",)),
+        (_window, ("slice",)),
+        (_random, ("random_uniform",)),
+        (_composite, ("random_uniform", "where", "ge", "reduce_max", "erf", "tanh", "rsqrt")),
+    )
     if set(needs) <= set(AVAILABLE)
 ]
 
@@ -403,6 +477,7 @@ def random_graphs(draw):
     g = popir.Graph("random")
     pool = [g.add_input("x", (2, 3), F32), g.add_input("y", (3,), F32)]
     g.add_input("unused", (2,), "int32")
+    g.add_input("seed", (2,), "int32")
     w = g.add_input("w", (2, 3), F32, kind="parameter")
     pool.append(w)
     for step in range(draw(st.integers(1, 14))):

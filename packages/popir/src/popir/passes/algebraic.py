@@ -1,9 +1,14 @@
-"""Algebraic simplification: identities that remove work without changing a single result.
+"""Algebraic simplification: identities that remove work without changing any value.
 
-x*1, 1*x, x+0, 0+x, x-0, x/1; transpose of transpose (perms composed, identity dropped); reshape of
-reshape and reshape to the same shape; broadcast_to of broadcast_to and to the same shape; cast to the
-same dtype; reduce_sum over axes of size 1 only. A constant operand counts when all its elements hold the value, also
-seen through broadcast_to and reshape (autodiff seeds are broadcast scalars).
+- x*1, 1*x, x+0, 0+x, x-0, x/1 (a constant counts when all its elements hold the value, also seen
+  through broadcast_to and reshape: autodiff seeds are broadcast scalars);
+- transpose of transpose (perms composed, identity dropped), reshape of reshape, broadcast_to of
+  broadcast_to, and each of them, cast, slice, pad or concat when it returns its input unchanged;
+- reduce_sum over axes of size 1 only; reshape of a reduce_sum to its keepdims shape;
+- an explicit broadcast_to of an operand of a broadcasting elementwise op when the other operands
+  already give the result its shape.
+
+The one inexact rewrite is x+0 -> x: it keeps a -0.0 that x+0 would have made +0.0 (the two compare equal).
 """
 
 import numpy as np
@@ -72,6 +77,11 @@ def _transpose(builder, x, attrs):
 
 def _reshape(builder, x, attrs):
     shape = attrs["shape"]
+    if producer_op(x) == "reduce_sum" and not x.producer.attrs["keepdims"]:
+        source = x.producer.inputs[0]
+        axes = norm_axes(x.producer.attrs["axes"], source.ndim)
+        if shape == tuple(1 if i in axes else d for i, d in enumerate(source.shape)):
+            return builder.apply("reduce_sum", [source], {"axes": axes, "keepdims": True})
     if producer_op(x) == "reshape":
         x = x.producer.inputs[0]
     elif x.shape != shape:
@@ -101,26 +111,56 @@ def _reduce_sum(builder, x, attrs):
     return builder.apply("reshape", [x], {"shape": tuple(d for i, d in enumerate(x.shape) if i not in axes)})
 
 
+def _slice(builder, x, attrs):
+    # Steps are positive, so a slice as long as its input on every axis takes all of it.
+    return [x] if builder.infer("slice", [x], attrs)[0].shape == x.shape else None
+
+
+def _pad(builder, x, attrs):
+    return [x] if all(lo == hi == 0 for lo, hi in attrs["pads"]) else None
+
+
 _UNARY = {
     "transpose": _transpose,
     "reshape": _reshape,
     "broadcast_to": _broadcast_to,
     "cast": _cast,
     "reduce_sum": _reduce_sum,
+    "slice": _slice,
+    "pad": _pad,
 }
 _BINARY = {"add": _add, "sub": _sub, "mul": _mul, "div": _div}
+# Ops that broadcast all their operands against each other, so an explicit broadcast_to of an operand is
+# redundant whenever the other operands already give the result its shape.
+BROADCASTING = frozenset("add sub mul div pow maximum minimum eq ne lt le gt ge logical_and logical_or where".split())
+
+
+def _absorb_broadcasts(builder, op, inputs, attrs, types):
+    if not any(producer_op(v) == "broadcast_to" for v in inputs):
+        return None
+    shape = broadcast_shapes(*(v.shape for v in inputs))
+    inputs = list(inputs)
+    absorbed = False
+    for i, v in enumerate(inputs):
+        if producer_op(v) == "broadcast_to":
+            source = v.producer.inputs[0]
+            if broadcast_shapes(*(source.shape if j == i else w.shape for j, w in enumerate(inputs))) == shape:
+                inputs[i], absorbed = source, True
+    return builder.apply(op, inputs, attrs, types) if absorbed else None
 
 
 def simplify_rule(builder, op, inputs, attrs, types):
     """Rewrite rule: a simpler equivalent of the node, or None."""
-    if op in _BINARY:
-        if inputs[0].dtype is DType.bool:
-            return None
-        result = _BINARY[op](builder, inputs[0], inputs[1], attrs)
-    elif op in _UNARY:
+    result = None
+    if op in _UNARY:
         result = _UNARY[op](builder, inputs[0], attrs)
-    else:
-        return None
+    elif op == "concat" and len(inputs) == 1:
+        result = [inputs[0]]
+    elif op in BROADCASTING:
+        if op in _BINARY and inputs[0].dtype is not DType.bool:
+            result = _BINARY[op](builder, inputs[0], inputs[1], attrs)
+        if result is None:
+            result = _absorb_broadcasts(builder, op, inputs, attrs, types)
     if result is not None:
         builder.changes += 1
     return result
