@@ -1,0 +1,384 @@
+"""Codelets and the BSP engine: one call walks a program's phases and instruction rows with the GIL released.
+
+Every operand is an absolute byte offset into the arena, planned so that all operands of one row lie in
+the memory of that row's tile. Elementwise codelets load blocks of up to BLOCK elements into doubles,
+compute, and store back converting to the field's element type, so each kernel is written once for every
+dtype while the inner loops stay free of type switches.
+"""
+
+cimport numpy as cnp
+from libc.math cimport cos, erf, exp, fabs, isnan, log, pow, sin, sqrt, tanh, INFINITY, NAN, floor
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+from scipy.linalg.cython_blas cimport sgemm
+
+from popsim._arena cimport TileArena, copy_regions
+from popsim._types cimport byte_t, int32_t, offset_t, u32
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <string.h>
+    static inline double ps_h2d(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (double)f; }
+    static inline unsigned short ps_d2h(double d) {
+        _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
+    """
+    double ps_h2d(unsigned short h) noexcept nogil
+    unsigned short ps_d2h(double d) noexcept nogil
+
+DEF BLOCK = 256
+
+cdef enum:
+    UNARY = 1
+    BINARY = 2
+    WHERE = 3
+    REDUCE = 4
+    MATMUL = 5
+    RNG = 6
+    COPY = 7
+    GATHER = 8
+    SCATTER_ADD = 9
+    FILL = 10
+
+
+cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
+    cdef Py_ssize_t i
+    if dt == 0:
+        for i in range(n):
+            buf[i] = (<const float*> p)[start + i]
+    elif dt == 1:
+        for i in range(n):
+            buf[i] = ps_h2d((<const unsigned short*> p)[start + i])
+    elif dt == 2:
+        for i in range(n):
+            buf[i] = (<const int32_t*> p)[start + i]
+    else:
+        for i in range(n):
+            buf[i] = (<const byte_t*> p)[start + i] != 0
+
+
+cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const double* buf) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double v
+    if dt == 0:
+        for i in range(n):
+            (<float*> p)[start + i] = <float> buf[i]
+    elif dt == 1:
+        for i in range(n):
+            (<unsigned short*> p)[start + i] = ps_d2h(buf[i])
+    elif dt == 2:
+        for i in range(n):
+            v = buf[i]
+            # float -> int truncates toward zero; NaN and out-of-range values become INT_MIN like x86.
+            if isnan(v) or v >= 2147483648.0 or v < -2147483648.0:
+                (<int32_t*> p)[start + i] = -2147483648
+            else:
+                (<int32_t*> p)[start + i] = <int32_t> v
+    else:
+        for i in range(n):
+            (<byte_t*> p)[start + i] = buf[i] != 0
+
+
+cdef inline void unary(int op, double* x, Py_ssize_t n, double param) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double e
+    if op == 1:
+        for i in range(n):
+            x[i] = -x[i]
+    elif op == 2:
+        for i in range(n):
+            x[i] = exp(x[i])
+    elif op == 3:
+        for i in range(n):
+            x[i] = log(x[i])
+    elif op == 4:
+        for i in range(n):
+            x[i] = sqrt(x[i])
+    elif op == 5:
+        for i in range(n):
+            x[i] = 1.0 / sqrt(x[i])
+    elif op == 6:
+        for i in range(n):
+            x[i] = tanh(x[i])
+    elif op == 7:
+        for i in range(n):
+            e = exp(-fabs(x[i]))
+            x[i] = 1.0 / (1.0 + e) if x[i] >= 0 else e / (1.0 + e)
+    elif op == 8:
+        for i in range(n):
+            x[i] = erf(x[i])
+    elif op == 9:
+        for i in range(n):
+            x[i] = fabs(x[i])
+    elif op == 10:
+        for i in range(n):
+            x[i] = sin(x[i])
+    elif op == 11:
+        for i in range(n):
+            x[i] = cos(x[i])
+    elif op == 12:
+        for i in range(n):
+            x[i] = x[i] if x[i] > 0 else (x[i] if isnan(x[i]) else 0.0)
+    elif op == 13:
+        for i in range(n):
+            x[i] = (x[i] > 0) - (x[i] < 0) if not isnan(x[i]) else x[i]
+    elif op == 14:
+        for i in range(n):
+            x[i] = x[i] == 0
+    elif op == 16:
+        for i in range(n):
+            x[i] = x[i] * param
+
+
+cdef inline void binary(int op, double* a, const double* b, Py_ssize_t n, bint integer) noexcept nogil:
+    cdef Py_ssize_t i
+    if op == 0:
+        for i in range(n):
+            a[i] = a[i] + b[i]
+    elif op == 1:
+        for i in range(n):
+            a[i] = a[i] - b[i]
+    elif op == 2:
+        for i in range(n):
+            a[i] = a[i] * b[i]
+    elif op == 3:
+        if integer:
+            for i in range(n):
+                a[i] = floor(a[i] / b[i]) if b[i] != 0 else 0.0
+        else:
+            for i in range(n):
+                a[i] = a[i] / b[i]
+    elif op == 4:
+        for i in range(n):
+            a[i] = pow(a[i], b[i])
+    elif op == 5:
+        for i in range(n):
+            a[i] = a[i] if (a[i] >= b[i] or isnan(a[i])) else b[i]
+    elif op == 6:
+        for i in range(n):
+            a[i] = a[i] if (a[i] <= b[i] or isnan(a[i])) else b[i]
+    elif op == 7:
+        for i in range(n):
+            a[i] = a[i] == b[i]
+    elif op == 8:
+        for i in range(n):
+            a[i] = a[i] != b[i]
+    elif op == 9:
+        for i in range(n):
+            a[i] = a[i] < b[i]
+    elif op == 10:
+        for i in range(n):
+            a[i] = a[i] <= b[i]
+    elif op == 11:
+        for i in range(n):
+            a[i] = a[i] > b[i]
+    elif op == 12:
+        for i in range(n):
+            a[i] = a[i] >= b[i]
+    elif op == 13:
+        for i in range(n):
+            a[i] = (a[i] != 0) and (b[i] != 0)
+    elif op == 14:
+        for i in range(n):
+            a[i] = (a[i] != 0) or (b[i] != 0)
+
+
+cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, int dt_out,
+                             Py_ssize_t rows, Py_ssize_t group) noexcept nogil:
+    """dst[r] = reduce(src[r * group : (r + 1) * group]) in double, in index order (NaN propagates for max/min)."""
+    cdef double buf[BLOCK]
+    cdef double acc
+    cdef Py_ssize_t r, s, n, i
+    for r in range(rows):
+        acc = 0.0 if op == 0 else (-INFINITY if op == 1 else INFINITY)
+        s = 0
+        while s < group:
+            n = min(BLOCK, group - s)
+            load(src, dt_in, r * group + s, n, buf)
+            if op == 0:
+                for i in range(n):
+                    acc += buf[i]
+            elif op == 1:
+                for i in range(n):
+                    if buf[i] > acc or isnan(buf[i]):
+                        acc = buf[i] if not isnan(acc) else acc
+            else:
+                for i in range(n):
+                    if buf[i] < acc or isnan(buf[i]):
+                        acc = buf[i] if not isnan(acc) else acc
+            s += n
+        store(dst, dt_out, r, 1, &acc)
+
+
+cdef inline void widen(const byte_t* src, int dt, float* dst, Py_ssize_t count) noexcept nogil:
+    cdef double buf[BLOCK]
+    cdef Py_ssize_t s = 0, i, n
+    while s < count:
+        n = min(BLOCK, count - s)
+        load(src, dt, s, n, buf)
+        for i in range(n):
+            dst[s + i] = <float> buf[i]
+        s += n
+
+
+cdef void matmul_partial(const byte_t* a, const byte_t* b, int dt, float* out,
+                         int m, int k, int n) noexcept nogil:
+    """out (m, n, float32) = a (m, k) @ b (k, n); float16 operands are widened to float32 partials first."""
+    cdef float one = 1.0, zero = 0.0
+    cdef float* fa
+    cdef float* fb
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        memset(out, 0, m * n * sizeof(float))
+        return
+    if dt == 0:
+        sgemm("N", "N", &n, &m, &k, &one, <float*> b, &n, <float*> a, &k, &zero, out, &n)
+        return
+    fa = <float*> malloc(m * k * sizeof(float))
+    fb = <float*> malloc(k * n * sizeof(float))
+    widen(a, dt, fa, m * k)
+    widen(b, dt, fb, k * n)
+    sgemm("N", "N", &n, &m, &k, &one, fb, &n, fa, &k, &zero, out, &n)
+    free(fa)
+    free(fb)
+
+
+cdef inline void random_uniform(const int32_t* seed, byte_t* out, int dt, Py_ssize_t first,
+                                Py_ssize_t n) noexcept nogil:
+    """The counter-based recipe of popir's random_uniform, bit for bit, for flat indices first..first+n-1."""
+    cdef u32 s0 = <u32> seed[0]
+    cdef u32 s1 = <u32> seed[1]
+    cdef u32 h
+    cdef double buf[BLOCK]
+    cdef float u
+    cdef Py_ssize_t s = 0, i, cnt
+    while s < n:
+        cnt = min(BLOCK, n - s)
+        for i in range(cnt):
+            h = (<u32> (first + s + i) * <u32> 0x9E3779B9u + s0) ^ (s1 * <u32> 0x85EBCA6Bu)
+            h ^= h >> 16
+            h *= <u32> 0x85EBCA6Bu
+            h ^= h >> 13
+            h *= <u32> 0xC2B2AE35u
+            h ^= h >> 16
+            u = <float> (h >> 8) * <float> 5.9604644775390625e-08
+            buf[i] = u
+        store(out, dt, s, cnt, buf)
+        s += cnt
+
+
+cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil:
+    cdef int op = <int> row[C_OP]
+    cdef int sub = <int> row[C_SUB]
+    cdef Py_ssize_t n = row[C_N]
+    cdef Py_ssize_t s = 0, cnt, i, j, idx, rows, inner, size
+    cdef double bufa[BLOCK]
+    cdef double bufb[BLOCK]
+    cdef double bufc[BLOCK]
+    cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
+    cdef int itemsize
+    if op == UNARY:
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            load(base + row[C_A], dta, s, cnt, bufa)
+            unary(sub, bufa, cnt, fparam)
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    elif op == BINARY:
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            load(base + row[C_A], dta, s, cnt, bufa)
+            load(base + row[C_B], dtb, s, cnt, bufb)
+            binary(sub, bufa, bufb, cnt, dta == 2)
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    elif op == WHERE:
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            load(base + row[C_A], 3, s, cnt, bufc)
+            load(base + row[C_B], dtb, s, cnt, bufa)
+            load(base + row[C_C], dtb, s, cnt, bufb)
+            for i in range(cnt):
+                if bufc[i] == 0:
+                    bufa[i] = bufb[i]
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    elif op == REDUCE:
+        reduce_rows(sub, base + row[C_A], dta, base + row[C_OUT], dto, row[C_P0], row[C_P1])
+    elif op == MATMUL:
+        matmul_partial(base + row[C_A], base + row[C_B], dta, <float*> (base + row[C_OUT]),
+                       <int> row[C_P0], <int> row[C_P1], <int> n)
+    elif op == RNG:
+        random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)
+    elif op == COPY:
+        memcpy(base + row[C_OUT], base + row[C_A], n)
+    elif op == FILL:
+        bufa[0] = fparam
+        for i in range(n):
+            store(base + row[C_OUT], dto, i, 1, bufa)
+    elif op == GATHER or op == SCATTER_ADD:
+        # x viewed as (outer, size, inner) with C_A; int32 indices at C_B, n of them; rows/inner in P0/P1.
+        # GATHER: out (outer, n, inner) = x[:, idx, :].  SCATTER_ADD: out (outer, size, inner) += upd at idx.
+        rows = row[C_P0]
+        inner = row[C_P1]
+        size = <Py_ssize_t> fparam
+        itemsize = 4 if dta == 0 or dta == 2 else (2 if dta == 1 else 1)
+        if op == GATHER:
+            for j in range(rows):
+                for i in range(n):
+                    idx = (<const int32_t*> (base + row[C_B]))[i]
+                    if idx < 0:
+                        idx += size
+                    memcpy(base + row[C_OUT] + ((j * n + i) * inner) * itemsize,
+                           base + row[C_A] + ((j * size + idx) * inner) * itemsize, inner * itemsize)
+        else:
+            for j in range(rows):
+                for i in range(n):
+                    idx = (<const int32_t*> (base + row[C_B]))[i]
+                    if idx < 0:
+                        idx += size
+                    load(base + row[C_C], dta, (j * n + i) * inner, inner, bufb)
+                    load(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+                    for s in range(inner):
+                        bufa[s] += bufb[s]
+                    store(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+
+
+def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:, ::1] instructions,
+                const double[::1] fparams, const offset_t[:, ::1] copies):
+    """Run a lowered program: each phase row is (kind, start, stop); kind 0 runs instruction rows
+    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange)."""
+    cdef Py_ssize_t p, i
+    cdef byte_t* base = arena.base
+    with nogil:
+        for p in range(phases.shape[0]):
+            if phases[p, 0] == 0:
+                for i in range(phases[p, 1], phases[p, 2]):
+                    run_instruction(base, &instructions[i, 0], fparams[i])
+            else:
+                for i in range(phases[p, 1], phases[p, 2]):
+                    memcpy(base + copies[i, 1], base + copies[i, 0], copies[i, 2])
+
+
+def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,
+               const offset_t[::1] arena_offsets, const offset_t[::1] nbytes):
+    """Host -> tiles: copy block i of ``host`` bytes to its place in the arena (a StreamCopy to the device)."""
+    cdef Py_ssize_t i
+    if host.shape[0] == 0:
+        return
+    with nogil:
+        for i in range(nbytes.shape[0]):
+            memcpy(arena.base + arena_offsets[i], &host[0] + host_offsets[i], nbytes[i])
+
+
+def host_read(TileArena arena, byte_t[::1] host, const offset_t[::1] host_offsets,
+              const offset_t[::1] arena_offsets, const offset_t[::1] nbytes):
+    """Tiles -> host: gather the blocks of a tensor into ``host`` (a StreamCopy from the device)."""
+    cdef Py_ssize_t i
+    if host.shape[0] == 0:
+        return
+    with nogil:
+        for i in range(nbytes.shape[0]):
+            memcpy(&host[0] + host_offsets[i], arena.base + arena_offsets[i], nbytes[i])

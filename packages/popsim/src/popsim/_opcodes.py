@@ -1,0 +1,55 @@
+"""Opcode and sub-op numbers shared by the planners and the Cython engine (one place per number)."""
+
+# Instruction kinds (column C_OP).
+UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL = range(1, 11)
+
+# Element types in tile memory (columns C_DTA/C_DTB/C_DTOUT).
+DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
+
+UNARY_OPS = {
+    name: i
+    for i, name in enumerate(
+        (
+            "copy",
+            "neg",
+            "exp",
+            "log",
+            "sqrt",
+            "rsqrt",
+            "tanh",
+            "sigmoid",
+            "erf",
+            "abs",
+            "sin",
+            "cos",
+            "relu",
+            "sign",
+            "logical_not",
+            "cast",
+            "scale",
+        )
+    )
+}
+BINARY_OPS = {
+    name: i
+    for i, name in enumerate(
+        (
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "pow",
+            "maximum",
+            "minimum",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "logical_and",
+            "logical_or",
+        )
+    )
+}
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}

@@ -1,0 +1,86 @@
+"""Cycle estimators in the style of the PopLibs estimators (compute per vertex, exchange, sync, host).
+
+All figures are cycles of one tile at the target's clock. A tile's 6 hardware workers take issue slots
+round-robin, so work split evenly over the workers costs ``workers`` tile cycles per worker cycle.
+"""
+
+import math
+
+# Worker cycles per vector of results, by codelet family (*estimates*, as in the PopLibs tables).
+CYCLES_PER_VECTOR = {
+    "copy": 1,
+    "neg": 1,
+    "abs": 1,
+    "relu": 1,
+    "sign": 1,
+    "logical_not": 1,
+    "cast": 1,
+    "scale": 1,
+    "add": 1,
+    "sub": 1,
+    "mul": 1,
+    "maximum": 1,
+    "minimum": 1,
+    "eq": 1,
+    "ne": 1,
+    "lt": 1,
+    "le": 1,
+    "gt": 1,
+    "ge": 1,
+    "logical_and": 1,
+    "logical_or": 1,
+    "where": 1,
+    "fill": 1,
+    "div": 4,
+    "sqrt": 5,
+    "rsqrt": 5,
+    "exp": 8,
+    "log": 8,
+    "tanh": 8,
+    "sigmoid": 10,
+    "erf": 12,
+    "sin": 10,
+    "cos": 10,
+    "pow": 16,
+    "random": 4,
+}
+WORKER_OVERHEAD = 10  # worker cycles to start a vertex and set up its pointers
+AMP_OVERHEAD = 50  # tile cycles to load AMP weights and drain partials per matmul vertex
+
+
+def elementwise_cycles(target, n, dtype, codelet):
+    """Cycles of an elementwise vertex over ``n`` elements: n split over the workers, vector-wide."""
+    per_worker = math.ceil(n / target.workers)
+    vectors = math.ceil(per_worker / target.vector_width(dtype))
+    return target.workers * (vectors * CYCLES_PER_VECTOR[codelet] + WORKER_OVERHEAD)
+
+
+def reduce_cycles(target, rows, group, dtype):
+    """Cycles of a reduction vertex: ``rows`` outputs, each over ``group`` inputs."""
+    per_worker = math.ceil(rows / target.workers)
+    vectors = per_worker * math.ceil(group / target.vector_width(dtype))
+    return target.workers * (vectors + 2 * per_worker + WORKER_OVERHEAD)
+
+
+def amp_cycles(target, m, k, n, dtype):
+    """Cycles of a matmul partial (m x k) @ (k x n) on the AMP unit: MACs at the AMP rate plus overhead."""
+    return math.ceil(m * k * n / target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
+
+
+def gather_cycles(target, rows, count, inner, itemsize):
+    """Cycles of a dynamic-index gather/scatter vertex moving ``rows * count`` slices of ``inner`` elements."""
+    slices = rows * count
+    words = math.ceil(slices * inner * itemsize / target.store_bytes_per_cycle)
+    return target.workers * (math.ceil(slices / target.workers) * 4 + WORKER_OVERHEAD) + words
+
+
+def exchange_cycles(target, busiest_tile_bytes):
+    """Cycles of one exchange phase: the busiest tile's bytes at the exchange rate plus a fixed cost."""
+    if busiest_tile_bytes == 0:
+        return 0
+    return math.ceil(busiest_tile_bytes / target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
+
+
+def host_cycles(target, nbytes):
+    """Cycles to stream ``nbytes`` between host and device."""
+    return math.ceil(nbytes / target.host_bytes_per_second * target.clock_hz)

@@ -1,0 +1,163 @@
+"""Poplar's vocabulary: tensors with tile mappings, compute sets of vertices, exchanges and programs.
+
+A ``Vertex`` is one codelet instance on one tile; each of its fields is a ``Region`` (a contiguous
+element range of a tensor) that must lie in that tile's memory. A field reaching another tile is rejected
+here, when the vertex is added, with a ``popsim.Error``. ``Copy`` is an exchange: element i of ``dst``
+takes element ``index[i]`` of the concatenated sources, whatever tiles they live on.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from popsim.errors import Error
+from popsim.mapping import TileMapping
+
+
+class Tensor:
+    """A device tensor: shape, dtype (a popir DType) and tile mapping. Aliases share a ``storage``."""
+
+    __slots__ = ("id", "name", "shape", "dtype", "mapping", "storage", "category", "value")
+
+    def __init__(self, id_, name, shape, dtype, mapping, category, storage=None, value=None):
+        self.id = id_
+        self.name = name
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.mapping = mapping
+        self.storage = storage if storage is not None else self
+        self.category = category
+        self.value = value
+
+    @property
+    def size(self):
+        return self.mapping.size
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    def region(self, start, stop):
+        """Elements ``start..stop-1`` of the flattened tensor."""
+        return Region(self, int(start), int(stop))
+
+    def __repr__(self):
+        return f"<Tensor {self.name}: {self.dtype}{list(self.shape)}>"
+
+
+@dataclass(frozen=True)
+class Region:
+    tensor: Tensor
+    start: int
+    stop: int
+
+    def tile(self):
+        """The one tile holding the region, or an Error naming the tiles it spans."""
+        m = self.tensor.mapping
+        block = int(m.block_of(self.start))
+        if self.start < 0 or self.stop > m.size or self.stop <= self.start:
+            raise Error(f"region [{self.start}, {self.stop}) is outside {self.tensor!r}")
+        if self.stop > m.stops[block]:
+            last = int(m.block_of(self.stop - 1))
+            tiles = sorted({int(t) for t in m.tiles[block : last + 1]})
+            raise Error(f"elements [{self.start}, {self.stop}) of {self.tensor!r} span tiles {tiles}")
+        return int(m.tiles[block])
+
+
+@dataclass
+class Vertex:
+    """One codelet instance. ``kind``/``sub`` select the codelet (see _opcodes), ``cycles`` its estimate."""
+
+    kind: int
+    sub: int
+    tile: int
+    n: int
+    fields: dict
+    cycles: int
+    p0: int = 0
+    p1: int = 0
+    fparam: float = 0.0
+
+
+@dataclass
+class ComputeSet:
+    name: str
+    vertices: list = field(default_factory=list)
+
+
+@dataclass
+class Copy:
+    """An exchange program: ``dst`` element i takes element ``index[i]`` of the concatenated ``srcs``."""
+
+    name: str
+    dst: Tensor
+    srcs: list
+    index: np.ndarray
+
+
+class DeviceGraph:
+    """Tensors, compute sets and the program Sequence being built for one target."""
+
+    def __init__(self, target):
+        self.target = target
+        self.tensors = []
+        self.program = []
+
+    def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
+        """A new tensor; ``mapping`` defaults to the linear mapping for the target."""
+        size = int(np.prod(shape, dtype=np.int64))
+        mapping = mapping if mapping is not None else TileMapping.linear(size, dtype.itemsize, self.target)
+        if mapping.size != size:
+            raise Error(f"mapping of {mapping.size} elements given for a tensor of {size}")
+        if mapping.size and (mapping.tiles.min() < 0 or mapping.tiles.max() >= self.target.num_tiles):
+            raise Error(f"mapping of {name or 'tensor'} names tiles outside 0..{self.target.num_tiles - 1}")
+        t = Tensor(len(self.tensors), name or f"t{len(self.tensors)}", shape, dtype, mapping, category, value=value)
+        self.tensors.append(t)
+        return t
+
+    def alias(self, tensor, shape, name=None):
+        """A reshaped view of ``tensor`` sharing its memory (no copy)."""
+        t = Tensor(
+            len(self.tensors),
+            name or f"t{len(self.tensors)}",
+            shape,
+            tensor.dtype,
+            tensor.mapping,
+            tensor.category,
+            storage=tensor.storage,
+            value=None,
+        )
+        self.tensors.append(t)
+        return t
+
+    def add_compute_set(self, name):
+        """A new compute set appended to the program (an Execute step)."""
+        cs = ComputeSet(name)
+        self.program.append(cs)
+        return cs
+
+    def add_vertex(self, cs, kind, sub, tile, n, fields, cycles, p0=0, p1=0, fparam=0.0):
+        """Add a vertex on ``tile``; every field Region must lie in that tile's memory."""
+        for name, region in fields.items():
+            where = region.tile()
+            if where != tile:
+                raise Error(
+                    f"vertex in compute set {cs.name!r} on tile {tile}: field {name!r} (elements "
+                    f"[{region.start}, {region.stop}) of {region.tensor!r}) lives on tile {where}; a vertex "
+                    "may only touch its own tile's memory"
+                )
+        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), int(p0), int(p1), float(fparam))
+        cs.vertices.append(v)
+        return v
+
+    def add_copy(self, name, dst, srcs, index):
+        """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
+        index = np.asarray(index, np.int64).reshape(-1)
+        total = sum(s.size for s in srcs)
+        if index.size != dst.size:
+            raise Error(f"copy {name!r}: index map of {index.size} elements for a destination of {dst.size}")
+        if index.size and (index.min() < 0 or index.max() >= total):
+            raise Error(f"copy {name!r}: index map reaches outside its {total} source elements")
+        if any(s.dtype != dst.dtype for s in srcs):
+            raise Error(f"copy {name!r}: sources and destination must share a dtype")
+        self.program.append(Copy(name, dst, list(srcs), index))

@@ -1,0 +1,17 @@
+"""popsim's exceptions."""
+
+
+class Error(Exception):
+    """Base class of every popsim error."""
+
+
+class OutOfMemoryError(Error):
+    """A tile needs more bytes than it has (names the tile, the bytes and its largest tensors)."""
+
+
+class UnsupportedOpError(Error):
+    """The graph uses ops without a popsim lowering; ``ops`` lists all of them."""
+
+    def __init__(self, message, ops=()):
+        super().__init__(message)
+        self.ops = tuple(ops)

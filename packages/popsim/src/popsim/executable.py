@@ -1,0 +1,222 @@
+"""compile(): lower popir graphs onto one IPU, allocate tile memory, flatten programs; Executable runs them."""
+
+import numpy as np
+
+import popir
+from popsim import _kernels, cost
+from popsim._arena import TileArena
+from popsim.allocate import TileAllocator
+from popsim.device_graph import ComputeSet, DeviceGraph
+from popsim.errors import Error, UnsupportedOpError
+from popsim.lowerings import LOWERINGS, lower_graph
+from popsim.planner import Lowerer
+from popsim.profile import Profile
+from popsim.program import flatten_program, host_blocks
+from popsim.target import Device, Target
+
+
+def supported_ops():
+    """popir op names that popsim can lower onto tiles."""
+    return set(LOWERINGS)
+
+
+def _check_supported(graphs):
+    missing = {}
+    for name, g in graphs.items():
+        for node in g.nodes:
+            if node.op not in LOWERINGS:
+                missing.setdefault(node.op, []).append(f"{name}: {node.source or node.describe()}")
+    if missing:
+        lines = [f"  {op}: used at {', '.join(where[:3])}" for op, where in sorted(missing.items())]
+        raise UnsupportedOpError(
+            f"popsim has no kernel for {len(missing)} op(s):\n" + "\n".join(lines), sorted(missing)
+        )
+
+
+def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
+    """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
+
+    Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    """
+    if isinstance(graphs, popir.Graph):
+        graphs = {graphs.name: graphs}
+    if not graphs:
+        raise Error("compile needs at least one graph")
+    target = target.target if isinstance(target, Device) else Target.named(target)
+    _check_supported(graphs)
+    dg = DeviceGraph(target)
+    variables = {}
+    for g in graphs.values():
+        g.verify()
+        for v in g.inputs:
+            if v.kind == "input":
+                continue
+            if (
+                v.name in variables
+                and variables[v.name].dtype != v.dtype
+                or (v.name in variables and variables[v.name].shape != v.shape)
+            ):
+                known = variables[v.name]
+                raise Error(
+                    f"variable {v.name!r} is {known.dtype}{list(known.shape)} in one program and {v.type} in another"
+                )
+            if v.name not in variables:
+                variables[v.name] = dg.add_tensor(v.shape, v.dtype, None, v.name, "variable")
+    lowered = {}
+    for name, g in graphs.items():
+        dg.program = []
+        lw = Lowerer(dg, popir.as_dtype(partials_type))
+        inputs, outputs = lower_graph(lw, g, variables)
+        lowered[name] = (dg.program, inputs, outputs)
+    return Executable(target, dg, variables, lowered, relax_memory)
+
+
+class Executable:
+    """A compiled set of programs on one simulated IPU; variables stay in tile memory between runs."""
+
+    def __init__(self, target, dg, variables, lowered, relax_memory):
+        self.target = target
+        self._vars = variables
+        self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
+        overhead = _vertex_memory(target, [step for steps, _, _ in lowered.values() for step in steps])
+        budget = {
+            t: target.tile_bytes - overhead["vertex_state"][t] - overhead["code"][t] for t in range(target.num_tiles)
+        }
+        base = TileAllocator(budget)
+        pinned = [t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant")]
+        alloc = {}
+        for t in pinned:
+            alloc[t.id] = base.place(t, t.mapping.tile_bytes(t.itemsize), -1, np.inf)
+        per_program = {}
+        for name, (steps, inputs, outputs) in lowered.items():
+            allocator = base.copy()
+            for storage, first, last in _liveness(steps, inputs, outputs):
+                alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
+            allocator.check(relax_memory)
+            per_program[name] = allocator
+        base.check(relax_memory)
+        peak = max([target.tile_bytes] + [max(a.peak.values(), default=0) for a in per_program.values()])
+        self.arena = TileArena(target.num_tiles, -(-peak // 8) * 8)
+        tile_size = self.arena.tile_bytes
+        self._block_base = {}
+
+        def block_base(storage):
+            if storage.id not in self._block_base:
+                offs = alloc[storage.id]
+                m = storage.mapping
+                tile_off = (
+                    np.array([offs[int(t)] for t in m.tiles], np.int64) if m.tiles.size else np.zeros(0, np.int64)
+                )
+                self._block_base[storage.id] = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
+            return self._block_base[storage.id]
+
+        self._programs = {}
+        self.profile = Profile(target)
+        for name, (steps, inputs, outputs) in lowered.items():
+            flat = flatten_program(target, steps, block_base)
+            feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
+            outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
+            host_bytes = sum(t.size * t.itemsize for t in list(inputs.values()) + list(outputs.values()))
+            host = cost.host_cycles(target, host_bytes)
+            memory = {
+                "tensors": [int(per_program[name].peak.get(t, 0)) for t in range(target.num_tiles)],
+                "vertex_state": overhead["vertex_state"],
+                "code": overhead["code"],
+            }
+            self.profile.add_program(
+                name, flat.steps, host, memory, flat.tile_compute, flat.tile_exchange, flat.flops, budget, relax_memory
+            )
+            self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
+        self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
+        for t in pinned:
+            if t.category == "constant":
+                self._write(t, host_blocks(t, block_base), t.value)
+        self.last_run_cycles = 0
+
+    @property
+    def programs(self):
+        """Names of the compiled programs."""
+        return list(self._programs)
+
+    def _write(self, tensor, blocks, array):
+        host = np.array(array, dtype=tensor.dtype.numpy, order="C").reshape(tensor.shape)
+        _kernels.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
+
+    def _read(self, tensor, blocks):
+        out = np.empty(tensor.shape, tensor.dtype.numpy)
+        _kernels.host_read(self.arena, out.reshape(-1).view(np.uint8), *blocks)
+        return out
+
+    def run(self, feeds=None, program=None):
+        """Run one program: stream ``feeds`` in, execute, stream outputs out, apply state updates."""
+        if program is None:
+            if len(self._programs) != 1:
+                raise Error(f"several programs are compiled ({', '.join(self._programs)}); name one")
+            program = next(iter(self._programs))
+        if program not in self._programs:
+            raise Error(f"no program {program!r}; compiled programs: {', '.join(self._programs)}")
+        flat, feed_blocks, out_blocks, inputs, outputs = self._programs[program]
+        feeds = dict(feeds or {})
+        unknown = set(feeds) - set(inputs)
+        missing = set(inputs) - set(feeds)
+        if unknown or missing:
+            raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for name, tensor in inputs.items():
+            array = np.asarray(feeds[name])
+            if array.shape != tensor.shape:
+                raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
+            self._write(tensor, feed_blocks[name], array)
+        _kernels.run_program(self.arena, flat.phases, flat.instructions, flat.fparams, flat.copies)
+        self.last_run_cycles = self.profile.programs[program]["total_cycles"]
+        return {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
+
+    def read_variable(self, name):
+        """A host copy of variable ``name``, gathered from its tiles."""
+        if name not in self._vars:
+            raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
+        return self._read(self._vars[name], self._var_blocks[name])
+
+    def write_variable(self, name, array):
+        """Overwrite variable ``name`` on its tiles with ``array`` (shape must match)."""
+        if name not in self._vars:
+            raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
+        t = self._vars[name]
+        array = np.asarray(array)
+        if array.shape != t.shape:
+            raise Error(f"variable {name!r} has shape {t.shape}, got {array.shape}")
+        self._write(t, self._var_blocks[name], array)
+
+
+def _storages_of(step):
+    if isinstance(step, ComputeSet):
+        return {r.tensor.storage for v in step.vertices for r in v.fields.values()}
+    return {step.dst.storage} | {s.storage for s in step.srcs}
+
+
+def _liveness(steps, inputs, outputs):
+    first, last = {}, {}
+    for i, step in enumerate(steps):
+        for s in _storages_of(step):
+            first.setdefault(s, i)
+            last[s] = i
+    for t in inputs.values():
+        first[t.storage] = -1
+        last.setdefault(t.storage, -1)
+    for t in outputs.values():
+        first.setdefault(t.storage, len(steps))
+        last[t.storage] = len(steps)
+    order = sorted(first, key=lambda s: (first[s], s.id))
+    return [(s, first[s], last[s]) for s in order if s.category not in ("variable", "constant")]
+
+
+def _vertex_memory(target, steps):
+    """Per tile: bytes of vertex state (all vertices stay resident) and of codelet code."""
+    state = np.zeros(target.num_tiles, np.int64)
+    kinds = [set() for _ in range(target.num_tiles)]
+    for step in steps:
+        if isinstance(step, ComputeSet):
+            for v in step.vertices:
+                state[v.tile] += 8 + 4 * len(v.fields)
+                kinds[v.tile].add((v.kind, v.sub))
+    code = [len(k) * target.code_bytes_per_codelet for k in kinds]
+    return {"vertex_state": state.tolist(), "code": code}

@@ -1,0 +1,257 @@
+"""The table from popir op names to planners: each entry lowers one node onto tiles."""
+
+import numpy as np
+
+from popir import DType, get_op
+from popsim import _opcodes as oc
+from popsim import cost
+from popsim.errors import Error
+from popsim.mapping import TileMapping
+
+LOWERINGS = {}
+
+
+def lowering(*names):
+    def register(fn):
+        for name in names:
+            LOWERINGS[name] = fn
+        return fn
+
+    return register
+
+
+def _norm_axes(axes, ndim):
+    if axes is None:
+        return tuple(range(ndim))
+    axes = (axes,) if isinstance(axes, int) else axes
+    return tuple(sorted(a % ndim for a in axes)) if ndim else ()
+
+
+def lower_graph(lw, graph, variables):
+    """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor})."""
+    env, inputs = {}, {}
+    for v in graph.inputs:
+        if v.kind == "input":
+            env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, None, v.name, "input")
+        else:
+            env[v.id] = variables[v.name]
+    for node in graph.nodes:
+        args = [env[v.id] for v in node.inputs]
+        try:
+            result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
+        except Error as exc:
+            raise type(exc)(f"lowering {node.describe()}: {exc}") from None
+        results = result if isinstance(result, (list, tuple)) else [result]
+        for value, t in zip(node.outputs, results):
+            if t.shape != value.shape or t.dtype != value.dtype:
+                raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
+            env[value.id] = t
+    outputs = {}
+    for name, v in graph.outputs.items():
+        t = env[v.id]
+        # Outputs of device variables are read after the updates: snapshot them first.
+        if t.storage.category in ("variable", "input"):
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"output {name}")
+        outputs[name] = t
+    staged = {}
+    for state, v in graph.updates.items():
+        t = env[v.id]
+        if t.storage is variables[state.name].storage:
+            continue
+        if t.storage.category in ("variable", "input"):
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"stage {state.name}")
+        staged[state.name] = t
+    for name, t in staged.items():
+        var = variables[name]
+        lw.move(var, [t], np.arange(t.size), name=f"update {name}")
+    return inputs, outputs
+
+
+# -- constants, elementwise ------------------------------------------------------------------------
+@lowering("constant")
+def _constant(lw, node, value):
+    return lw.constant(value, node.outputs[0].dtype)
+
+
+UNARY = (
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "abs",
+    "sin",
+    "cos",
+    "relu",
+    "sign",
+    "logical_not",
+)
+BINARY = tuple(oc.BINARY_OPS)
+
+
+@lowering(*UNARY, *BINARY, "where", "cast")
+def _elementwise(lw, node, *args, **attrs):
+    out = node.outputs[0]
+    return lw.elementwise(node.op, args, out.shape, out.dtype)
+
+
+# -- movement: index maps --------------------------------------------------------------------------
+@lowering("reshape")
+def _reshape(lw, node, x, shape):
+    return lw.reshape(x, shape)
+
+
+@lowering("broadcast_to")
+def _broadcast_to(lw, node, x, shape):
+    return lw.broadcast_like(
+        x, tuple(shape), TileMapping.linear(int(np.prod(shape, dtype=np.int64)), x.itemsize, lw.target)
+    )
+
+
+@lowering("transpose", "slice", "concat", "flip", "squeeze", "unsqueeze", "expand_dims", "tile", "repeat", "roll")
+def _movement(lw, node, *xs, **attrs):
+    """Apply the op's NumPy reference to index arrays: the result says where each element comes from."""
+    offsets = np.cumsum([0] + [x.size for x in xs])
+    index = get_op(node.op).ref(*[np.arange(x.size).reshape(x.shape) + o for x, o in zip(xs, offsets)], **attrs)
+    out = node.outputs[0]
+    return lw.gather(out.shape, out.dtype, xs, index, name=node.op)
+
+
+@lowering("pad")
+def _pad(lw, node, x, pads, value=0.0):
+    index = np.pad(np.arange(x.size).reshape(x.shape), pads, constant_values=-1)
+    return lw.gather(index.shape, x.dtype, [x], index, fill=value, name="pad")
+
+
+# -- reductions ------------------------------------------------------------------------------------
+@lowering("reduce_sum", "reduce_max", "reduce_min")
+def _reduce(lw, node, x, axes, keepdims):
+    return lw.reduce_axes(node.op[len("reduce_") :], x, _norm_axes(axes, len(x.shape)), keepdims)
+
+
+@lowering("argmax", "argmin")
+def _arg(lw, node, x, axis, keepdims):
+    """First index of the extremum: reduce, compare, then the minimum index among the hits."""
+    shape = x.shape
+    if axis is None:
+        x = lw.reshape(x, (x.size,))
+        axis = 0
+    axis %= len(x.shape)
+    op = "max" if node.op == "argmax" else "min"
+    extremum = lw.reduce_axes(op, x, (axis,), True)
+    hits = lw.elementwise("eq", [x, extremum], x.shape, DType.bool)
+    iota = np.arange(x.shape[axis], dtype=np.int32).reshape([-1 if i == axis else 1 for i in range(len(x.shape))])
+    iota = lw.constant(iota, DType.int32)
+    big = lw.constant(np.array(x.shape[axis], np.int32), DType.int32)
+    candidates = lw.elementwise("where", [hits, iota, big], x.shape, DType.int32)
+    result = lw.reduce_axes("min", candidates, (axis,), True)
+    return lw.reshape(result, node.outputs[0].shape if node.outputs[0].shape != shape else shape)
+
+
+# -- matmul ----------------------------------------------------------------------------------------
+@lowering("matmul")
+def _matmul(lw, node, a, b):
+    a2 = (1,) + a.shape if len(a.shape) == 1 else a.shape
+    b2 = b.shape + (1,) if len(b.shape) == 1 else b.shape
+    batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    nb = int(np.prod(batch, dtype=np.int64))
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    ia = np.broadcast_to(np.arange(a.size).reshape(a2), batch + (m, k)).reshape(nb, m, k)
+    ib = np.broadcast_to(np.arange(b.size).reshape(b2), batch + (k, n)).reshape(nb, k, n)
+    result = lw.matmul_index([a], ia, [b], ib, a.dtype)
+    return lw.reshape(result, node.outputs[0].shape)
+
+
+# -- random numbers --------------------------------------------------------------------------------
+@lowering("random_uniform")
+def _random_uniform(lw, node, seed, shape, dtype):
+    """Each tile hashes the flat indices of its own block; the seed is broadcast to every tile."""
+    out_type = node.outputs[0]
+    out = lw.new(out_type.shape, out_type.dtype)
+    m = out.mapping
+    k = len(m.tiles)
+    seeds = lw.gather(
+        (k, 2), seed.dtype, [seed], np.tile(np.arange(2), k), TileMapping.on_tiles(np.full(k, 2), m.tiles), name="seed"
+    )
+    cs = lw.dg.add_compute_set("random")
+    for i, (tile, a, b) in enumerate(zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist())):
+        fields = {"a": seeds.region(2 * i, 2 * i + 2), "out": out.region(a, b)}
+        cycles = cost.elementwise_cycles(lw.target, b - a, out.dtype, "random")
+        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, p0=a)
+    return out
+
+
+# -- dynamic indexing: gathered onto one tile ------------------------------------------------------
+def _on_one_tile(lw, tensors, salt):
+    tile = (salt * 2654435761) % lw.target.num_tiles
+    placed = [lw.relayout(t, t.shape, TileMapping.on_tiles([t.size], [tile])) for t in tensors]
+    return tile, placed
+
+
+def _flat_indices(lw, x, indices, axis):
+    """Flat element indices into ``x`` for take_along_axis-style ``indices`` (computed on the device)."""
+    size = x.shape[axis]
+    neg = lw.elementwise("lt", [indices, lw.constant(np.array(0, np.int32), DType.int32)], indices.shape, DType.bool)
+    wrapped = lw.elementwise(
+        "add", [indices, lw.constant(np.array(size, np.int32), DType.int32)], indices.shape, DType.int32
+    )
+    idx = lw.elementwise("where", [neg, wrapped, indices], indices.shape, DType.int32)
+    stride = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
+    base = np.arange(x.size).reshape(x.shape)
+    sel = [slice(0, d) for d in indices.shape]
+    sel[axis] = slice(0, 1)
+    base = np.broadcast_to(base[tuple(sel)], indices.shape).astype(np.int32)
+    scaled = lw.elementwise(
+        "mul", [idx, lw.constant(np.array(stride, np.int32), DType.int32)], indices.shape, DType.int32
+    )
+    return lw.elementwise("add", [scaled, lw.constant(base, DType.int32)], indices.shape, DType.int32)
+
+
+def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None):
+    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, out.size)}
+    if upd is not None:
+        fields["c"] = upd.region(0, upd.size)
+    cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
+    cycles = cost.gather_cycles(lw.target, rows, idx.size, inner, x.itemsize)
+    lw.dg.add_vertex(cs, kind, 0, tile, idx.size, fields, cycles, p0=rows, p1=inner, fparam=size)
+
+
+def _gather_rows(lw, x, flat_idx, axis, out_shape, salt):
+    if flat_idx.size == 0 or x.size == 0:
+        return lw.fill(out_shape, x.dtype, 0.0)
+    tile, (xt, it) = _on_one_tile(lw, [x, flat_idx], salt)
+    out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([int(np.prod(out_shape, dtype=np.int64))], [tile]))
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
+    _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, x.shape[axis])
+    return lw.relayout(out, out_shape, TileMapping.linear(out.size, out.itemsize, lw.target))
+
+
+@lowering("gather")
+def _gather(lw, node, x, indices, axis):
+    axis %= len(x.shape)
+    return _gather_rows(lw, x, indices, axis, node.outputs[0].shape, x.size + indices.size)
+
+
+@lowering("take_along_axis")
+def _take_along_axis(lw, node, x, indices, axis):
+    axis %= len(x.shape)
+    flat = _flat_indices(lw, x, indices, axis)
+    return _gather_rows(lw, lw.reshape(x, (x.size,)), flat, 0, node.outputs[0].shape, x.size + 3 * indices.size)
+
+
+@lowering("scatter_add")
+def _scatter_add(lw, node, x, indices, updates, axis):
+    axis %= len(x.shape)
+    if indices.size == 0 or x.size == 0:
+        return lw.relayout(x, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target)) if x.size else x
+    flat = _flat_indices(lw, x, indices, axis)
+    tile, (it, ut) = _on_one_tile(lw, [flat, updates], x.size + 5 * indices.size)
+    out = lw.gather(
+        x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
+    )
+    _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut)
+    return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))

@@ -1,0 +1,237 @@
+"""Planners (our PopLibs): build compute sets and exchanges for movement, elementwise, reduction and matmul.
+
+Every movement is an index map: element i of a destination takes element ``index[i]`` of its sources
+(``-1`` means a fill value, which becomes a one-element constant source). The engine turns each map into
+byte-run copies between tiles, so one mechanism serves every movement op.
+"""
+
+import math
+
+import numpy as np
+
+from popir import DType
+from popsim import _opcodes as oc
+from popsim import cost
+from popsim.mapping import TileMapping
+from popsim.matmul_plan import plan_matmul
+
+IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+
+
+class Lowerer:
+    """Builds device tensors and programs on a DeviceGraph for one popir graph."""
+
+    def __init__(self, dg, partials_type=DType.float32):
+        self.dg = dg
+        self.target = dg.target
+        self.partials_type = partials_type
+        self._constants = {}
+
+    # -- tensors and movement ---------------------------------------------------------------------
+    def new(self, shape, dtype, mapping=None, name=None):
+        return self.dg.add_tensor(shape, dtype, mapping, name)
+
+    def constant(self, array, dtype):
+        """A constant tensor (scalars are shared)."""
+        array = np.array(array, dtype=dtype.numpy, order="C")
+        key = (dtype, array.shape, array.tobytes()) if array.size == 1 else None
+        if key in self._constants:
+            return self._constants[key]
+        t = self.dg.add_tensor(array.shape, dtype, None, f"const{len(self.dg.tensors)}", "constant", array)
+        if key is not None:
+            self._constants[key] = t
+        return t
+
+    def fill_value(self, dtype, value):
+        if dtype == DType.int32 and not math.isfinite(value):
+            value = np.iinfo(np.int32).max if value > 0 else np.iinfo(np.int32).min
+        return self.constant(np.array(value), dtype)
+
+    def gather(self, shape, dtype, srcs, index, mapping=None, fill=0.0, name="copy"):
+        """A new tensor of ``shape`` whose element i is element ``index[i]`` of the sources (-1: ``fill``)."""
+        out = self.new(shape, dtype, mapping)
+        self.move(out, srcs, index, fill, name)
+        return out
+
+    def move(self, dst, srcs, index, fill=0.0, name="copy"):
+        index = np.asarray(index, np.int64).reshape(-1)
+        srcs = list(srcs)
+        if index.size and index.min() < 0:
+            total = sum(s.size for s in srcs)
+            srcs.append(self.fill_value(dst.dtype, fill))
+            index = np.where(index < 0, total, index)
+        self.dg.add_copy(name, dst, srcs, index)
+
+    def relayout(self, x, shape, mapping):
+        """``x`` (same element count) placed by ``mapping``; an alias when the placement already agrees."""
+        if x.mapping == mapping:
+            return x if x.shape == tuple(shape) else self.dg.alias(x, shape)
+        return self.gather(shape, x.dtype, [x], np.arange(x.size), mapping, name="relayout")
+
+    def broadcast_like(self, x, shape, mapping):
+        """``x`` broadcast to ``shape`` and placed by ``mapping`` (copies only what differs)."""
+        if x.shape == tuple(shape):
+            return self.relayout(x, shape, mapping)
+        index = np.broadcast_to(np.arange(x.size).reshape(x.shape), shape)
+        return self.gather(shape, x.dtype, [x], index, mapping, name="broadcast")
+
+    def reshape(self, x, shape):
+        return self.dg.alias(x, shape) if x.shape != tuple(shape) else x
+
+    # -- elementwise ------------------------------------------------------------------------------
+    def elementwise(self, codelet, inputs, shape, dtype, fparam=0.0):
+        """One vertex per block of the output; inputs are exchanged into the output's placement."""
+        out = self.new(shape, dtype)
+        ins = [self.broadcast_like(x, shape, out.mapping) for x in inputs]
+        if codelet == "where":
+            kind, sub = oc.WHERE, 0
+        elif codelet in oc.BINARY_OPS:
+            kind, sub = oc.BINARY, oc.BINARY_OPS[codelet]
+        else:
+            kind, sub = oc.UNARY, oc.UNARY_OPS[codelet]
+        cs = self.dg.add_compute_set(codelet)
+        m = out.mapping
+        work_dtype = inputs[-1].dtype if inputs else dtype
+        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
+            fields = {"out": out.region(a, b)}
+            for name, x in zip("abc", ins):
+                fields[name] = x.region(a, b)
+            cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
+            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, fparam=fparam)
+        return out
+
+    def fill(self, shape, dtype, value):
+        """A tensor of ``shape`` holding ``value`` everywhere, written by Fill vertices on its tiles."""
+        out = self.new(shape, dtype)
+        cs = self.dg.add_compute_set("fill")
+        m = out.mapping
+        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
+            cycles = cost.elementwise_cycles(self.target, b - a, dtype, "fill")
+            self.dg.add_vertex(cs, oc.FILL, 0, tile, b - a, {"out": out.region(a, b)}, cycles, fparam=value)
+        return out
+
+    # -- reductions -------------------------------------------------------------------------------
+    def reduce_index(self, op, srcs, index, shape, dtype, src_dtype):
+        """out (``shape``, R elements) [r] = op over the G source elements ``index[r]`` (an (R, G) map).
+
+        Rows small enough go whole to the tile of their output (one stage). Long rows are split into
+        chunks on many tiles; the chunk partials are exchanged to the output's tiles and reduced again.
+        """
+        rows, group = index.shape
+        out = self.new(shape, dtype)
+        if rows == 0:
+            return out
+        if group == 0:
+            return self._copy_fill(out, IDENTITY[op])
+        grain = max(64, self.target.min_bytes_per_tile // src_dtype.itemsize)
+        splits = max(1, min(math.ceil(group / grain), self.target.num_tiles // rows))
+        partial = self.partials_type if (op == "sum" and dtype == DType.float16) else dtype
+        if splits == 1:
+            staged = self.gather(
+                (rows, group), src_dtype, srcs, index, out.mapping.scaled(group), IDENTITY[op], "reduce-gather"
+            )
+            self._reduce_vertices(op, staged, out, group)
+            return out
+        chunk = math.ceil(group / splits)
+        splits = math.ceil(group / chunk)
+        padded = np.full((rows, splits * chunk), -1, np.int64)
+        padded[:, :group] = index
+        first = (rows * 40503) % self.target.num_tiles
+        tiles = (first + np.arange(rows * splits)) % self.target.num_tiles
+        staged = self.gather(
+            (rows * splits, chunk),
+            src_dtype,
+            srcs,
+            padded,
+            TileMapping.on_tiles(np.full(rows * splits, chunk), tiles),
+            IDENTITY[op],
+            "reduce-gather",
+        )
+        partials = self.new((rows * splits,), partial, TileMapping.on_tiles(np.ones(rows * splits, np.int64), tiles))
+        self._reduce_vertices(op, staged, partials, chunk)
+        gathered = self.gather(
+            (rows, splits),
+            partial,
+            [partials],
+            np.arange(rows * splits),
+            out.mapping.scaled(splits),
+            name="reduce-partials",
+        )
+        self._reduce_vertices(op, gathered, out, splits)
+        return out
+
+    def _reduce_vertices(self, op, staged, out, group):
+        cs = self.dg.add_compute_set(f"reduce-{op}")
+        m = out.mapping
+        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
+            fields = {"a": staged.region(a * group, b * group), "out": out.region(a, b)}
+            cycles = cost.reduce_cycles(self.target, b - a, group, staged.dtype)
+            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, p0=b - a, p1=group)
+
+    def _copy_fill(self, out, value):
+        filled = self.fill(out.shape, out.dtype, value)
+        self.move(out, [filled], np.arange(out.size), name="fill")
+        return out
+
+    def reduce_axes(self, op, x, axes, keepdims, dtype=None):
+        """Reduce ``x`` over ``axes`` (sorted non-negative) like np.sum/max/min."""
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        rows = int(np.prod([x.shape[i] for i in kept], dtype=np.int64))
+        index = np.arange(x.size).reshape(x.shape).transpose(kept + list(axes)).reshape(rows, -1)
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keepdims or i not in axes)
+        return self.reduce_index(op, [x], index, shape, dtype or x.dtype, x.dtype)
+
+    # -- matmul -----------------------------------------------------------------------------------
+    def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype):
+        """R (B, M, N) = A @ B per batch, with A given as a (B, M, K) index map into ``a_srcs`` and B as a
+        (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
+        receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced."""
+        nb_, m, k = a_index.shape
+        n = b_index.shape[2]
+        plan = plan_matmul(self.target, nb_, m, n, k, dtype)
+        gm, gn, gk, mb, nb, kb = plan.gm, plan.gn, plan.gk, plan.mb, plan.nb, plan.kb
+        tasks = nb_ * gm * gn * gk
+        pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)
+        pa[:, :m, :k] = a_index
+        pb = np.full((nb_, gk * kb, gn * nb), -1, np.int64)
+        pb[:, :k, :n] = b_index
+        a_blocks = pa.reshape(nb_, gm, mb, gk, kb).transpose(0, 1, 3, 2, 4)[:, :, None]
+        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb))
+        b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
+        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))
+        first = (tasks * 7919) % self.target.num_tiles
+        tiles = (first + np.arange(tasks)) % self.target.num_tiles
+        a_t = self.gather(
+            (tasks, mb, kb),
+            dtype,
+            a_srcs,
+            a_tasks,
+            TileMapping.on_tiles(np.full(tasks, mb * kb), tiles),
+            name="matmul-lhs",
+        )
+        b_t = self.gather(
+            (tasks, kb, nb),
+            dtype,
+            b_srcs,
+            b_tasks,
+            TileMapping.on_tiles(np.full(tasks, kb * nb), tiles),
+            name="matmul-rhs",
+        )
+        p = self.new((tasks, mb, nb), DType.float32, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
+        cs = self.dg.add_compute_set("matmul")
+        cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
+        for t, tile in enumerate(tiles.tolist()):
+            fields = {
+                "a": a_t.region(t * mb * kb, (t + 1) * mb * kb),
+                "b": b_t.region(t * kb * nb, (t + 1) * kb * nb),
+                "out": p.region(t * mb * nb, (t + 1) * mb * nb),
+            }
+            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, p0=mb, p1=kb)
+        # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
+        bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
+        task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
+        q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
+        q = q.reshape(nb_ * m * n, gk)
+        if gk == 1 and dtype == DType.float32:
+            return self.gather((nb_, m, n), dtype, [p], q)
+        return self.reduce_index("sum", [p], q, (nb_, m, n), dtype, DType.float32)

@@ -1,0 +1,66 @@
+"""Profile: simulated cycles per program and step, split by phase kind, per tile, and memory per tile."""
+
+import json
+
+import numpy as np
+
+
+class Profile:
+    """Per program: ``steps`` (each compute set / exchange with its cycles), totals by kind, seconds,
+    per-tile compute cycles and exchange bytes, memory per tile by category."""
+
+    def __init__(self, target):
+        self.target = target
+        self.programs = {}
+
+    def add_program(self, name, steps, host_cycles, memory, tile_compute, tile_exchange, flops, budget, relaxed):
+        compute = sum(s["cycles"] for s in steps if s["kind"] == "compute")
+        exchange = sum(s["cycles"] for s in steps if s["kind"] == "exchange")
+        sync = len(steps) * self.target.sync_cycles
+        total = compute + exchange + sync + host_cycles
+        used = np.sum([memory[k] for k in ("tensors", "vertex_state", "code")], axis=0)
+        self.programs[name] = {
+            "total_cycles": int(total),
+            "compute_cycles": int(compute),
+            "exchange_cycles": int(exchange),
+            "sync_cycles": int(sync),
+            "host_cycles": int(host_cycles),
+            "seconds": total / self.target.clock_hz,
+            "flops": int(flops),
+            "steps": steps,
+            "tile_compute_cycles": tile_compute.tolist(),
+            "tile_exchange_bytes": tile_exchange.tolist(),
+            "memory": memory,
+            "memory_total_bytes": int(used.sum()),
+            "memory_max_tile_bytes": int(used.max()),
+            "tiles_over_budget": [t for t, u in enumerate(used.tolist()) if u > self.target.tile_bytes],
+            "relax_memory": bool(relaxed),
+        }
+
+    def to_json(self, path=None):
+        """The profile as JSON text; also written to ``path`` when given."""
+        text = json.dumps({"target": self.target.name, "clock_hz": self.target.clock_hz, "programs": self.programs})
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def summary(self):
+        """A short human-readable report."""
+        lines = [
+            f"popsim profile on {self.target.name} ({self.target.num_tiles} tiles"
+            f" @ {self.target.clock_hz / 1e9:.3f} GHz)"
+        ]
+        for name, p in self.programs.items():
+            lines.append(
+                f"program {name}: {p['total_cycles']} cycles ({p['seconds'] * 1e6:.1f} us):"
+                f" compute {p['compute_cycles']},"
+                f" exchange {p['exchange_cycles']}, sync {p['sync_cycles']}, host {p['host_cycles']}"
+            )
+            lines.append(
+                f"  memory: {p['memory_total_bytes']} bytes in all, busiest tile {p['memory_max_tile_bytes']} bytes"
+                + (f"; {len(p['tiles_over_budget'])} tiles over budget" if p["tiles_over_budget"] else "")
+            )
+            top = sorted(p["steps"], key=lambda s: -s["cycles"])[:5]
+            lines += [f"  {s['kind']:8s} {s['name']:20s} {s['cycles']:>10d} cycles" for s in top]
+        return "\n".join(lines)

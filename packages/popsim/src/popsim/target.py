@@ -1,0 +1,84 @@
+"""Targets (one IPU's published figures) and Devices (one or more IPUs of one target)."""
+
+from dataclasses import dataclass, replace
+
+from popsim.errors import Error
+
+
+@dataclass(frozen=True)
+class Target:
+    """One IPU. Figures marked *estimate* in DESIGN.md are ours to calibrate."""
+
+    name: str
+    num_tiles: int
+    tile_bytes: int
+    clock_hz: float
+    workers: int = 6
+    amp_macs_fp16: int = 64
+    amp_macs_fp32: int = 16
+    vector_width_fp32: int = 2
+    vector_width_fp16: int = 4
+    load_bytes_per_cycle: int = 16
+    store_bytes_per_cycle: int = 8
+    exchange_bytes_per_cycle: int = 4
+    exchange_fixed_cycles: int = 30
+    sync_cycles: int = 150
+    sync_cycles_across_ipus: int = 600
+    host_bytes_per_second: float = 16e9
+    min_bytes_per_tile: int = 128
+    code_bytes_per_codelet: int = 512
+
+    @staticmethod
+    def ipu2():
+        """Mk2 GC200: 1,472 tiles x 624 KiB at 1.325 GHz."""
+        return Target("ipu2", 1472, 638_976, 1.325e9)
+
+    @staticmethod
+    def ipu21():
+        """Bow (Mk2 at 1.85 GHz)."""
+        return replace(Target.ipu2(), name="ipu21", clock_hz=1.85e9)
+
+    @staticmethod
+    def ipu1():
+        """Mk1 GC2: 1,216 tiles x 256 KiB at 1.6 GHz."""
+        return Target("ipu1", 1216, 262_144, 1.6e9)
+
+    @staticmethod
+    def small(num_tiles=16, tile_bytes=262_144, **overrides):
+        """A few-tile Mk2-like IPU that keeps tests fast."""
+        return replace(Target.ipu2(), name="small", num_tiles=num_tiles, tile_bytes=tile_bytes, **overrides)
+
+    @staticmethod
+    def named(target):
+        """A Target from a Target or one of the names ipu1 / ipu2 / ipu21 / small."""
+        if isinstance(target, Target):
+            return target
+        makers = {"ipu1": Target.ipu1, "ipu2": Target.ipu2, "ipu21": Target.ipu21, "small": Target.small}
+        if target not in makers:
+            raise Error(f"unknown target {target!r}; expected one of {sorted(makers)} or a popsim.Target")
+        return makers[target]()
+
+    def vector_width(self, dtype):
+        """Elements per vector instruction: 2 for 32-bit types, 4 for float16."""
+        return self.vector_width_fp16 if str(dtype) == "float16" else self.vector_width_fp32
+
+    def amp_macs(self, dtype):
+        """Multiply-accumulates per cycle per tile of the AMP unit for ``dtype`` operands."""
+        return self.amp_macs_fp16 if str(dtype) == "float16" else self.amp_macs_fp32
+
+    @property
+    def peak_flops(self):
+        """Peak fp16 FLOP/s of the whole IPU (2 FLOPs per MAC)."""
+        return 2 * self.amp_macs_fp16 * self.num_tiles * self.clock_hz
+
+
+@dataclass(frozen=True)
+class Device:
+    """``num_ipus`` IPUs of one target. Programs are compiled onto the first IPU."""
+
+    target: Target
+    num_ipus: int = 1
+
+    def __post_init__(self):
+        if self.num_ipus < 1:
+            raise Error(f"a Device needs at least one IPU, got {self.num_ipus}")
