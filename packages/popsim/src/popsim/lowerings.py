@@ -4,7 +4,7 @@ import numpy as np
 
 from popir import DType, get_op
 from popsim import _opcodes as oc
-from popsim import cost
+from popsim import cost, window
 from popsim.errors import Error
 from popsim.mapping import TileMapping
 
@@ -255,3 +255,98 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     )
     _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut)
     return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
+
+
+# -- convolution and pooling: index maps feeding the matmul and reduction planners ----------------
+@lowering("conv2d")
+def _conv2d(lw, node, x, w, stride, padding, dilation, groups):
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    g, og = groups, o // groups
+    win = window.windows(x.shape, (kh, kw), stride, padding, dilation)
+    _, _, oh, ow = win.shape[:4]
+    a = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6).reshape(g, n * oh * ow, cg * kh * kw)
+    b = np.arange(w.size).reshape(g, og, cg * kh * kw).transpose(0, 2, 1)
+    r = lw.matmul_index([x], a, [w], b, x.dtype)
+    index = np.arange(r.size).reshape(g, n, oh, ow, og).transpose(1, 0, 4, 2, 3)
+    return lw.gather(node.outputs[0].shape, x.dtype, [r], index, name="conv-out")
+
+
+@lowering("conv2d_grad_weight")
+def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation, groups):
+    n = x.shape[0]
+    o, cg, kh, kw = weight_shape
+    g, og = groups, o // groups
+    _, _, oh, ow = gy.shape
+    win = window.windows(x.shape, (kh, kw), stride, padding, dilation)[:, :, :oh, :ow]
+    a = np.arange(gy.size).reshape(n, g, og, oh, ow).transpose(1, 2, 0, 3, 4).reshape(g, og, n * oh * ow)
+    b = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6).reshape(g, n * oh * ow, cg * kh * kw)
+    return lw.reshape(lw.matmul_index([gy], a, [x], b, x.dtype), tuple(weight_shape))
+
+
+@lowering("conv2d_grad_input")
+def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, groups):
+    n, c, h, wd = input_shape
+    o, cg, kh, kw = w.shape
+    g, og = groups, o // groups
+    src = window.transposed_windows(input_shape, gy.shape, (kh, kw), stride, padding, dilation)  # (N,H,W,O,KH,KW)
+    a = src.reshape(n, h, wd, g, og, kh, kw).transpose(3, 0, 1, 2, 4, 5, 6).reshape(g, n * h * wd, og * kh * kw)
+    b = np.arange(w.size).reshape(g, og, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(g, og * kh * kw, cg)
+    r = lw.matmul_index([gy], a, [w], b, gy.dtype)
+    index = np.arange(r.size).reshape(g, n, h, wd, cg).transpose(1, 0, 4, 2, 3)
+    return lw.gather(tuple(input_shape), gy.dtype, [r], index, name="conv-grad-input-out")
+
+
+def _pool_windows(x, kernel, stride, padding, dilation, ceil_mode):
+    win = window.windows(x.shape, kernel, stride, padding, dilation, ceil_mode)
+    rows = int(np.prod(win.shape[:4]))
+    return win.reshape(rows, -1), win.shape[:4]
+
+
+def _first_argmax(lw, x, win):
+    """Per window row, the first tap (int32) holding the window's maximum (padding counts as -inf)."""
+    rows, taps = win.shape
+    staged = lw.gather((rows, taps), x.dtype, [x], win, fill=-np.inf, name="pool-windows")
+    peak = lw.reduce_axes("max", staged, (1,), True)
+    hits = lw.elementwise("eq", [staged, peak], (rows, taps), DType.bool)
+    iota = lw.constant(np.arange(taps, dtype=np.int32), DType.int32)
+    none = lw.constant(np.array(taps, np.int32), DType.int32)
+    candidates = lw.elementwise("where", [hits, iota, none], (rows, taps), DType.int32)
+    return lw.reduce_axes("min", candidates, (1,), False)
+
+
+@lowering("max_pool2d")
+def _max_pool2d(lw, node, x, kernel, stride, padding, dilation, ceil_mode):
+    win, shape = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode)
+    return lw.reduce_index("max", [x], win, shape, x.dtype, x.dtype)
+
+
+@lowering("max_pool2d_grad")
+def _max_pool2d_grad(lw, node, x, gy, kernel, stride, padding, dilation, ceil_mode):
+    """Each input element sums the cotangents of the windows whose first maximum it is."""
+    win, _ = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode)
+    taps = win.shape[1]
+    arg = _first_argmax(lw, x, win)
+    inv = window.inverse(win, x.size)  # (X, width) flat window positions r * taps + k
+    rows_of = np.where(inv >= 0, inv // taps, -1)
+    taps_of = np.where(inv >= 0, inv % taps, -2).astype(np.int32)
+    shape = inv.shape
+    winner = lw.gather(shape, DType.int32, [arg], rows_of, fill=-1, name="pool-grad-arg")
+    grads = lw.gather(shape, gy.dtype, [gy], rows_of, fill=0.0, name="pool-grad-gy")
+    hit = lw.elementwise("eq", [winner, lw.constant(taps_of, DType.int32)], shape, DType.bool)
+    zero = lw.constant(np.array(0), gy.dtype)
+    picked = lw.elementwise("where", [hit, grads, zero], shape, gy.dtype)
+    return lw.reshape(lw.reduce_axes("sum", picked, (1,), False), x.shape)
+
+
+@lowering("max_pool2d_select")
+def _max_pool2d_select(lw, node, x, c, kernel, stride, padding, dilation, ceil_mode):
+    """Per window of x, c at the window's first maximum."""
+    win, shape = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode)
+    rows, taps = win.shape
+    arg = lw.reshape(_first_argmax(lw, x, win), (rows, 1))
+    values = lw.gather((rows, taps), c.dtype, [c], win, fill=0.0, name="pool-select")
+    iota = lw.constant(np.arange(taps, dtype=np.int32), DType.int32)
+    hit = lw.elementwise("eq", [iota, arg], (rows, taps), DType.bool)
+    picked = lw.elementwise("where", [hit, values, lw.constant(np.array(0), c.dtype)], (rows, taps), c.dtype)
+    return lw.reshape(lw.reduce_axes("sum", picked, (1,), False), shape)
