@@ -202,8 +202,8 @@ class AsynchronousDataAccessor:
     def _receive(self):
         try:
             message = self._conn.recv()
-        except EOFError:
-            # The worker closed its end without a word: it died. Wait for its exit code.
+        except (EOFError, OSError):
+            # The worker closed its end without a word, or died before its slots arrived: wait for its exit code.
             self._process.join(timeout=5)
             self._check_alive()
             raise
@@ -235,7 +235,7 @@ class AsynchronousDataAccessor:
             try:
                 if self._conn.poll():
                     self._handle(self._conn.recv())
-            except EOFError:
+            except (EOFError, OSError):
                 pass
             self._fail(
                 WorkerError(

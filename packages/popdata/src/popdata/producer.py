@@ -167,6 +167,24 @@ class Producer:
                 self.epoch = self.control.want
 
 
+def _report(conn, error):
+    """Send ``error`` to the consumer, then stay alive until it hangs up (it may still be receiving the slots)."""
+    for _ in range(3):
+        try:
+            text = "".join(traceback.format_exception(error))
+            try:
+                blob = pickle.dumps(error)
+            except Exception:  # an unpicklable exception still reports its traceback
+                blob = None
+            conn.send(("error", blob, text))
+            conn.poll(None)
+            return
+        except OSError:
+            return
+        except BaseException as again:  # torch's SIGCHLD handler may raise here, when a torch worker dies
+            error = again
+
+
 def main(payload, control, conn, consumer_conn, miss_sleep, load_indefinitely, rebatched_size):
     """Entry point of the worker process; any exception is sent to the consumer with its traceback."""
     if consumer_conn is not None:
@@ -184,14 +202,6 @@ def main(payload, control, conn, consumer_conn, miss_sleep, load_indefinitely, r
     except SystemExit:
         pass
     except BaseException as error:  # every failure must reach the consumer
-        text = "".join(traceback.format_exception(error))
-        try:
-            blob = pickle.dumps(error)
-        except Exception:  # an unpicklable exception still reports its traceback
-            blob = None
-        try:
-            conn.send(("error", blob, text))
-        except OSError:
-            pass
+        _report(conn, error)
     finally:
         conn.close()
