@@ -34,7 +34,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def _erf_ref(x):
-    return _erf(x).astype(x.dtype) if x.size else x.copy()
+    return np.asarray(_erf(x), dtype=np.float64).astype(x.dtype)
 
 
 log = defop("log", infer=_float_unary, ref=np.log, vjp=lambda ins, outs, cts: (cts[0] / ins[0],))

@@ -7,7 +7,7 @@ from popir.ops.base import full, reshape
 from popir.ops.conv import _pair, conv2d, conv2d_grad_input, padding_pairs
 from popir.ops.elementwise import where
 from popir.ops.linalg import matmul
-from popir.ops.movement import gather, transpose
+from popir.ops.movement import gather, pad, transpose
 
 
 def linear(x, weight, bias=None):
@@ -62,14 +62,18 @@ def conv_transpose2d(x, weight, stride=1, padding=0, output_padding=0, groups=1,
     """
     stride, dilation, out_pad = _pair(stride, "stride"), _pair(dilation, "dilation"), _pair(output_padding, "pad")
     pads = padding_pairs(padding)
+    # output_padding below the stride lies inside the conv2d whose input gradient this is; torch also allows
+    # it up to the dilation, and those extra trailing positions receive nothing: they are zero padding.
+    inner = tuple(min(op, s - 1) for op, s in zip(out_pad, stride))
     spatial = tuple(
         (n - 1) * s - lo - hi + d * (k - 1) + op + 1
-        for n, s, (lo, hi), d, k, op in zip(x.shape[2:], stride, pads, dilation, weight.shape[2:], out_pad)
+        for n, s, (lo, hi), d, k, op in zip(x.shape[2:], stride, pads, dilation, weight.shape[2:], inner)
     )
     shape = (x.shape[0], weight.shape[1] * groups) + spatial
-    return conv2d_grad_input(
-        x, weight, input_shape=shape, stride=stride, padding=pads, dilation=dilation, groups=groups
-    )
+    window = {"stride": stride, "padding": pads, "dilation": dilation, "groups": groups}
+    y = conv2d_grad_input(x, weight, input_shape=shape, **window)
+    extra = tuple(op - i for op, i in zip(out_pad, inner))
+    return pad(y, pads=((0, 0), (0, 0)) + tuple((0, e) for e in extra), value=0.0) if any(extra) else y
 
 
 def flatten(x, start=1, end=-1):

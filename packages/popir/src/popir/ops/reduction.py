@@ -62,8 +62,10 @@ def _arg_infer(x, axis, keepdims):
 def _arg_ref(fn):
     def ref(x, axis, keepdims):
         if axis is None:
-            return fn(x.reshape(-1)).reshape((1,) * x.ndim if keepdims else ())
-        return fn(x, axis=norm_axes((axis,), x.ndim)[0], keepdims=keepdims)
+            index = fn(x.reshape(-1)).reshape((1,) * x.ndim if keepdims else ())
+        else:
+            index = fn(x, axis=norm_axes((axis,), x.ndim)[0], keepdims=keepdims)
+        return np.asarray(index, np.int32)
 
     return ref
 

@@ -1,0 +1,913 @@
+"""The op database, in the OpInfo style: one entry per popir primitive and per composite op.
+
+Each ``OpEntry`` holds a hypothesis strategy of ``Sample``s (input arrays and attributes), the function that
+applies the op to graph Values, the value domain its float inputs are drawn from, tolerances, which inputs
+are differentiable, and the name of the equivalent torch function (a string: this module never imports torch)
+with ``torch_args`` mapping a sample to that function's (args, kwargs) as NumPy arrays and Python values.
+
+    entry = OPDB["conv2d"]
+    sample = data.draw(entry.samples())
+    graph, feeds = entry.make_graph(sample)     # one node (or one composite) with outputs out0, out1, ...
+
+popir tests check shape rules and VJPs; popsim tests run the same graphs; poptorch tests call torch.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import strategies as st
+
+import popir
+from popir import ops
+
+
+@dataclass
+class Sample:
+    """Named input arrays (in argument order) and keyword attributes for one application of an op."""
+
+    inputs: dict
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """One op of the database (see the module docstring)."""
+
+    name: str
+    draw: Callable  # (draw, dtype) -> Sample
+    apply: Callable  # (*values, **attrs) -> Value(s); an op without Value inputs gets (graph, **attrs)
+    torch: str | None  # dotted name of the eager torch equivalent (None: no public torch function)
+    torch_args: Callable | None = None  # Sample -> (args, kwargs); default: inputs in order, attrs as kwargs
+    primitive: bool = True
+    grad: tuple = ()  # names of the inputs whose gradient is checked
+    domain: tuple = (-2.0, 2.0)
+    dtypes: tuple = ("float32",)
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    fp16_rtol: float = 1e-2
+    fp16_atol: float = 1e-3
+
+    def samples(self, dtype=None):
+        """A hypothesis strategy of Samples (float inputs in ``dtype``, default the entry's first dtype)."""
+        dtype = dtype or self.dtypes[0]
+        return st.composite(lambda draw: self.draw(Drawer(draw, dtype, self.domain)))()
+
+    def make_graph(self, sample):
+        """(graph, feeds): a graph whose inputs are the sample's arrays and whose outputs are out0, out1, ..."""
+        graph = popir.Graph(self.name)
+        values = [graph.add_input(k, v.shape, popir.as_dtype(v.dtype)) for k, v in sample.inputs.items()]
+        result = self.apply(*(values or [graph]), **sample.attrs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for i, value in enumerate(r for r in results if r is not None):
+            graph.output(f"out{i}", value)
+        return graph, dict(sample.inputs)
+
+    def torch_call(self, sample):
+        """(args, kwargs) for the torch function named by ``torch``."""
+        if self.torch_args is not None:
+            return self.torch_args(sample)
+        return list(sample.inputs.values()), dict(sample.attrs)
+
+
+class Drawer:
+    """Draws shapes, attributes and seeded arrays for one sample."""
+
+    def __init__(self, draw, dtype, domain):
+        self.draw, self.dtype, self.domain = draw, np.dtype(dtype), domain
+        self.rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    def __call__(self, strategy):
+        return self.draw(strategy)
+
+    def int(self, lo, hi):
+        return self.draw(st.integers(lo, hi))
+
+    def bool(self):
+        return self.draw(st.booleans())
+
+    def choice(self, options):
+        return self.draw(st.sampled_from(list(options)))
+
+    def shape(self, min_rank=0, max_rank=3, min_side=1, max_side=4):
+        return tuple(self.int(min_side, max_side) for _ in range(self.int(min_rank, max_rank)))
+
+    def broadcastable(self, shape):
+        """A shape that broadcasts with ``shape``: some leading axes dropped, some sides set to 1."""
+        shape = shape[self.int(0, len(shape)) :]
+        return tuple(1 if self.bool() else d for d in shape)
+
+    def floats(self, shape, domain=None):
+        lo, hi = domain or self.domain
+        return self.rng.uniform(lo, hi, shape).astype(self.dtype)
+
+    def away_from_zero(self, shape, magnitude=(0.5, 2.0)):
+        return (self.rng.uniform(*magnitude, shape) * self.rng.choice([-1, 1], shape)).astype(self.dtype)
+
+    def ints(self, shape, lo, hi):
+        return self.rng.integers(lo, hi, shape, endpoint=False).astype(np.int32)
+
+    def bools(self, shape):
+        return self.rng.random(shape) < 0.5
+
+    def axes(self, ndim):
+        """None or a tuple of distinct axes (possibly negative) of a rank-``ndim`` tensor."""
+        if ndim == 0 or self.bool():
+            return None
+        chosen = [a for a in range(ndim) if self.bool()] or [0]
+        return tuple(a - ndim if self.bool() else a for a in chosen)
+
+
+OPDB = {}
+
+
+def entry(name, draw, apply, torch, **kw):
+    OPDB[name] = OpEntry(name, draw, apply, torch, **kw)
+
+
+def primitives():
+    """Entries of registry primitives."""
+    return [e for e in OPDB.values() if e.primitive]
+
+
+def composites():
+    """Entries of composite ops."""
+    return [e for e in OPDB.values() if not e.primitive]
+
+
+# -- elementwise ------------------------------------------------------------------------------------------
+def _unary(domain=None):
+    return lambda d: Sample({"x": d.floats(d.shape(), domain)})
+
+
+_POSITIVE = (0.2, 3.0)
+_UNARY = {
+    "neg": ("torch.neg", None),
+    "exp": ("torch.exp", None),
+    "log": ("torch.log", _POSITIVE),
+    "sqrt": ("torch.sqrt", _POSITIVE),
+    "rsqrt": ("torch.rsqrt", _POSITIVE),
+    "tanh": ("torch.tanh", None),
+    "sigmoid": ("torch.sigmoid", (-6.0, 6.0)),
+    "erf": ("torch.erf", None),
+    "abs": ("torch.abs", None),
+    "sin": ("torch.sin", (-4.0, 4.0)),
+    "cos": ("torch.cos", (-4.0, 4.0)),
+    "relu": ("torch.relu", None),
+}
+for _name, (_torch, _domain) in _UNARY.items():
+    entry(_name, _unary(_domain), getattr(ops, _name), _torch, grad=("x",), dtypes=("float32", "float16"))
+entry("sign", _unary(), ops.sign, "torch.sign", dtypes=("float32", "int32"))
+
+
+def _binary(b_values=None, a_domain=None):
+    def draw(d):
+        shape = d.shape()
+        a_shape, b_shape = (shape, d.broadcastable(shape)) if d.bool() else (d.broadcastable(shape), shape)
+        b = b_values(d, b_shape) if b_values else d.floats(b_shape)
+        return Sample({"a": d.floats(a_shape, a_domain), "b": b})
+
+    return draw
+
+
+_BINARY = {
+    "add": ("torch.add", _binary()),
+    "sub": ("torch.sub", _binary()),
+    "mul": ("torch.mul", _binary()),
+    "div": ("torch.div", _binary(lambda d, s: d.away_from_zero(s))),
+    "pow": ("torch.pow", _binary(a_domain=_POSITIVE)),
+    "maximum": ("torch.maximum", _binary()),
+    "minimum": ("torch.minimum", _binary()),
+}
+for _name, (_torch, _draw) in _BINARY.items():
+    entry(_name, _draw, getattr(ops, _name), _torch, grad=("a", "b"), dtypes=("float32", "float16"))
+
+
+def _comparison(d):
+    shape = d.shape()
+    # Few distinct values, so equality actually happens.
+    return Sample(
+        {"a": d.ints(shape, -2, 3).astype(d.dtype), "b": d.ints(d.broadcastable(shape), -2, 3).astype(d.dtype)}
+    )
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    entry(_name, _comparison, getattr(ops, _name), f"torch.{_name}", dtypes=("float32", "int32"))
+
+
+def _logical(arity):
+    def draw(d):
+        shape = d.shape()
+        names = ("a", "b")[:arity]
+        return Sample({n: d.bools(shape if i == 0 else d.broadcastable(shape)) for i, n in enumerate(names)})
+
+    return draw
+
+
+for _name, _arity in (("logical_and", 2), ("logical_or", 2), ("logical_not", 1)):
+    entry(_name, _logical(_arity), getattr(ops, _name), f"torch.{_name}")
+
+
+def _where(d):
+    shape = d.shape()
+    return Sample(
+        {"cond": d.bools(d.broadcastable(shape)), "a": d.floats(shape), "b": d.floats(d.broadcastable(shape))}
+    )
+
+
+entry("where", _where, ops.where, "torch.where", grad=("a", "b"), dtypes=("float32", "float16"))
+
+
+def _cast(d):
+    return Sample({"x": d.floats(d.shape(), (-5.0, 5.0))}, {"dtype": d.choice(["float32", "float16", "int32", "bool"])})
+
+
+entry(
+    "cast",
+    _cast,
+    ops.cast,
+    "torch.Tensor.to",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["dtype"]], {}),
+    grad=("x",),
+)
+
+
+def _constant(d):
+    return Sample({}, {"value": d.floats(d.shape())})
+
+
+entry("constant", _constant, lambda graph, value: graph.constant(value), "torch.tensor")
+
+
+# -- reductions -------------------------------------------------------------------------------------------
+def _reduce(d):
+    shape = d.shape(min_rank=1)
+    return Sample({"x": d.floats(shape)}, {"axes": d.axes(len(shape)), "keepdims": d.bool()})
+
+
+def _reduce_torch(s):
+    axes = s.attrs["axes"]
+    dim = tuple(range(s.inputs["x"].ndim)) if axes is None else axes
+    return [s.inputs["x"]], {"dim": dim, "keepdim": s.attrs["keepdims"]}
+
+
+entry(
+    "reduce_sum",
+    _reduce,
+    ops.reduce_sum,
+    "torch.sum",
+    torch_args=_reduce_torch,
+    grad=("x",),
+    dtypes=("float32", "float16"),
+)
+entry("reduce_max", _reduce, ops.reduce_max, "torch.amax", torch_args=_reduce_torch, grad=("x",))
+entry("reduce_min", _reduce, ops.reduce_min, "torch.amin", torch_args=_reduce_torch, grad=("x",))
+
+
+def _arg(d):
+    shape = d.shape(min_rank=1)
+    axis = None if d.bool() else d.int(-len(shape), len(shape) - 1)
+    return Sample({"x": d.floats(shape)}, {"axis": axis, "keepdims": d.bool() and axis is not None})
+
+
+def _arg_torch(s):
+    return [s.inputs["x"]], {"dim": s.attrs["axis"], "keepdim": s.attrs["keepdims"]}
+
+
+entry("argmax", _arg, ops.argmax, "torch.argmax", torch_args=_arg_torch)
+entry("argmin", _arg, ops.argmin, "torch.argmin", torch_args=_arg_torch)
+
+
+# -- movement ---------------------------------------------------------------------------------------------
+def _reshape(d):
+    shape = d.shape()
+    size = math.prod(shape)
+    factors = [f for f in range(1, size + 1) if size % f == 0]
+    first = d.choice(factors)
+    target = d.choice([(size,), (first, size // first), (size // first, 1, first)])
+    return Sample({"x": d.floats(shape)}, {"shape": target})
+
+
+entry("reshape", _reshape, ops.reshape, "torch.reshape", grad=("x",))
+
+
+def _broadcast(d):
+    target = d.shape(min_rank=1)
+    return Sample({"x": d.floats(d.broadcastable(target))}, {"shape": target})
+
+
+entry("broadcast_to", _broadcast, ops.broadcast_to, "torch.broadcast_to", grad=("x",))
+
+
+def _transpose(d):
+    shape = d.shape(min_rank=1, max_rank=4)
+    return Sample({"x": d.floats(shape)}, {"perm": tuple(d(st.permutations(range(len(shape)))))})
+
+
+entry("transpose", _transpose, ops.transpose, "torch.permute", grad=("x",))
+
+
+def _slice(d):
+    shape = d.shape(min_rank=1, max_side=7)
+    starts = tuple(d.int(-n, n) for n in shape)
+    stops = tuple(d.int(-n, n + 2) for n in shape)
+    return Sample(
+        {"x": d.floats(shape)}, {"starts": starts, "stops": stops, "steps": tuple(d.int(1, 3) for _ in shape)}
+    )
+
+
+def _slice_torch(s):
+    index = tuple(slice(a, b, c) for a, b, c in zip(s.attrs["starts"], s.attrs["stops"], s.attrs["steps"]))
+    return [s.inputs["x"], index], {}
+
+
+entry("slice", _slice, ops.slice, "torch.Tensor.__getitem__", torch_args=_slice_torch, grad=("x",))
+
+
+def _concat(d):
+    shape = d.shape(min_rank=1)
+    axis = d.int(-len(shape), len(shape) - 1)
+    parts = {}
+    for i in range(d.int(1, 3)):
+        part = list(shape)
+        part[axis] = d.int(0 if i else 1, 3)
+        parts[f"x{i}"] = d.floats(tuple(part))
+    return Sample(parts, {"axis": axis})
+
+
+entry(
+    "concat",
+    _concat,
+    ops.concat,
+    "torch.cat",
+    torch_args=lambda s: ([list(s.inputs.values())], {"dim": s.attrs["axis"]}),
+    grad=("x0", "x1", "x2"),
+)
+
+
+def _pad(d):
+    shape = d.shape(min_rank=1)
+    pads = tuple((d.int(0, 2), d.int(0, 2)) for _ in shape)
+    return Sample({"x": d.floats(shape)}, {"pads": pads, "value": d.choice([0.0, 1.5, -3.0])})
+
+
+def _pad_torch(s):
+    flat = [p for pair in reversed(s.attrs["pads"]) for p in pair]
+    return [s.inputs["x"], flat], {"value": s.attrs["value"]}
+
+
+entry("pad", _pad, ops.pad, "torch.nn.functional.pad", torch_args=_pad_torch, grad=("x",))
+
+
+def _gather(d):
+    shape = d.shape(min_rank=1)
+    axis = d.int(-len(shape), len(shape) - 1)
+    indices = d.ints((d.int(0, 5),), 0, shape[axis])
+    return Sample({"x": d.floats(shape), "indices": indices}, {"axis": axis})
+
+
+entry(
+    "gather",
+    _gather,
+    ops.gather,
+    "torch.index_select",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.inputs["indices"]], {}),
+    grad=("x",),
+)
+
+
+def _along(d):
+    shape = d.shape(min_rank=1)
+    axis = d.int(-len(shape), len(shape) - 1)
+    index_shape = tuple(d.int(1, 4) if i == axis % len(shape) else n for i, n in enumerate(shape))
+    return shape, index_shape, axis, d.ints(index_shape, 0, shape[axis])
+
+
+def _take_along(d):
+    shape, _, axis, indices = _along(d)
+    return Sample({"x": d.floats(shape), "indices": indices}, {"axis": axis})
+
+
+entry(
+    "take_along_axis",
+    _take_along,
+    ops.take_along_axis,
+    "torch.take_along_dim",
+    torch_args=lambda s: ([s.inputs["x"], s.inputs["indices"]], {"dim": s.attrs["axis"]}),
+    grad=("x",),
+)
+
+
+def _scatter_add(d):
+    shape, index_shape, axis, indices = _along(d)
+    return Sample({"x": d.floats(shape), "indices": indices, "updates": d.floats(index_shape)}, {"axis": axis})
+
+
+entry(
+    "scatter_add",
+    _scatter_add,
+    ops.scatter_add,
+    "torch.scatter_add",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.inputs["indices"], s.inputs["updates"]], {}),
+    grad=("x", "updates"),
+)
+
+
+def _matmul(d):
+    m, k, n = d.int(1, 4), d.int(1, 4), d.int(1, 4)
+    batch = d.shape(max_rank=2)
+    a_shape = d.choice([(k,), (m, k), d.broadcastable(batch) + (m, k)])
+    b_shape = d.choice([(k,), (k, n), d.broadcastable(batch) + (k, n)])
+    return Sample({"a": d.floats(a_shape), "b": d.floats(b_shape)})
+
+
+entry("matmul", _matmul, ops.matmul, "torch.matmul", grad=("a", "b"), dtypes=("float32", "float16"))
+
+
+# -- convolution and pooling -----------------------------------------------------------------------------
+def _conv_config(d):
+    groups = d.int(1, 2)
+    cg, og = d.int(1, 2), d.int(1, 2)
+    kernel = (d.int(1, 3), d.int(1, 3))
+    stride = (d.int(1, 2), d.int(1, 2))
+    dilation = (d.int(1, 2), d.int(1, 2))
+    padding = tuple((p, p) for p in (d.int(0, 2), d.int(0, 2)))
+    spatial = tuple(dl * (k - 1) + 1 + d.int(0, 4) for k, dl in zip(kernel, dilation))
+    x_shape = (d.int(1, 2), groups * cg) + spatial
+    w_shape = (groups * og, cg) + kernel
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    x = popir.Graph().add_input("x", x_shape, "float32")
+    w = x.graph.add_input("w", w_shape, "float32")
+    return x_shape, w_shape, ops.conv2d(x, w, **attrs).shape, attrs
+
+
+def _conv_torch_kwargs(attrs):
+    return {
+        "stride": attrs["stride"],
+        "padding": tuple(lo for lo, _ in attrs["padding"]),
+        "dilation": attrs["dilation"],
+        "groups": attrs["groups"],
+    }
+
+
+def _conv2d(d):
+    x_shape, w_shape, _, attrs = _conv_config(d)
+    return Sample({"x": d.floats(x_shape), "w": d.floats(w_shape)}, attrs)
+
+
+entry(
+    "conv2d",
+    _conv2d,
+    ops.conv2d,
+    "torch.nn.functional.conv2d",
+    torch_args=lambda s: ([s.inputs["x"], s.inputs["w"]], _conv_torch_kwargs(s.attrs)),
+    grad=("x", "w"),
+    dtypes=("float32", "float16"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _conv_grad_input(d):
+    x_shape, w_shape, y_shape, attrs = _conv_config(d)
+    return Sample({"gy": d.floats(y_shape), "w": d.floats(w_shape)}, {"input_shape": x_shape, **attrs})
+
+
+entry(
+    "conv2d_grad_input",
+    _conv_grad_input,
+    ops.conv2d_grad_input,
+    "torch.nn.grad.conv2d_input",
+    torch_args=lambda s: (
+        [s.attrs["input_shape"], s.inputs["w"], s.inputs["gy"]],
+        _conv_torch_kwargs(s.attrs),
+    ),
+    grad=("gy", "w"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _conv_grad_weight(d):
+    x_shape, w_shape, y_shape, attrs = _conv_config(d)
+    return Sample({"x": d.floats(x_shape), "gy": d.floats(y_shape)}, {"weight_shape": w_shape, **attrs})
+
+
+entry(
+    "conv2d_grad_weight",
+    _conv_grad_weight,
+    ops.conv2d_grad_weight,
+    "torch.nn.grad.conv2d_weight",
+    torch_args=lambda s: (
+        [s.inputs["x"], s.attrs["weight_shape"], s.inputs["gy"]],
+        _conv_torch_kwargs(s.attrs),
+    ),
+    grad=("x", "gy"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _pool_config(d):
+    kernel = (d.int(1, 3), d.int(1, 3))
+    stride = (d.int(1, 3), d.int(1, 3))
+    dilation = (d.int(1, 2), d.int(1, 2))
+    padding = tuple((p, p) for p in (d.int(0, k // 2) for k in kernel))
+    spatial = tuple(dl * (k - 1) + 1 + d.int(0, 4) for k, dl in zip(kernel, dilation))
+    shape = (d.int(1, 2), d.int(1, 3)) + spatial
+    attrs = {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation, "ceil_mode": d.bool()}
+    x = popir.Graph().add_input("x", shape, "float32")
+    return shape, ops.max_pool2d(x, **attrs).shape, attrs
+
+
+def _max_pool(d):
+    shape, _, attrs = _pool_config(d)
+    return Sample({"x": d.floats(shape)}, attrs)
+
+
+def _pool_torch(s):
+    a = s.attrs
+    kwargs = {"stride": a["stride"], "padding": tuple(lo for lo, _ in a["padding"]), "dilation": a["dilation"]}
+    return [s.inputs["x"], a["kernel"]], {**kwargs, "ceil_mode": a["ceil_mode"]}
+
+
+entry(
+    "max_pool2d",
+    _max_pool,
+    ops.max_pool2d,
+    "torch.nn.functional.max_pool2d",
+    torch_args=_pool_torch,
+    grad=("x",),
+    dtypes=("float32", "float16"),
+)
+
+
+def _max_pool_grad(d):
+    shape, y_shape, attrs = _pool_config(d)
+    return Sample({"x": d.floats(shape), "gy": d.floats(y_shape)}, attrs)
+
+
+entry("max_pool2d_grad", _max_pool_grad, ops.max_pool2d_grad, None, grad=("gy",))
+
+
+def _max_pool_select(d):
+    shape, _, attrs = _pool_config(d)
+    return Sample({"x": d.floats(shape), "c": d.floats(shape)}, attrs)
+
+
+entry("max_pool2d_select", _max_pool_select, ops.max_pool2d_select, None, grad=("c",))
+
+
+def _uniform(d):
+    seed = np.array([d.int(-(2**31), 2**31 - 1), d.int(-(2**31), 2**31 - 1)], np.int32)
+    return Sample({"seed": seed}, {"shape": d.shape(), "dtype": str(d.dtype)})
+
+
+entry("random_uniform", _uniform, ops.random_uniform, None, dtypes=("float32", "float16"))
+
+
+# -- composites -------------------------------------------------------------------------------------------
+def _axis_of(d, ndim):
+    return d.int(-ndim, ndim - 1)
+
+
+def _softmax(d):
+    shape = d.shape(min_rank=1)
+    return Sample({"x": d.floats(shape, (-4.0, 4.0))}, {"axis": _axis_of(d, len(shape))})
+
+
+_DIM = lambda s: ([s.inputs["x"]], {"dim": s.attrs["axis"]})  # noqa: E731
+entry("softmax", _softmax, ops.softmax, "torch.softmax", torch_args=_DIM, primitive=False, grad=("x",))
+entry("log_softmax", _softmax, ops.log_softmax, "torch.log_softmax", torch_args=_DIM, primitive=False, grad=("x",))
+
+
+def _logsumexp(d):
+    shape = d.shape(min_rank=1)
+    return Sample({"x": d.floats(shape, (-4.0, 4.0))}, {"axes": d.axes(len(shape)), "keepdims": d.bool()})
+
+
+entry(
+    "logsumexp",
+    _logsumexp,
+    ops.logsumexp,
+    "torch.logsumexp",
+    torch_args=_reduce_torch,
+    primitive=False,
+    grad=("x",),
+)
+entry("mean", _reduce, ops.mean, "torch.mean", torch_args=_reduce_torch, primitive=False, grad=("x",))
+
+
+def _var(d):
+    shape = d.shape(min_rank=1, min_side=2)
+    return Sample({"x": d.floats(shape)}, {"axes": d.axes(len(shape)), "keepdims": d.bool(), "correction": d.int(0, 1)})
+
+
+def _var_torch(s):
+    args, kwargs = _reduce_torch(s)
+    return args, {**kwargs, "correction": s.attrs["correction"]}
+
+
+entry("var", _var, ops.var, "torch.var", torch_args=_var_torch, primitive=False, grad=("x",))
+entry("std", _var, ops.std, "torch.std", torch_args=_var_torch, primitive=False, grad=("x",))
+
+
+def _gelu(d):
+    return Sample({"x": d.floats(d.shape(), (-4.0, 4.0))}, {"approximate": d.choice(["none", "tanh"])})
+
+
+entry("gelu", _gelu, ops.gelu, "torch.nn.functional.gelu", primitive=False, grad=("x",))
+entry("silu", _unary((-4.0, 4.0)), ops.silu, "torch.nn.functional.silu", primitive=False, grad=("x",))
+
+
+def _clamp(d):
+    lo = d.choice([None, -1.0, 0.5])
+    return Sample({"x": d.floats(d.shape())}, {"lo": lo, "hi": d.choice([None, 1.0]) if lo is not None else 1.5})
+
+
+entry(
+    "clamp",
+    _clamp,
+    ops.clamp,
+    "torch.clamp",
+    torch_args=lambda s: ([s.inputs["x"]], {"min": s.attrs["lo"], "max": s.attrs["hi"]}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _layer_norm(d):
+    shape = d.shape(min_rank=1, min_side=2)
+    norm = shape[d.int(0, len(shape) - 1) :]
+    affine = d.bool()
+    inputs = {"x": d.floats(shape)}
+    if affine:
+        inputs.update(weight=d.floats(norm), bias=d.floats(norm))
+    return Sample(inputs, {"normalized_shape": norm})
+
+
+entry(
+    "layer_norm",
+    _layer_norm,
+    lambda x, weight=None, bias=None, **a: ops.layer_norm(x, weight=weight, bias=bias, **a),
+    "torch.nn.functional.layer_norm",
+    torch_args=lambda s: (
+        [s.inputs["x"], s.attrs["normalized_shape"], s.inputs.get("weight"), s.inputs.get("bias")],
+        {},
+    ),
+    primitive=False,
+    grad=("x", "weight", "bias"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _group_norm(d):
+    groups = d.int(1, 3)
+    shape = (d.int(1, 3), groups * d.int(1, 2)) + d.shape(min_rank=1, max_rank=2, min_side=2)
+    inputs = {"x": d.floats(shape)}
+    if d.bool():
+        inputs.update(weight=d.floats(shape[1:2]), bias=d.floats(shape[1:2]))
+    return Sample(inputs, {"num_groups": groups})
+
+
+entry(
+    "group_norm",
+    _group_norm,
+    lambda x, weight=None, bias=None, **a: ops.group_norm(x, weight=weight, bias=bias, **a),
+    "torch.nn.functional.group_norm",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["num_groups"], s.inputs.get("weight"), s.inputs.get("bias")], {}),
+    primitive=False,
+    grad=("x", "weight", "bias"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _batch_norm(d):
+    shape = (d.int(2, 4), d.int(1, 3)) + d.shape(max_rank=2)
+    c = shape[1:2]
+    inputs = {
+        "x": d.floats(shape),
+        "running_mean": d.floats(c),
+        "running_var": d.floats(c, (0.5, 2.0)),
+        "weight": d.floats(c),
+        "bias": d.floats(c),
+    }
+    return Sample(inputs, {"training": d.bool(), "momentum": d.choice([0.1, 0.5]), "eps": 1e-5})
+
+
+entry(
+    "batch_norm",
+    _batch_norm,
+    ops.batch_norm,
+    "torch.nn.functional.batch_norm",
+    primitive=False,
+    grad=("x", "weight", "bias"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _linear(d):
+    features_in, features_out = d.int(1, 4), d.int(1, 4)
+    inputs = {"x": d.floats(d.shape(max_rank=2) + (features_in,)), "weight": d.floats((features_out, features_in))}
+    if d.bool():
+        inputs["bias"] = d.floats((features_out,))
+    return Sample(inputs)
+
+
+entry("linear", _linear, ops.linear, "torch.nn.functional.linear", primitive=False, grad=("x", "weight", "bias"))
+
+
+def _embedding(d):
+    rows = d.int(1, 5)
+    return Sample({"weight": d.floats((rows, d.int(1, 4))), "indices": d.ints(d.shape(), 0, rows)})
+
+
+entry(
+    "embedding",
+    _embedding,
+    ops.embedding,
+    "torch.nn.functional.embedding",
+    torch_args=lambda s: ([s.inputs["indices"], s.inputs["weight"]], {}),
+    primitive=False,
+    grad=("weight",),
+)
+
+
+def _classification(d, ignore=True):
+    n, c = d.int(1, 4), d.int(2, 4)
+    spatial = d.shape(max_rank=1)
+    target = d.ints((n,) + spatial, 0, c)
+    if ignore and d.bool():
+        target.flat[0] = -100
+    return n, c, spatial, target
+
+
+def _nll_loss(d):
+    n, c, spatial, target = _classification(d)
+    inputs = {"log_probs": d.floats((n, c) + spatial, (-3.0, 0.0)), "target": target}
+    if d.bool():
+        inputs["weight"] = d.floats((c,), (0.5, 2.0))
+    return Sample(inputs, {"reduction": d.choice(["mean", "sum", "none"])})
+
+
+def _loss_torch(s):
+    args = list(s.inputs.values())
+    return args, dict(s.attrs)
+
+
+entry(
+    "nll_loss",
+    _nll_loss,
+    ops.nll_loss,
+    "torch.nn.functional.nll_loss",
+    torch_args=_loss_torch,
+    primitive=False,
+    grad=("log_probs",),
+)
+
+
+def _cross_entropy(d):
+    n, c, spatial, target = _classification(d)
+    if d.bool():
+        target = d.floats((n, c) + spatial, (0.0, 1.0))
+    inputs = {"logits": d.floats((n, c) + spatial, (-3.0, 3.0)), "target": target}
+    if d.bool():
+        inputs["weight"] = d.floats((c,), (0.5, 2.0))
+    attrs = {"reduction": d.choice(["mean", "sum", "none"]), "label_smoothing": d.choice([0.0, 0.1])}
+    if not np.issubdtype(target.dtype, np.floating) and attrs["label_smoothing"] and attrs["reduction"] == "none":
+        attrs["reduction"] = "mean"
+    return Sample(inputs, attrs)
+
+
+entry(
+    "cross_entropy",
+    _cross_entropy,
+    ops.cross_entropy,
+    "torch.nn.functional.cross_entropy",
+    torch_args=_loss_torch,
+    primitive=False,
+    grad=("logits", "weight"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _mse(d):
+    shape = d.shape()
+    return Sample({"a": d.floats(shape), "b": d.floats(shape)}, {"reduction": d.choice(["mean", "sum", "none"])})
+
+
+entry("mse_loss", _mse, ops.mse_loss, "torch.nn.functional.mse_loss", primitive=False, grad=("a", "b"))
+
+
+def _avg_pool(d):
+    shape, _, attrs = _pool_config(d)
+    kernel = attrs["kernel"]
+    padding = tuple(min(lo, k // 2) for (lo, _), k in zip(attrs["padding"], kernel))
+    return Sample(
+        {"x": d.floats(shape)},
+        {
+            "kernel": kernel,
+            "stride": attrs["stride"],
+            "padding": padding,
+            "ceil_mode": attrs["ceil_mode"],
+            "count_include_pad": d.bool(),
+        },
+    )
+
+
+entry(
+    "avg_pool2d",
+    _avg_pool,
+    ops.avg_pool2d,
+    "torch.nn.functional.avg_pool2d",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["kernel"]], {k: v for k, v in s.attrs.items() if k != "kernel"}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _conv_transpose(d):
+    x_shape, w_shape, y_shape, attrs = _conv_config(d)
+    out_pad = tuple(d.int(0, max(s, dl) - 1) for s, dl in zip(attrs["stride"], attrs["dilation"]))
+    return Sample(
+        {"x": d.floats(y_shape), "weight": d.floats(w_shape)},
+        {
+            "stride": attrs["stride"],
+            "padding": tuple(lo for lo, _ in attrs["padding"]),
+            "output_padding": out_pad,
+            "groups": attrs["groups"],
+            "dilation": attrs["dilation"],
+        },
+    )
+
+
+entry(
+    "conv_transpose2d",
+    _conv_transpose,
+    ops.conv_transpose2d,
+    "torch.nn.functional.conv_transpose2d",
+    primitive=False,
+    grad=("x", "weight"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _dropout(d):
+    seed = np.array([d.int(0, 1000), d.int(0, 1000)], np.int32)
+    return Sample({"x": d.floats(d.shape()), "seed": seed}, {"p": d.choice([0.0, 0.25, 0.5, 1.0])})
+
+
+entry("dropout", _dropout, lambda x, seed, p: ops.dropout(x, p, seed), None, primitive=False, grad=("x",))
+
+
+def _masked_fill(d):
+    shape = d.shape()
+    return Sample({"x": d.floats(shape), "mask": d.bools(d.broadcastable(shape))}, {"value": d.choice([0.0, -1e4])})
+
+
+entry(
+    "masked_fill",
+    _masked_fill,
+    ops.masked_fill,
+    "torch.Tensor.masked_fill",
+    primitive=False,
+    grad=("x",),
+)
+
+
+# -- gradient checking ------------------------------------------------------------------------------------
+def vjp_check(graph, feeds, wrt, seed=0, eps=1e-6):
+    """Dot-product test of popir autodiff on ``graph`` in float64: (<vjp(ct), dx>, central difference).
+
+    The loss is sum_i <out_i, ct_i> over the float outputs with random cotangents ct_i; dx is a random
+    direction in the inputs named by ``wrt``. Returns both numbers; they agree when the VJPs are right.
+    """
+    rng = np.random.default_rng(seed)
+    outputs = [v for v in graph.outputs.values() if v.dtype.is_float]
+    feeds = {
+        k: np.asarray(v, np.float64) if np.issubdtype(np.asarray(v).dtype, np.floating) else v for k, v in feeds.items()
+    }
+    loss = None
+    for i, out in enumerate(outputs):
+        ct = graph.add_input(f"__ct{i}", out.shape, out.dtype)
+        feeds[ct.name] = rng.standard_normal(out.shape)
+        term = ops.reduce_sum(out * ct, axes=None, keepdims=False)
+        loss = term if loss is None else loss + term
+    values = [graph.input(name) for name in wrt]
+    grads = popir.autodiff.grad(graph, loss, values)
+    graph.verify()
+    directions = {name: rng.standard_normal(feeds[name].shape) for name in wrt}
+    env = popir.interpreter.evaluate(graph, feeds, compute_dtype=np.float64)
+    analytic = sum(float(np.sum(env[g.id] * directions[name])) for g, name in zip(grads, wrt))
+
+    def loss_at(step):
+        moved = {**feeds, **{name: feeds[name] + step * directions[name] for name in wrt}}
+        return float(popir.interpreter.evaluate(graph, moved, compute_dtype=np.float64)[loss.id])
+
+    return analytic, (loss_at(eps) - loss_at(-eps)) / (2 * eps)
