@@ -40,6 +40,7 @@ LOSS_OPS = (
 
 # ATen ops that only check metadata at run time: nothing to compute on the device.
 IGNORED_OPS = (
+    aten._assert_async.msg,
     aten._assert_tensor_metadata.default,
     aten._assert_scalar.default,
     aten.sym_constrain_range_for_size.default,
@@ -319,6 +320,7 @@ def _truthy(ctx, x):
 TABLE[aten.logical_and.default] = TABLE[aten.bitwise_and.Tensor] = _logical("logical_and")
 TABLE[aten.logical_or.default] = TABLE[aten.bitwise_or.Tensor] = _logical("logical_or")
 TABLE[aten.logical_not.default] = TABLE[aten.bitwise_not.default] = _logical("logical_not")
+TABLE[aten.logical_xor.default] = TABLE[aten.bitwise_xor.Tensor] = _logical("ne")
 
 
 @lowers(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
@@ -437,6 +439,19 @@ def _any_all(ctx, x, dims=None, keepdim=False):
     as_int = _cast(_truthy(ctx, x), "int32")
     reduced = _op(prim, as_int, axes=_axes(dims, x.ndim), keepdims=keepdim)
     return _op("ne", reduced, _const(ctx.graph, 0, "int32"))
+
+
+@lowers(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = _cast(x, _out_dtype(ctx))
+    axes = _axes(dim, x.ndim)
+    if ord == float("inf"):
+        return _op("reduce_max", _op("abs", x), axes=axes, keepdims=keepdim)
+    if ord == 1:
+        return _op("reduce_sum", _op("abs", x), axes=axes, keepdims=keepdim)
+    if ord == 2:
+        return _op("sqrt", _op("reduce_sum", _op("mul", x, x), axes=axes, keepdims=keepdim))
+    raise Error(f"vector norms of order {ord} are not supported (only 1, 2 and inf)")
 
 
 def variance(x, axes, correction, keepdim):

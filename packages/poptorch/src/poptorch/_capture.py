@@ -328,7 +328,7 @@ def _final_losses(fx_graph, user_outputs):
     loss_nodes = [n for n in fx_graph.nodes if n.op == "call_function" and n.target in LOSS_OPS]
     depends = {}
     for node in fx_graph.nodes:
-        inputs = [a for a in node.all_input_nodes]
+        inputs = node.all_input_nodes
         depends[node] = set().union(*(depends[a] | ({a} if a in loss_nodes else set()) for a in inputs))
     final = [n for n in loss_nodes if not any(n in depends[m] for m in loss_nodes)]
     outputs = set(user_outputs)
