@@ -222,3 +222,19 @@ def test_garbage_collection_stops_the_process(no_leftovers):
     del loader_
     gc.collect()
     assert wait_until(lambda: not alive(pid))
+
+
+def test_an_epoch_iterator_continues_where_it_stopped():
+    accessor = AsynchronousDataAccessor(loader(Indexed(8)))
+    try:
+        iterator = iter(accessor)
+        assert next(iterator)[1].tolist() == [0, 1]
+        # A for loop over the same iterator continues the epoch (iter() of an epoch iterator is itself).
+        assert [b[1].tolist() for b in iterator] == [[2, 3], [4, 5], [6, 7]]
+        stale = iter(accessor)
+        next(stale)
+        fresh = iter(accessor)
+        assert list(stale) == []
+        assert [b[1].tolist() for b in fresh] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    finally:
+        accessor.terminate()

@@ -12,6 +12,7 @@ from .enums import SharingStrategy
 from .tree import unflatten
 
 _PRELOAD = ["torch", "popdata.producer"]
+_CHECK_INTERVAL = 0.005
 
 
 class WorkerError(RuntimeError):
@@ -106,6 +107,7 @@ class AsynchronousDataAccessor:
         self._epoch = 0
         self._consumed = False
         self._failure = None
+        self._next_check = 0.0
         if early_preload:
             self._control.want = 0
 
@@ -152,9 +154,10 @@ class AsynchronousDataAccessor:
             self._epoch += 1
             self._consumed = False
         self._control.want = self._epoch
-        return self
+        return _Epoch(self, self._epoch)
 
     def __next__(self):
+        """The next batch of the current epoch (StopIteration at its end)."""
         if self._failure is not None:
             raise self._failure
         if not self._finalizer.alive:
@@ -246,8 +249,28 @@ class AsynchronousDataAccessor:
             )
 
     def _wait(self):
-        if self._conn.poll():
-            self._receive()
-        else:
-            self._check_alive()
+        # Messages and the worker's health are checked every few milliseconds, not on every poll.
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + _CHECK_INTERVAL
+            if self._conn.poll():
+                self._receive()
+            else:
+                self._check_alive()
         time.sleep(self._sleep)
+
+
+class _Epoch:
+    """The iterator ``iter(accessor)`` returns: one epoch, exhausted once a later epoch starts."""
+
+    def __init__(self, accessor, epoch):
+        self._accessor = accessor
+        self._epoch = epoch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._accessor._epoch != self._epoch:
+            raise StopIteration
+        return next(self._accessor)

@@ -3,12 +3,12 @@
 import logging
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, default_collate
 
 from .accessor import AsynchronousDataAccessor
 from .enums import DataLoaderMode
 from .options import freeze, read_batching
-from .partition import CombinedBatchSampler, WorkerBatches, process_subset
+from .partition import CombinedBatchSampler, PackedCollate, WorkerBatches, process_subset
 
 logger = logging.getLogger("popdata")
 
@@ -128,6 +128,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     )
                 # Workers hand over everything; the accessor applies drop_last to the combined batches.
                 torch_drop_last = False
+                if num_workers > 0:
+                    kwargs["collate_fn"] = PackedCollate(kwargs.get("collate_fn") or default_collate)
+                    # Keep a combined batch's worth of small batches in flight (torch's default is 2 per worker).
+                    in_flight = -(-self._combined_batch_size // (worker_batch * num_workers))
+                    kwargs.setdefault("prefetch_factor", max(2, in_flight))
             torch_args = {"batch_size": worker_batch, "shuffle": shuffle, "drop_last": torch_drop_last}
             length = _length(dataset)
             if not drop_last and not iterable and length is not None and length % self._combined_batch_size:

@@ -3,6 +3,8 @@
 import torch
 from torch.utils.data import Sampler, Subset
 
+from .tree import pack
+
 
 def process_subset(dataset, process_id, num_processes):
     """Process ``process_id``'s contiguous share of a map-style ``dataset``.
@@ -56,3 +58,13 @@ class WorkerBatches:
 
     def __len__(self):
         return len(self.loader)
+
+
+class PackedCollate:
+    """Wraps a collate_fn so that torch workers send its batches by value (see tree.PackedTensor)."""
+
+    def __init__(self, collate_fn):
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples):
+        return pack(self.collate_fn(samples))
