@@ -100,16 +100,16 @@ class Drawer:
 
     def floats(self, shape, domain=None):
         lo, hi = domain or self.domain
-        return self.rng.uniform(lo, hi, shape).astype(self.dtype)
+        return np.asarray(self.rng.uniform(lo, hi, shape), self.dtype)
 
     def away_from_zero(self, shape, magnitude=(0.5, 2.0)):
-        return (self.rng.uniform(*magnitude, shape) * self.rng.choice([-1, 1], shape)).astype(self.dtype)
+        return np.asarray(self.rng.uniform(*magnitude, shape) * self.rng.choice([-1, 1], shape), self.dtype)
 
     def ints(self, shape, lo, hi):
-        return self.rng.integers(lo, hi, shape, endpoint=False).astype(np.int32)
+        return np.asarray(self.rng.integers(lo, hi, shape, endpoint=False), np.int32)
 
     def bools(self, shape):
-        return self.rng.random(shape) < 0.5
+        return np.asarray(self.rng.random(shape) < 0.5)
 
     def axes(self, ndim):
         """None or a tuple of distinct axes (possibly negative) of a rank-``ndim`` tensor."""
@@ -237,7 +237,13 @@ def _constant(d):
     return Sample({}, {"value": d.floats(d.shape())})
 
 
-entry("constant", _constant, lambda graph, value: graph.constant(value), "torch.tensor")
+entry(
+    "constant",
+    _constant,
+    lambda graph, value: graph.constant(value),
+    "torch.tensor",
+    torch_args=lambda s: ([s.attrs["value"]], {}),
+)
 
 
 # -- reductions -------------------------------------------------------------------------------------------
@@ -297,7 +303,14 @@ def _broadcast(d):
     return Sample({"x": d.floats(d.broadcastable(target))}, {"shape": target})
 
 
-entry("broadcast_to", _broadcast, ops.broadcast_to, "torch.broadcast_to", grad=("x",))
+entry(
+    "broadcast_to",
+    _broadcast,
+    ops.broadcast_to,
+    "torch.broadcast_to",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["shape"]], {}),
+    grad=("x",),
+)
 
 
 def _transpose(d):
@@ -305,7 +318,14 @@ def _transpose(d):
     return Sample({"x": d.floats(shape)}, {"perm": tuple(d(st.permutations(range(len(shape)))))})
 
 
-entry("transpose", _transpose, ops.transpose, "torch.permute", grad=("x",))
+entry(
+    "transpose",
+    _transpose,
+    ops.transpose,
+    "torch.permute",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["perm"]], {}),
+    grad=("x",),
+)
 
 
 def _slice(d):
@@ -911,3 +931,556 @@ def vjp_check(graph, feeds, wrt, seed=0, eps=1e-6):
         return float(popir.interpreter.evaluate(graph, moved, compute_dtype=np.float64)[loss.id])
 
     return analytic, (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+
+
+# -- wave 2: more elementwise math ------------------------------------------------------------------------
+def _off_half(d):
+    # Keep rounding inputs away from .5 ties, where float16 and float32 may round differently.
+    x = d.floats(d.shape(), (-4.0, 4.0))
+    return Sample({"x": np.where(np.abs(x - np.round(x) - 0.5) < 0.05, x + 0.1, x).astype(d.dtype)})
+
+
+for _name in ("floor", "ceil", "round"):
+    entry(_name, _off_half, getattr(ops, _name), f"torch.{_name}", dtypes=("float32", "float16"))
+
+_UNARY2 = {
+    "tan": (-1.2, 1.2),
+    "asin": (-0.9, 0.9),
+    "acos": (-0.9, 0.9),
+    "atan": (-3.0, 3.0),
+    "sinh": (-3.0, 3.0),
+    "cosh": (-3.0, 3.0),
+    "asinh": (-3.0, 3.0),
+    "acosh": (1.1, 4.0),
+    "atanh": (-0.9, 0.9),
+    "log1p": (-0.9, 3.0),
+    "expm1": (-3.0, 3.0),
+}
+for _name, _domain in _UNARY2.items():
+    entry(_name, _unary(_domain), getattr(ops, _name), f"torch.{_name}", grad=("x",), dtypes=("float32", "float16"))
+for _name, _domain in (("log2", _POSITIVE), ("log10", _POSITIVE), ("exp2", None), ("reciprocal", _POSITIVE)):
+    entry(_name, _unary(_domain), getattr(ops, _name), f"torch.{_name}", primitive=False, grad=("x",))
+entry("trunc", _off_half, ops.trunc, "torch.trunc", primitive=False)
+entry("square", _unary(), ops.square, "torch.square", primitive=False, grad=("x",))
+
+
+def _remainder(d):
+    shape = d.shape()
+    a, b = d.floats(shape), d.away_from_zero(shape)
+    q = a / b
+    # Keep a / b away from integers, where the remainder jumps.
+    a = np.where(np.abs(q - np.round(q)) < 0.05, a + 0.1 * b, a).astype(d.dtype)
+    return Sample({"a": a, "b": b})
+
+
+entry("remainder", _remainder, ops.remainder, "torch.remainder", grad=("a", "b"))
+entry("atan2", _binary(lambda d, s: d.away_from_zero(s)), ops.atan2, "torch.atan2", grad=("a", "b"))
+entry("hypot", _binary(lambda d, s: d.away_from_zero(s)), ops.hypot, "torch.hypot", primitive=False, grad=("a", "b"))
+
+
+def _bitwise(arity):
+    def draw(d):
+        shape = d.shape()
+        if d.bool():
+            make = lambda s: d.bools(s)  # noqa: E731
+        else:
+            make = lambda s: d.ints(s, -50, 50)  # noqa: E731
+        names = ("a", "b")[:arity]
+        return Sample({n: make(shape if i == 0 else d.broadcastable(shape)) for i, n in enumerate(names)})
+
+    return draw
+
+
+for _name, _arity in (("bitwise_and", 2), ("bitwise_or", 2), ("bitwise_xor", 2), ("bitwise_not", 1)):
+    entry(_name, _bitwise(_arity), getattr(ops, _name), f"torch.{_name}")
+
+
+# -- wave 2: reductions, scans, sorting ------------------------------------------------------------------
+def _prod(d):
+    # torch.prod reduces one axis or all of them.
+    shape = d.shape(min_rank=1)
+    axes = None if d.bool() else (_axis_of(d, len(shape)),)
+    return Sample({"x": d.floats(shape)}, {"axes": axes, "keepdims": axes is not None and d.bool()})
+
+
+def _prod_torch(s):
+    axes = s.attrs["axes"]
+    return [s.inputs["x"]], ({} if axes is None else {"dim": axes[0], "keepdim": s.attrs["keepdims"]})
+
+
+entry("reduce_prod", _prod, ops.reduce_prod, "torch.prod", torch_args=_prod_torch, grad=("x",))
+
+
+def _norm(d):
+    shape = d.shape(min_rank=1)
+    return Sample(
+        {"x": d.away_from_zero(shape)},
+        {"p": d.choice([1.0, 2.0, 3.0, math.inf]), "axes": d.axes(len(shape)), "keepdims": d.bool()},
+    )
+
+
+entry(
+    "norm",
+    _norm,
+    ops.norm,
+    "torch.linalg.vector_norm",
+    torch_args=lambda s: (
+        [s.inputs["x"], s.attrs["p"]],
+        {"dim": s.attrs["axes"], "keepdim": s.attrs["keepdims"]},
+    ),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _cumsum(d):
+    shape = d.shape(min_rank=1)
+    # reverse=True (which torch lacks) is exercised by cumsum's own VJP.
+    return Sample({"x": d.floats(shape)}, {"axis": _axis_of(d, len(shape))})
+
+
+entry(
+    "cumsum",
+    _cumsum,
+    ops.cumsum,
+    "torch.cumsum",
+    torch_args=lambda s: ([s.inputs["x"]], {"dim": s.attrs["axis"]}),
+    grad=("x",),
+    dtypes=("float32", "float16"),
+)
+
+
+def _sort(d):
+    shape = d.shape(min_rank=1)
+    return Sample({"x": d.floats(shape)}, {"axis": _axis_of(d, len(shape)), "descending": d.bool()})
+
+
+entry(
+    "sort",
+    _sort,
+    ops.sort,
+    "torch.sort",
+    torch_args=lambda s: (
+        [s.inputs["x"]],
+        {"dim": s.attrs["axis"], "descending": s.attrs["descending"], "stable": True},
+    ),
+    grad=("x",),
+)
+
+
+def _topk(d):
+    shape = d.shape(min_rank=1)
+    axis = _axis_of(d, len(shape))
+    return Sample({"x": d.floats(shape)}, {"k": d.int(1, shape[axis]), "axis": axis, "largest": d.bool()})
+
+
+entry(
+    "topk",
+    _topk,
+    ops.topk,
+    "torch.topk",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["k"]], {"dim": s.attrs["axis"], "largest": s.attrs["largest"]}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+# -- wave 2: movement ------------------------------------------------------------------------------------
+def _flip(d):
+    shape = d.shape(min_rank=1)
+    return Sample({"x": d.floats(shape)}, {"axes": d.axes(len(shape)) or (0,)})
+
+
+entry(
+    "flip",
+    _flip,
+    ops.flip,
+    "torch.flip",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axes"]], {}),
+    grad=("x",),
+)
+
+
+def _roll(d):
+    shape = d.shape(min_rank=1)
+    axes = tuple(sorted({_axis_of(d, len(shape)) % len(shape) for _ in range(d.int(1, 2))}))
+    return Sample({"x": d.floats(shape)}, {"shifts": tuple(d.int(-5, 5) for _ in axes), "axes": axes})
+
+
+entry(
+    "roll",
+    _roll,
+    ops.roll,
+    "torch.roll",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["shifts"], s.attrs["axes"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _stack(d):
+    shape = d.shape()
+    return Sample({f"x{i}": d.floats(shape) for i in range(d.int(1, 3))}, {"axis": _axis_of(d, len(shape) + 1)})
+
+
+entry(
+    "stack",
+    _stack,
+    lambda *xs, axis: ops.stack(xs, axis),
+    "torch.stack",
+    torch_args=lambda s: ([list(s.inputs.values())], {"dim": s.attrs["axis"]}),
+    primitive=False,
+    grad=("x0", "x1", "x2"),
+)
+
+
+def _split(d):
+    shape = d.shape(min_rank=1)
+    axis = _axis_of(d, len(shape))
+    return Sample({"x": d.floats(shape)}, {"split_size_or_sections": d.int(1, 3), "axis": axis})
+
+
+entry(
+    "split",
+    _split,
+    ops.split,
+    "torch.split",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["split_size_or_sections"]], {"dim": s.attrs["axis"]}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _expand(d):
+    target = d.shape(min_rank=1)
+    shape = d.broadcastable(target)
+    request = tuple(-1 if i >= len(target) - len(shape) and d.bool() else n for i, n in enumerate(target))
+    return Sample({"x": d.floats(shape)}, {"shape": request})
+
+
+entry(
+    "expand",
+    _expand,
+    ops.expand,
+    "torch.Tensor.expand",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["shape"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _index_select(d):
+    s = _gather(d)
+    return Sample({"x": s.inputs["x"], "indices": s.inputs["indices"]}, s.attrs)
+
+
+entry(
+    "index_select",
+    _index_select,
+    lambda x, indices, axis: ops.index_select(x, axis, indices),
+    "torch.index_select",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.inputs["indices"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _scatter(d):
+    shape, index_shape, axis, _ = _along(d)
+    n = shape[axis]
+    # Distinct indices per line along the axis: torch leaves duplicates unspecified.
+    k = min(index_shape[axis % len(shape)], n)
+    index_shape = tuple(k if i == axis % len(shape) else m for i, m in enumerate(shape))
+    perm = np.argsort(d.rng.random(shape), axis=axis)
+    indices = np.take(perm, np.arange(k), axis=axis).astype(np.int32)
+    return Sample({"x": d.floats(shape), "indices": indices, "src": d.floats(index_shape)}, {"axis": axis})
+
+
+entry(
+    "scatter",
+    _scatter,
+    lambda x, indices, src, axis: ops.scatter(x, axis, indices, src),
+    "torch.scatter",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.inputs["indices"], s.inputs["src"]], {}),
+    primitive=False,
+    grad=("x", "src"),
+)
+
+
+def _pad_mode(d):
+    shape = (1, 1) + d.shape(min_rank=1, max_rank=2, min_side=3)
+    mode = d.choice(["constant", "reflect", "replicate", "circular"])
+    pads = ((0, 0), (0, 0)) + tuple((d.int(0, 2), d.int(0, 2)) for _ in shape[2:])
+    return Sample({"x": d.floats(shape)}, {"pads": pads, "mode": mode})
+
+
+entry(
+    "pad_mode",
+    _pad_mode,
+    ops.pad_mode,
+    "torch.nn.functional.pad",
+    torch_args=lambda s: (
+        [s.inputs["x"], [p for pair in reversed(s.attrs["pads"][2:]) for p in pair]],
+        {"mode": s.attrs["mode"]},
+    ),
+    primitive=False,
+    grad=("x",),
+)
+
+
+# -- wave 2: layers ---------------------------------------------------------------------------------------
+def _conv1d(d):
+    s = _conv2d(d)
+    x, w = s.inputs["x"][:, :, 0], s.inputs["w"][:, :, 0]
+    a = s.attrs
+    return Sample(
+        {"x": x, "w": w},
+        {"stride": a["stride"][1], "padding": a["padding"][1][0], "dilation": a["dilation"][1], "groups": a["groups"]},
+    )
+
+
+entry("conv1d", _conv1d, ops.conv1d, "torch.nn.functional.conv1d", primitive=False, grad=("x", "w"), rtol=1e-4)
+
+
+def _conv3d(d):
+    s = _conv2d(d)
+    depth_k, depth_stride, depth_pad = d.int(1, 2), d.int(1, 2), d.int(0, 1)
+    x = np.stack([s.inputs["x"]] * d.int(depth_k, depth_k + 2), axis=2) + d.floats((1,))
+    w = np.stack([s.inputs["w"]] * depth_k, axis=2) * d.floats((depth_k, 1, 1))
+    a = s.attrs
+    return Sample(
+        {"x": x.astype(d.dtype), "w": w.astype(d.dtype)},
+        {
+            "stride": (depth_stride,) + a["stride"],
+            "padding": (depth_pad,) + tuple(lo for lo, _ in a["padding"]),
+            "dilation": (1,) + a["dilation"],
+            "groups": a["groups"],
+        },
+    )
+
+
+entry("conv3d", _conv3d, ops.conv3d, "torch.nn.functional.conv3d", primitive=False, grad=("x", "w"), rtol=1e-4)
+
+
+def _conv_transpose1d(d):
+    s = _conv_transpose(d)
+    a = s.attrs
+    return Sample(
+        {"x": s.inputs["x"][:, :, 0], "weight": s.inputs["weight"][:, :, 0]},
+        {
+            "stride": a["stride"][1],
+            "padding": a["padding"][1],
+            "output_padding": a["output_padding"][1],
+            "groups": a["groups"],
+            "dilation": a["dilation"][1],
+        },
+    )
+
+
+entry(
+    "conv_transpose1d",
+    _conv_transpose1d,
+    ops.conv_transpose1d,
+    "torch.nn.functional.conv_transpose1d",
+    primitive=False,
+    grad=("x", "weight"),
+    rtol=1e-4,
+)
+
+
+def _pool1d(d, with_dilation):
+    shape, _, attrs = _pool_config(d)
+    x = d.floats(shape)[:, :, 0]
+    out = {"kernel": attrs["kernel"][1], "stride": attrs["stride"][1], "padding": attrs["padding"][1][0]}
+    if with_dilation:
+        out["dilation"] = attrs["dilation"][1]
+    out["ceil_mode"] = attrs["ceil_mode"]
+    if not with_dilation:
+        out["count_include_pad"] = d.bool()
+    return Sample({"x": x}, out)
+
+
+def _pool1d_torch(s):
+    return [s.inputs["x"], s.attrs["kernel"]], {k: v for k, v in s.attrs.items() if k != "kernel"}
+
+
+entry(
+    "max_pool1d",
+    lambda d: _pool1d(d, True),
+    ops.max_pool1d,
+    "torch.nn.functional.max_pool1d",
+    torch_args=_pool1d_torch,
+    primitive=False,
+    grad=("x",),
+)
+entry(
+    "avg_pool1d",
+    lambda d: _pool1d(d, False),
+    ops.avg_pool1d,
+    "torch.nn.functional.avg_pool1d",
+    torch_args=_pool1d_torch,
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _adaptive(d):
+    shape = (d.int(1, 2), d.int(1, 2), d.int(1, 7), d.int(1, 7))
+    return Sample({"x": d.floats(shape)}, {"output_size": (d.int(1, shape[2]), d.int(1, shape[3]))})
+
+
+entry(
+    "adaptive_avg_pool2d",
+    _adaptive,
+    ops.adaptive_avg_pool2d,
+    "torch.nn.functional.adaptive_avg_pool2d",
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _instance_norm(d):
+    shape = (d.int(1, 3), d.int(1, 3)) + d.shape(min_rank=1, max_rank=2, min_side=2)
+    inputs = {"x": d.floats(shape)}
+    if d.bool():
+        inputs.update(weight=d.floats(shape[1:2]), bias=d.floats(shape[1:2]))
+    return Sample(inputs)
+
+
+entry(
+    "instance_norm",
+    _instance_norm,
+    ops.instance_norm,
+    "torch.nn.functional.instance_norm",
+    torch_args=lambda s: ([s.inputs["x"]], {"weight": s.inputs.get("weight"), "bias": s.inputs.get("bias")}),
+    primitive=False,
+    grad=("x", "weight", "bias"),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _cell(d, gates, with_c=False):
+    batch, features, hidden = d.int(1, 3), d.int(1, 4), d.int(1, 4)
+    inputs = {"x": d.floats((batch, features)), "h": d.floats((batch, hidden))}
+    if with_c:
+        inputs["c"] = d.floats((batch, hidden))
+    inputs.update(w_ih=d.floats((gates * hidden, features)), w_hh=d.floats((gates * hidden, hidden)))
+    if d.bool():
+        inputs.update(b_ih=d.floats((gates * hidden,)), b_hh=d.floats((gates * hidden,)))
+    return Sample(inputs)
+
+
+def _cell_torch(s):
+    i = s.inputs
+    state = [i["h"], i["c"]] if "c" in i else i["h"]
+    return [i["x"], state, i["w_ih"], i["w_hh"], i.get("b_ih"), i.get("b_hh")], {}
+
+
+_CELL_GRAD = ("x", "h", "c", "w_ih", "w_hh", "b_ih", "b_hh")
+entry(
+    "rnn_cell",
+    lambda d: _cell(d, 1),
+    ops.rnn_cell,
+    "torch.rnn_tanh_cell",
+    torch_args=_cell_torch,
+    primitive=False,
+    grad=_CELL_GRAD,
+)
+entry(
+    "lstm_cell",
+    lambda d: _cell(d, 4, with_c=True),
+    ops.lstm_cell,
+    "torch.lstm_cell",
+    torch_args=_cell_torch,
+    primitive=False,
+    grad=_CELL_GRAD,
+)
+entry(
+    "gru_cell",
+    lambda d: _cell(d, 3),
+    ops.gru_cell,
+    "torch.gru_cell",
+    torch_args=_cell_torch,
+    primitive=False,
+    grad=_CELL_GRAD,
+)
+
+
+# -- wave 2: activations and losses ----------------------------------------------------------------------
+def _leaky(d):
+    return Sample({"x": d.floats(d.shape())}, {"negative_slope": d.choice([0.01, 0.2])})
+
+
+entry("leaky_relu", _leaky, ops.leaky_relu, "torch.nn.functional.leaky_relu", primitive=False, grad=("x",))
+
+
+def _softplus(d):
+    return Sample({"x": d.floats(d.shape(), (-30.0, 30.0))}, {"beta": d.choice([1.0, 2.0]), "threshold": 20.0})
+
+
+entry("softplus", _softplus, ops.softplus, "torch.nn.functional.softplus", primitive=False, grad=("x",))
+
+
+def _pair_loss(d, extra=None):
+    shape = d.shape()
+    attrs = {"reduction": d.choice(["mean", "sum", "none"])}
+    attrs.update(extra(d) if extra else {})
+    return Sample({"a": d.floats(shape), "b": d.floats(shape)}, attrs)
+
+
+entry("l1_loss", _pair_loss, ops.l1_loss, "torch.nn.functional.l1_loss", primitive=False, grad=("a", "b"))
+entry(
+    "smooth_l1_loss",
+    lambda d: _pair_loss(d, lambda d: {"beta": d.choice([0.5, 1.0])}),
+    ops.smooth_l1_loss,
+    "torch.nn.functional.smooth_l1_loss",
+    primitive=False,
+    grad=("a", "b"),
+)
+entry(
+    "huber_loss",
+    lambda d: _pair_loss(d, lambda d: {"delta": d.choice([0.5, 1.0, 2.0])}),
+    ops.huber_loss,
+    "torch.nn.functional.huber_loss",
+    primitive=False,
+    grad=("a", "b"),
+)
+
+
+def _bce(d, logits):
+    shape = d.shape()
+    x = d.floats(shape, (-4.0, 4.0)) if logits else d.floats(shape, (0.05, 0.95))
+    inputs = {"x": x, "target": d.floats(shape, (0.0, 1.0))}
+    if d.bool():
+        inputs["weight"] = d.floats(d.broadcastable(shape), (0.5, 2.0))
+    return Sample(inputs, {"reduction": d.choice(["mean", "sum", "none"])})
+
+
+entry(
+    "binary_cross_entropy",
+    lambda d: _bce(d, False),
+    ops.binary_cross_entropy,
+    "torch.nn.functional.binary_cross_entropy",
+    primitive=False,
+    grad=("x", "target"),
+)
+entry(
+    "binary_cross_entropy_with_logits",
+    lambda d: _bce(d, True),
+    ops.binary_cross_entropy_with_logits,
+    "torch.nn.functional.binary_cross_entropy_with_logits",
+    primitive=False,
+    grad=("x", "target"),
+)
+
+
+def _kl_div(d):
+    shape = d.shape(min_rank=1)
+    log_target = d.bool()
+    target = d.floats(shape, (-3.0, 0.0)) if log_target else d.floats(shape, (0.0, 1.0))
+    attrs = {"reduction": d.choice(["mean", "sum", "none", "batchmean"]), "log_target": log_target}
+    return Sample({"log_input": d.floats(shape, (-3.0, 0.0)), "target": target}, attrs)
+
+
+entry("kl_div", _kl_div, ops.kl_div, "torch.nn.functional.kl_div", primitive=False, grad=("log_input", "target"))

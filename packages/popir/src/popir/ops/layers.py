@@ -4,10 +4,11 @@ import numpy as np
 
 from popir.ops import _window
 from popir.ops.base import full, reshape
-from popir.ops.conv import _pair, conv2d, conv2d_grad_input, padding_pairs
+from popir.ops.conv import _pair, conv2d, conv2d_grad_input, max_pool2d, padding_pairs
 from popir.ops.elementwise import where
 from popir.ops.linalg import matmul
-from popir.ops.movement import gather, pad, transpose
+from popir.ops.movement import concat, gather, pad, slice_, transpose
+from popir.ops.stats import mean
 
 
 def linear(x, weight, bias=None):
@@ -62,17 +63,16 @@ def conv_transpose2d(x, weight, stride=1, padding=0, output_padding=0, groups=1,
     """
     stride, dilation, out_pad = _pair(stride, "stride"), _pair(dilation, "dilation"), _pair(output_padding, "pad")
     pads = padding_pairs(padding)
-    # output_padding below the stride lies inside the conv2d whose input gradient this is; torch also allows
-    # it up to the dilation, and those extra trailing positions receive nothing: they are zero padding.
-    inner = tuple(min(op, s - 1) for op, s in zip(out_pad, stride))
-    spatial = tuple(
-        (n - 1) * s - lo - hi + d * (k - 1) + op + 1
-        for n, s, (lo, hi), d, k, op in zip(x.shape[2:], stride, pads, dilation, weight.shape[2:], inner)
-    )
-    shape = (x.shape[0], weight.shape[1] * groups) + spatial
-    window = {"stride": stride, "padding": pads, "dilation": dilation, "groups": groups}
-    y = conv2d_grad_input(x, weight, input_shape=shape, **window)
-    extra = tuple(op - i for op, i in zip(out_pad, inner))
+    # The unpadded transposed convolution, cropped by ``padding``; output_padding extends the high end,
+    # reading further into the full result and past it (zeros) where it is shorter.
+    full = tuple((n - 1) * s + d * (k - 1) + 1 for n, s, d, k in zip(x.shape[2:], stride, dilation, weight.shape[2:]))
+    window = {"stride": stride, "padding": ((0, 0), (0, 0)), "dilation": dilation, "groups": groups}
+    y = conv2d_grad_input(x, weight, input_shape=(x.shape[0], weight.shape[1] * groups) + full, **window)
+    sizes = tuple(f - lo - hi + op for f, (lo, hi), op in zip(full, pads, out_pad))
+    starts = (0, 0) + tuple(lo for lo, _ in pads)
+    stops = y.shape[:2] + tuple(min(lo + n, f) for (lo, _), n, f in zip(pads, sizes, full))
+    y = slice_(y, starts=starts, stops=stops)
+    extra = tuple(n - d for n, d in zip(sizes, y.shape[2:]))
     return pad(y, pads=((0, 0), (0, 0)) + tuple((0, e) for e in extra), value=0.0) if any(extra) else y
 
 
@@ -82,3 +82,116 @@ def flatten(x, start=1, end=-1):
     start = start % x.ndim if x.ndim else 0
     merged = int(np.prod(x.shape[start : end + 1], dtype=np.int64))
     return reshape(x, shape=x.shape[:start] + (merged,) + x.shape[end + 1 :])
+
+
+def _with_unit_height(x):
+    return reshape(x, shape=x.shape[:2] + (1,) + x.shape[2:])
+
+
+def _drop_height(y):
+    return reshape(y, shape=y.shape[:2] + y.shape[3:])
+
+
+def _single(value):
+    return value if isinstance(value, int) else value[0]
+
+
+def conv1d(x, weight, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv1d without bias, through conv2d with a unit height."""
+    y = conv2d(
+        _with_unit_height(x),
+        _with_unit_height(weight),
+        stride=(1, _single(stride)),
+        padding=(0, _single(padding)),
+        dilation=(1, _single(dilation)),
+        groups=groups,
+    )
+    return _drop_height(y)
+
+
+def conv_transpose1d(x, weight, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose1d without bias, through conv_transpose2d with a unit height."""
+    y = conv_transpose2d(
+        _with_unit_height(x),
+        _with_unit_height(weight),
+        stride=(1, _single(stride)),
+        padding=(0, _single(padding)),
+        output_padding=(0, _single(output_padding)),
+        groups=groups,
+        dilation=(1, _single(dilation)),
+    )
+    return _drop_height(y)
+
+
+def conv3d(x, weight, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv3d without bias: one conv2d per kernel depth over depth-strided slices."""
+    triple = lambda v: (v,) * 3 if isinstance(v, int) else tuple(v)  # noqa: E731
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = triple(stride), triple(padding), triple(dilation)
+    n, c, depth = x.shape[:3]
+    kd = weight.shape[2]
+    out_depth = (depth + 2 * pd - dd * (kd - 1) - 1) // sd + 1
+    if pd:
+        x = pad(x, pads=((0, 0), (0, 0), (pd, pd), (0, 0), (0, 0)), value=0.0)
+    total = None
+    for k in range(kd):
+        start = k * dd
+        planes = slice_(
+            x,
+            starts=(0, 0, start, 0, 0),
+            stops=(n, c, start + (out_depth - 1) * sd + 1) + x.shape[3:],
+            steps=(1, 1, sd, 1, 1),
+        )
+        planes = reshape(transpose(planes, perm=(0, 2, 1, 3, 4)), shape=(n * out_depth, c) + x.shape[3:])
+        w = reshape(
+            slice_(weight, starts=(0, 0, k, 0, 0), stops=weight.shape[:2] + (k + 1,) + weight.shape[3:]),
+            shape=weight.shape[:2] + weight.shape[3:],
+        )
+        y = conv2d(planes, w, stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw), groups=groups)
+        total = y if total is None else total + y
+    y = reshape(total, shape=(n, out_depth) + total.shape[1:])
+    return transpose(y, perm=(0, 2, 1, 3, 4))
+
+
+def avg_pool1d(x, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """torch.nn.functional.avg_pool1d through avg_pool2d with a unit height."""
+    y = avg_pool2d(
+        _with_unit_height(x),
+        (1, _single(kernel)),
+        None if stride is None else (1, _single(stride)),
+        (0, _single(padding)),
+        ceil_mode,
+        count_include_pad,
+    )
+    return _drop_height(y)
+
+
+def max_pool1d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """torch.nn.functional.max_pool1d through max_pool2d with a unit height."""
+    stride = _single(kernel) if stride is None else _single(stride)
+    y = max_pool2d(
+        _with_unit_height(x),
+        (1, _single(kernel)),
+        (1, stride),
+        (0, _single(padding)),
+        (1, _single(dilation)),
+        ceil_mode,
+    )
+    return _drop_height(y)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """torch.nn.functional.adaptive_avg_pool2d: bin i of n covers [floor(i*n_in/n), ceil((i+1)*n_in/n))."""
+    out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    out = tuple(n if o is None else o for o, n in zip(out, x.shape[2:]))
+    if all(n % o == 0 for n, o in zip(x.shape[2:], out)):
+        kernel = tuple(n // o for n, o in zip(x.shape[2:], out))
+        return avg_pool2d(x, kernel, kernel)
+    for axis, (n, o) in enumerate(zip(x.shape[2:], out), start=2):
+        bins = []
+        for i in range(o):
+            start, stop = (i * n) // o, -(-((i + 1) * n) // o)
+            starts = tuple(start if a == axis else 0 for a in range(x.ndim))
+            stops = tuple(stop if a == axis else d for a, d in enumerate(x.shape))
+            bins.append(mean(slice_(x, starts=starts, stops=stops), axes=(axis,), keepdims=True))
+        x = concat(*bins, axis=axis)
+    return x

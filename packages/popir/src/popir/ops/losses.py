@@ -3,8 +3,9 @@
 from popir.dtypes import DType
 from popir.errors import IRError
 from popir.ops.activations import log_softmax
-from popir.ops.base import full, reduce_sum, reshape
-from popir.ops.elementwise import cast, ne, where
+from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
+from popir.ops.elementwise import abs_, cast, gt, log, lt, maximum, ne, where
+from popir.ops.math_ops import log1p
 from popir.ops.movement import gather, take_along_axis
 from popir.ops.stats import mean
 
@@ -96,3 +97,59 @@ def mse_loss(a, b, reduction="mean"):
     """torch.nn.functional.mse_loss."""
     d = a - b
     return reduce_loss(d * d, reduction)
+
+
+def l1_loss(a, b, reduction="mean"):
+    """torch.nn.functional.l1_loss."""
+    return reduce_loss(abs_(a - b), reduction)
+
+
+def smooth_l1_loss(a, b, reduction="mean", beta=1.0):
+    """torch.nn.functional.smooth_l1_loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta."""
+    d = abs_(a - b)
+    if beta == 0.0:
+        return reduce_loss(d, reduction)
+    quadratic = d * d * (0.5 / beta)
+    return reduce_loss(where(lt(d, full(d.graph, (), beta, d.dtype)), quadratic, d - 0.5 * beta), reduction)
+
+
+def huber_loss(a, b, reduction="mean", delta=1.0):
+    """torch.nn.functional.huber_loss: smooth L1 scaled by delta."""
+    return smooth_l1_loss(a, b, reduction, beta=delta) * delta if delta != 1.0 else smooth_l1_loss(a, b, reduction)
+
+
+def binary_cross_entropy(p, target, weight=None, reduction="mean"):
+    """torch.nn.functional.binary_cross_entropy; each log is clamped at -100 as in torch."""
+    floor = full(p.graph, (), -100.0, p.dtype)
+    loss = -(target * maximum(log(p), floor) + (1.0 - target) * maximum(log(1.0 - p), floor))
+    return reduce_loss(loss if weight is None else loss * weight, reduction)
+
+
+def binary_cross_entropy_with_logits(x, target, weight=None, reduction="mean", pos_weight=None):
+    """torch.nn.functional.binary_cross_entropy_with_logits, in the stable log-sigmoid form."""
+    log_sig = -softplus(-x)  # log(sigmoid(x))
+    log_one_minus = -softplus(x)  # log(1 - sigmoid(x))
+    positive = target * log_sig if pos_weight is None else target * pos_weight * log_sig
+    loss = -(positive + (1.0 - target) * log_one_minus)
+    return reduce_loss(loss if weight is None else loss * weight, reduction)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """torch.nn.functional.softplus: log(1 + exp(beta x)) / beta, linear above ``threshold``."""
+    z = x * beta
+    # max(z, 0) + log1p(exp(-|z|)) never overflows.
+    stable = (maximum(z, zeros_like(z)) + log1p(exp(-abs_(z)))) * (1.0 / beta)
+    return where(gt(z, full(z.graph, (), threshold, z.dtype)), x, stable)
+
+
+def kl_div(log_input, target, reduction="mean", log_target=False):
+    """torch.nn.functional.kl_div (reduction "batchmean" divides the sum by the batch size)."""
+    if log_target:
+        loss = exp(target) * (target - log_input)
+    else:
+        positive = gt(target, zeros_like(target))
+        safe = where(positive, target, full(target.graph, target.shape, 1.0, target.dtype))
+        loss = where(positive, target * (log(safe) - log_input), zeros_like(target))
+    if reduction == "batchmean":
+        return reduce_sum(loss, axes=None, keepdims=False) * (1.0 / log_input.shape[0] if log_input.ndim else 1.0)
+    return reduce_loss(loss, reduction)

@@ -236,3 +236,18 @@ scatter_add = defop(
     vjp=lambda ins, outs, cts, axis: (cts[0], None, take_along_axis(cts[0], ins[1], axis=axis)),
     doc="torch.scatter_add: a copy of x with updates[..., j, ...] added at x[..., indices[..., j, ...], ...].",
 )
+
+
+# -- flip -----------------------------------------------------------------------------------------
+def _flip_infer(x, axes):
+    norm_axes(axes, len(x.shape))
+    return x
+
+
+flip = defop(
+    "flip",
+    infer=_flip_infer,
+    ref=lambda x, axes: np.flip(x, norm_axes(axes, x.ndim)).copy(),
+    vjp=lambda ins, outs, cts, axes: (flip(cts[0], axes=axes),),
+    doc="Reverse the order of elements along ``axes`` (torch.flip).",
+)

@@ -7,7 +7,7 @@ from popir.errors import IRError
 from popir.graph import TensorType
 from popir.ops._infer import norm_axes
 from popir.ops.base import _reduce_infer, broadcast_to, reduce_sum, reshape
-from popir.ops.elementwise import cast, eq
+from popir.ops.elementwise import cast, eq, ne, where
 from popir.registry import defop
 
 
@@ -83,4 +83,26 @@ argmin = defop(
     ref=_arg_ref(np.argmin),
     differentiable=False,
     doc="Index (int32) of the first minimum along ``axis`` (None: of the flattened tensor).",
+)
+
+
+def _prod_vjp(ins, outs, cts, axes, keepdims):
+    # d prod / d x_i = prod / x_i; at exact zeros this form gives 0 (torch gives the product of the others).
+    x = ins[0]
+    kept = _kept_shape(x, axes)
+    zero = broadcast_to(x.graph.constant(np.zeros((), x.dtype.numpy)), shape=x.shape)
+    nonzero = ne(x, zero)
+    safe = where(nonzero, x, broadcast_to(x.graph.constant(np.ones((), x.dtype.numpy)), shape=x.shape))
+    share = broadcast_to(reshape(cts[0] * outs[0], shape=kept), shape=x.shape) / safe
+    return (where(nonzero, share, zero),)
+
+
+reduce_prod = defop(
+    "reduce_prod",
+    infer=_reduce_infer,
+    ref=lambda x, axes, keepdims: np.prod(
+        x, axis=norm_axes(axes, x.ndim), keepdims=keepdims, dtype=np.float32 if x.dtype == np.float16 else None
+    ).astype(x.dtype),
+    vjp=_prod_vjp,
+    doc="Product over ``axes`` (None: all). Its gradient is 0 at exact zeros (torch: product of the others).",
 )

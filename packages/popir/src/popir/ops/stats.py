@@ -4,8 +4,8 @@ import math
 
 from popir.ops._infer import norm_axes
 from popir.ops.base import exp, reduce_sum, reshape
-from popir.ops.elementwise import log, sqrt
-from popir.ops.reduction import reduce_max
+from popir.ops.elementwise import abs_, cast, log, ne, pow_, sqrt
+from popir.ops.reduction import reduce_max, reduce_min
 
 
 def count(x, axes):
@@ -41,3 +41,20 @@ def logsumexp(x, axes=None, keepdims=False):
         return total
     kept = norm_axes(axes, x.ndim)
     return reshape(total, shape=tuple(d for i, d in enumerate(x.shape) if i not in kept))
+
+
+def norm(x, p=2.0, axes=None, keepdims=False):
+    """torch.linalg.vector_norm: p = 2, 1, inf, -inf, 0 or any other positive order."""
+    a = abs_(x)
+    if p == math.inf:
+        return reduce_max(a, axes=axes, keepdims=keepdims)
+    if p == -math.inf:
+        return reduce_min(a, axes=axes, keepdims=keepdims)
+    if p == 0:
+        return reduce_sum(cast(ne(x, x.graph.constant(0.0, x.dtype)), dtype=x.dtype), axes=axes, keepdims=keepdims)
+    if p == 1:
+        return reduce_sum(a, axes=axes, keepdims=keepdims)
+    if p == 2:
+        return sqrt(reduce_sum(x * x, axes=axes, keepdims=keepdims))
+    total = reduce_sum(pow_(a, x.graph.constant(float(p), x.dtype)), axes=axes, keepdims=keepdims)
+    return pow_(total, total.graph.constant(1.0 / p, x.dtype))
