@@ -112,3 +112,30 @@ def test_async_options_reach_the_accessor():
         assert [[b[1].tolist() for b in loader] for _ in range(2)] == [[[0, 1], [2, 3], [4, 5], [6, 7]]] * 2
     finally:
         loader.terminate()
+
+
+@pytest.mark.parametrize("mode", list(DataLoaderMode))
+def test_same_sampler_same_epochs_as_torch(mode):
+    def run(make, epochs=3):
+        out = []
+        for _ in range(epochs):
+            out.append([b[1].tolist() for b in make])
+        return out
+
+    opts = popdata.BatchingOptions(device_iterations=2, gradient_accumulation=2)
+    loader = popdata.DataLoader(
+        opts,
+        Indexed(27),
+        batch_size=2,
+        shuffle=True,
+        drop_last=False,
+        mode=mode,
+        generator=torch.Generator().manual_seed(11),
+    )
+    reference = torch.utils.data.DataLoader(
+        Indexed(27), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(11)
+    )
+    try:
+        assert run(loader) == run(reference)
+    finally:
+        loader.terminate()
