@@ -106,7 +106,12 @@ def test_async_options_reach_the_accessor():
         Indexed(8),
         batch_size=2,
         mode=DataLoaderMode.Async,
-        async_options={"buffer_size": 1, "load_indefinitely": False, "early_preload": True},
+        async_options={
+            "buffer_size": 1,
+            "load_indefinitely": False,
+            "early_preload": True,
+            "sharing_strategy": popdata.SharingStrategy.FileSystem,
+        },
     )
     try:
         assert [[b[1].tolist() for b in loader] for _ in range(2)] == [[[0, 1], [2, 3], [4, 5], [6, 7]]] * 2

@@ -31,7 +31,7 @@ class BatchingOptions:
     random_seed: int | None = None
     process_id: int = 0
     num_processes: int = 1
-    _frozen: bool = dataclasses.field(default=False, repr=False, compare=False)
+    _frozen: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         read_batching(self)
@@ -63,24 +63,29 @@ class Batching:
         return self.device_iterations * self.replication_factor * self.gradient_accumulation
 
 
-def _read(options, flat, group, nested, default=_MISSING):
-    value = getattr(options, flat, _MISSING)
+def _read(options, name, nested=None, default=_MISSING):
+    """``options.<name>``, else the dotted ``nested`` path (e.g. ``"Training.gradient_accumulation"``)."""
+    value = getattr(options, name, _MISSING)
+    if value is _MISSING and nested is not None:
+        value = options
+        for part in nested.split("."):
+            value = getattr(value, part, _MISSING)
     if value is _MISSING:
-        value = getattr(getattr(options, group, None), nested, default)
+        value = default
     if value is _MISSING:
-        raise TypeError(f"{type(options).__name__} is not a batching options object: it has no {flat!r}")
+        raise TypeError(f"{type(options).__name__} is not a batching options object: it has no {name!r}")
     return value
 
 
 def read_batching(options):
     """Read and validate the batching protocol from ``options``; returns a :class:`Batching`."""
     batching = Batching(
-        device_iterations=_read(options, "device_iterations", "", ""),
-        replication_factor=_read(options, "replication_factor", "", ""),
-        gradient_accumulation=_read(options, "gradient_accumulation", "Training", "gradient_accumulation"),
-        random_seed=_read(options, "random_seed", "", "", None),
-        process_id=_read(options, "process_id", "Distributed", "processId", 0),
-        num_processes=_read(options, "num_processes", "Distributed", "numProcesses", 1),
+        device_iterations=_read(options, "device_iterations"),
+        replication_factor=_read(options, "replication_factor"),
+        gradient_accumulation=_read(options, "gradient_accumulation", "Training.gradient_accumulation"),
+        random_seed=_read(options, "random_seed", default=None),
+        process_id=_read(options, "process_id", "Distributed.processId", 0),
+        num_processes=_read(options, "num_processes", "Distributed.numProcesses", 1),
     )
     for name in ("device_iterations", "replication_factor", "gradient_accumulation", "num_processes"):
         value = getattr(batching, name)
