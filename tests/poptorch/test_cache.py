@@ -1,0 +1,99 @@
+"""The executable cache: a second process skips compilation, corrupt entries recompile, LRU eviction."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import poptorch
+from poptorch import _cache
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import poptorch
+    from poptorch import _device
+
+    compiled = []
+    real = _device.compile_programs
+    _device.compile_programs = lambda *a, **k: compiled.append(1) or real(*a, **k)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    opts = poptorch.Options().showCompilationProgressBar(False).enableExecutableCaching(sys.argv[1])
+    out = poptorch.inferenceModel(model, opts)(torch.ones(2, 3))
+    assert torch.allclose(out, model(torch.ones(2, 3)), atol=1e-6)
+    print(len(compiled))
+    """
+)
+
+
+def _run(cache_dir):
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(cache_dir)], capture_output=True, text=True, check=True)
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_skips_compilation(tmp_path):
+    assert _run(tmp_path) == 1
+    entries = [p for p in os.listdir(tmp_path) if p.endswith(".popexe")]
+    assert len(entries) == 1
+    first = _run(tmp_path)
+    with open(tmp_path / entries[0], "rb") as f:
+        data = f.read()
+    # Whether the executable pickled decides if lowering still runs; the passes never do.
+    assert first == (0 if b"executable" in data[:200] else 1)
+
+
+def _model_call(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opts = poptorch.Options().showCompilationProgressBar(False).enableExecutableCaching(str(tmp_path))
+    out = poptorch.inferenceModel(model, opts)(torch.ones(2, 3))
+    torch.testing.assert_close(out, model(torch.ones(2, 3)))
+
+
+def test_corrupt_entry_is_recompiled(tmp_path):
+    _model_call(tmp_path)
+    (entry,) = [tmp_path / p for p in os.listdir(tmp_path) if p.endswith(".popexe")]
+    data = bytearray(entry.read_bytes())
+    data[-10] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    _model_call(tmp_path)
+    entry.write_bytes(b"garbage")
+    _model_call(tmp_path)
+    assert entry.read_bytes().startswith(b"POPTORCH-EXE-1")
+
+
+def test_key_depends_on_graph_and_compile_options():
+    import popir
+
+    g = popir.Graph("g")
+    x = g.add_input("x", (2,), "float32")
+    g.output("y", x + 1.0)
+    base = poptorch.Options()
+    assert _cache.key({"p": g}, base) == _cache.key({"p": g}, poptorch.Options())
+    assert _cache.key({"p": g}, base) != _cache.key({"p": g}, poptorch.Options().replicationFactor(2))
+    assert _cache.key({"p": g}, base) != _cache.key({"q": g}, base)
+
+
+def test_lru_eviction(tmp_path, monkeypatch):
+    monkeypatch.setenv("POPTORCH_CACHE_MAX_BYTES", "1")
+    cache = _cache.ExecutableCache(str(tmp_path), poptorch.Options())
+    cache.store("a", {"payload": 1}, {})
+    cache.store("b", {"payload": 2}, {})
+    remaining = os.listdir(tmp_path)
+    assert len(remaining) <= 1
+
+
+@pytest.mark.parametrize("env", [True, False])
+def test_cache_dir_from_environment(tmp_path, monkeypatch, env):
+    if env:
+        monkeypatch.setenv("POPTORCH_CACHE_DIR", str(tmp_path))
+        opts = poptorch.Options()
+    else:
+        opts = poptorch.Options().enableExecutableCaching(str(tmp_path))
+    assert _cache.ExecutableCache.open(opts).directory == str(tmp_path)
+    assert _cache.ExecutableCache.open(poptorch.Options().enableExecutableCaching(None)) is None
