@@ -68,7 +68,7 @@ def _run(build, **feeds):
     graph = popir.Graph()
     values = {k: graph.add_input(k, np.shape(v), np.asarray(v).dtype) for k, v in feeds.items()}
     result = build(**values)
-    results = result if isinstance(result, tuple) else (result,)
+    results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     for i, r in enumerate(results):
         graph.output(f"out{i}", r)
     out = popir.interpreter.run(graph, feeds)
@@ -163,3 +163,84 @@ def test_cross_entropy_ignores_ignore_index():
     target = np.array([0, -100], np.int32)
     got = _run(lambda logits, target: ops.cross_entropy(logits, target), logits=logits, target=target)
     np.testing.assert_allclose(got, np.log1p(np.exp(-2.0)), rtol=1e-6)
+
+
+# -- wave 2 semantics ----------------------------------------------------------------------------------------
+def test_sort_is_stable_and_topk_takes_the_largest():
+    x = np.array([[3.0, 1.0, 3.0, 2.0]], np.float32)
+    values, indices = _run(lambda x: ops.sort(x, axis=1, descending=True), x=x)
+    assert values.tolist() == [[3, 3, 2, 1]] and indices.tolist() == [[0, 2, 3, 1]] and indices.dtype == np.int32
+    values, indices = _run(lambda x: ops.topk(x, 2, axis=1, largest=False), x=x)
+    assert values.tolist() == [[1, 2]] and indices.tolist() == [[1, 3]]
+
+
+def test_cumsum_forward_and_reverse():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    assert _run(lambda x: ops.cumsum(x, axis=0), x=x).tolist() == [1, 3, 6]
+    assert _run(lambda x: ops.cumsum(x, axis=0, reverse=True), x=x).tolist() == [6, 5, 3]
+    assert _grad(lambda x: ops.cumsum(x, axis=0), "x", x=x).tolist() == [3, 2, 1]
+
+
+def test_remainder_takes_the_sign_of_the_divisor_like_torch():
+    a, b = np.array([5, -5, 5, -5], np.int32), np.array([3, 3, -3, -3], np.int32)
+    assert _run(lambda a, b: ops.remainder(a, b), a=a, b=b).tolist() == [2, 1, -1, -2]
+
+
+def test_rounding_is_half_to_even_and_trunc_goes_toward_zero():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.7, 1.7], np.float32)
+    assert _run(lambda x: ops.round(x), x=x).tolist() == [0, 2, 2, -0, -2, 2]
+    assert _run(lambda x: ops.trunc(x), x=x).tolist() == [0, 1, 2, -0, -1, 1]
+
+
+def test_bitwise_ops_on_ints_and_bools():
+    a, b = np.array([12, -1], np.int32), np.array([10, 7], np.int32)
+    assert _run(lambda a, b: ops.bitwise_and(a, b), a=a, b=b).tolist() == [8, 7]
+    assert _run(lambda a, b: ops.bitwise_xor(a, b), a=a, b=b).tolist() == [6, -8]
+    assert _run(lambda a: ops.bitwise_not(a), a=np.array([True, False])).tolist() == [False, True]
+    g = popir.Graph()
+    with pytest.raises(popir.IRError, match="int32 or bool"):
+        ops.bitwise_or(g.add_input("f", (2,), "float32"), g.add_input("h", (2,), "float32"))
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("reflect", [2, 1, 2, 3, 2]),
+        ("replicate", [1, 1, 2, 3, 3]),
+        ("circular", [3, 1, 2, 3, 1]),
+        ("constant", [0, 1, 2, 3, 0]),
+    ],
+)
+def test_pad_modes(mode, expected):
+    x = np.array([[[1.0, 2.0, 3.0]]], np.float32)
+    got = _run(lambda x: ops.pad_mode(x, pads=((0, 0), (0, 0), (1, 1)), mode=mode), x=x)
+    assert got.ravel().tolist() == expected
+
+
+def test_roll_split_stack_round_trip():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert _run(lambda x: ops.roll(x, 1, 1), x=x).tolist() == [[2, 0, 1], [5, 3, 4]]
+    parts = _run(lambda x: ops.split(x, 2, axis=1), x=x)
+    assert [p.shape for p in parts] == [(2, 2), (2, 1)]
+    np.testing.assert_array_equal(_run(lambda x: ops.stack(ops.split(x, 1, axis=0), axis=0), x=x)[:, 0], x)
+
+
+def test_adaptive_pool_uses_torch_bins():
+    x = np.arange(5, dtype=np.float32).reshape(1, 1, 1, 5)
+    got = _run(lambda x: ops.adaptive_avg_pool2d(x, (1, 3)), x=x)
+    np.testing.assert_allclose(got.ravel(), [0.5, 2.0, 3.5])
+
+
+def test_binary_cross_entropy_clamps_log_at_minus_100():
+    p, t = np.array([0.0, 1.0], np.float32), np.array([1.0, 0.0], np.float32)
+    with np.errstate(divide="ignore"):  # log(0) = -inf before the clamp, as in torch
+        got = _run(lambda p, t: ops.binary_cross_entropy(p, t, reduction="none"), p=p, t=t)
+    np.testing.assert_allclose(got, [100.0, 100.0])
+
+
+def test_lstm_cell_with_zero_weights_halves_the_cell_state():
+    x, h, c = np.ones((1, 2), np.float32), np.zeros((1, 3), np.float32), np.full((1, 3), 2.0, np.float32)
+    w_ih, w_hh = np.zeros((12, 2), np.float32), np.zeros((12, 3), np.float32)
+    h1, c1 = _run(lambda x, h, c, w_ih, w_hh: ops.lstm_cell(x, h, c, w_ih, w_hh), x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh)
+    np.testing.assert_allclose(c1, 1.0)  # sigmoid(0) * 2 + sigmoid(0) * tanh(0)
+    np.testing.assert_allclose(h1, 0.5 * np.tanh(1.0), rtol=1e-6)

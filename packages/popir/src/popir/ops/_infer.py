@@ -66,3 +66,38 @@ def numpy_dtype(dtype):
     graph attributes (DType names) map to their device dtype.
     """
     return dtype if isinstance(dtype, np.dtype) else as_dtype(dtype).numpy
+
+
+def float_unary(x):
+    """Rule of a float-only unary op."""
+    require_float(x)
+    return x
+
+
+def numeric_unary(x):
+    """Rule of a unary op on floats or ints (not bool)."""
+    if x.dtype == DType.bool:
+        raise IRError("needs a numeric input, got bool")
+    return x
+
+
+def float_binary(a, b):
+    """Rule of a broadcasting float-only binary op."""
+    t = elementwise(a, b)
+    require_float(t)
+    return t
+
+
+def numeric_binary(a, b):
+    """Rule of a broadcasting binary op on floats or ints (not bool)."""
+    t = elementwise(a, b)
+    if t.dtype == DType.bool:
+        raise IRError("needs numeric inputs, got bool")
+    return t
+
+
+def reduce_infer(x, axes, keepdims):
+    """Rule of a reduction over ``axes`` (None: all)."""
+    axes = norm_axes(axes, len(x.shape))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keepdims or i not in axes)
+    return TensorType(shape, x.dtype)

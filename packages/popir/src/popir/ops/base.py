@@ -7,7 +7,7 @@ import numpy as np
 
 from popir.errors import IRError
 from popir.graph import TensorType
-from popir.ops._infer import broadcast_shapes, elementwise, norm_axes
+from popir.ops._infer import broadcast_shapes, elementwise, norm_axes, reduce_infer
 from popir.registry import defop
 
 
@@ -109,12 +109,6 @@ reshape = defop(
 )
 
 
-def _reduce_infer(x, axes, keepdims):
-    axes = norm_axes(axes, len(x.shape))
-    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keepdims or i not in axes)
-    return TensorType(shape, x.dtype)
-
-
 def _reduce_sum_vjp(ins, outs, cts, axes, keepdims):
     x = ins[0]
     kept = tuple(1 if i in norm_axes(axes, x.ndim) else d for i, d in enumerate(x.shape))
@@ -123,7 +117,7 @@ def _reduce_sum_vjp(ins, outs, cts, axes, keepdims):
 
 reduce_sum = defop(
     "reduce_sum",
-    infer=_reduce_infer,
+    infer=reduce_infer,
     ref=lambda x, axes, keepdims: np.sum(
         x,
         axis=norm_axes(axes, x.ndim),

@@ -17,11 +17,12 @@ from popir.registry import defop
 SPATIAL = 2
 
 
-def _pair(value, what):
-    pair = (value,) * SPATIAL if isinstance(value, (int, np.integer)) else tuple(value)
-    if len(pair) != SPATIAL:
+def pair(value, what):
+    """An int or a sequence as a tuple of SPATIAL ints (``what`` names the attribute in errors)."""
+    values = (value,) * SPATIAL if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(values) != SPATIAL:
         raise IRError(f"{what} must be an int or {SPATIAL} ints, got {value!r}")
-    return tuple(int(v) for v in pair)
+    return tuple(int(v) for v in values)
 
 
 def padding_pairs(padding):
@@ -130,9 +131,9 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     return _conv2d(
         x,
         w,
-        stride=_pair(stride, "stride"),
+        stride=pair(stride, "stride"),
         padding=padding_pairs(padding),
-        dilation=_pair(dilation, "dilation"),
+        dilation=pair(dilation, "dilation"),
         groups=int(groups),
     )
 
@@ -185,12 +186,12 @@ max_pool2d_select = defop(
 
 def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
     """torch.nn.functional.max_pool2d (stride defaults to the kernel)."""
-    kernel = _pair(kernel, "kernel")
+    kernel = pair(kernel, "kernel")
     return _max_pool2d(
         x,
         kernel=kernel,
-        stride=kernel if stride is None else _pair(stride, "stride"),
+        stride=kernel if stride is None else pair(stride, "stride"),
         padding=padding_pairs(padding),
-        dilation=_pair(dilation, "dilation"),
+        dilation=pair(dilation, "dilation"),
         ceil_mode=bool(ceil_mode),
     )

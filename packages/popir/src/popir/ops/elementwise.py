@@ -10,20 +10,18 @@ import numpy as np
 from popir.dtypes import DType, as_dtype
 from popir.errors import IRError
 from popir.graph import TensorType
-from popir.ops._infer import boolean, broadcast_shapes, elementwise, numpy_dtype, require_float, same_dtype
+from popir.ops._infer import (
+    boolean,
+    broadcast_shapes,
+    float_binary,
+    float_unary,
+    numeric_binary,
+    numeric_unary,
+    numpy_dtype,
+    same_dtype,
+)
 from popir.ops.base import broadcast_to, exp, sum_to, zeros_like
 from popir.registry import defop
-
-
-def _float_unary(x):
-    require_float(x)
-    return x
-
-
-def _any_unary(x):
-    if x.dtype == DType.bool:
-        raise IRError("needs a numeric input, got bool")
-    return x
 
 
 def _scalar(v, value):
@@ -37,16 +35,16 @@ def _erf_ref(x):
     return np.asarray(_erf(x), dtype=np.float64).astype(x.dtype)
 
 
-log = defop("log", infer=_float_unary, ref=np.log, vjp=lambda ins, outs, cts: (cts[0] / ins[0],))
-sqrt = defop("sqrt", infer=_float_unary, ref=np.sqrt, vjp=lambda ins, outs, cts: (cts[0] / (outs[0] * 2.0),))
+log = defop("log", infer=float_unary, ref=np.log, vjp=lambda ins, outs, cts: (cts[0] / ins[0],))
+sqrt = defop("sqrt", infer=float_unary, ref=np.sqrt, vjp=lambda ins, outs, cts: (cts[0] / (outs[0] * 2.0),))
 rsqrt = defop(
     "rsqrt",
-    infer=_float_unary,
+    infer=float_unary,
     ref=lambda x: (1.0 / np.sqrt(x)).astype(x.dtype),
     vjp=lambda ins, outs, cts: (cts[0] * outs[0] * outs[0] * outs[0] * -0.5,),
     doc="1 / sqrt(x).",
 )
-tanh = defop("tanh", infer=_float_unary, ref=np.tanh, vjp=lambda ins, outs, cts: (cts[0] * (1.0 - outs[0] * outs[0]),))
+tanh = defop("tanh", infer=float_unary, ref=np.tanh, vjp=lambda ins, outs, cts: (cts[0] * (1.0 - outs[0] * outs[0]),))
 
 
 def _sigmoid_ref(x):
@@ -57,24 +55,24 @@ def _sigmoid_ref(x):
 
 sigmoid = defop(
     "sigmoid",
-    infer=_float_unary,
+    infer=float_unary,
     ref=_sigmoid_ref,
     vjp=lambda ins, outs, cts: (cts[0] * outs[0] * (1.0 - outs[0]),),
 )
 erf = defop(
     "erf",
-    infer=_float_unary,
+    infer=float_unary,
     ref=_erf_ref,
     vjp=lambda ins, outs, cts: (cts[0] * exp(-(ins[0] * ins[0])) * (2.0 / math.sqrt(math.pi)),),
 )
-sin = defop("sin", infer=_float_unary, ref=np.sin, vjp=lambda ins, outs, cts: (cts[0] * cos(ins[0]),))
-cos = defop("cos", infer=_float_unary, ref=np.cos, vjp=lambda ins, outs, cts: (-(cts[0] * sin(ins[0])),))
+sin = defop("sin", infer=float_unary, ref=np.sin, vjp=lambda ins, outs, cts: (cts[0] * cos(ins[0]),))
+cos = defop("cos", infer=float_unary, ref=np.cos, vjp=lambda ins, outs, cts: (-(cts[0] * sin(ins[0])),))
 
-sign = defop("sign", infer=_any_unary, ref=np.sign, differentiable=False, doc="-1, 0 or 1 (zero gradient).")
-abs_ = defop("abs", infer=_any_unary, ref=np.abs, vjp=lambda ins, outs, cts: (cts[0] * sign(ins[0]),))
+sign = defop("sign", infer=numeric_unary, ref=np.sign, differentiable=False, doc="-1, 0 or 1 (zero gradient).")
+abs_ = defop("abs", infer=numeric_unary, ref=np.abs, vjp=lambda ins, outs, cts: (cts[0] * sign(ins[0]),))
 relu = defop(
     "relu",
-    infer=_any_unary,
+    infer=numeric_unary,
     ref=lambda x: np.maximum(x, np.zeros((), x.dtype)),
     vjp=lambda ins, outs, cts: (where(gt(ins[0], _scalar(ins[0], 0)), cts[0], zeros_like(cts[0])),),
     doc="max(x, 0); the gradient at 0 is 0, as in torch.",
@@ -92,13 +90,7 @@ def _pow_vjp(ins, outs, cts):
     return sum_to(ga, a.shape), sum_to(gb, b.shape)
 
 
-def _float_binary(a, b):
-    t = elementwise(a, b)
-    require_float(t)
-    return t
-
-
-pow_ = defop("pow", infer=_float_binary, ref=np.power, vjp=_pow_vjp, doc="a ** b (float).")
+pow_ = defop("pow", infer=float_binary, ref=np.power, vjp=_pow_vjp, doc="a ** b (float).")
 
 
 def _minmax_vjp(pick):
@@ -113,23 +105,16 @@ def _minmax_vjp(pick):
     return vjp
 
 
-def _numeric_binary(a, b):
-    t = elementwise(a, b)
-    if t.dtype == DType.bool:
-        raise IRError("needs numeric inputs, got bool")
-    return t
-
-
 maximum = defop(
     "maximum",
-    infer=_numeric_binary,
+    infer=numeric_binary,
     ref=np.maximum,
     vjp=_minmax_vjp(lambda a, b: gt(a, b)),
     doc="Elementwise max; at ties each input gets half the gradient, as in torch.",
 )
 minimum = defop(
     "minimum",
-    infer=_numeric_binary,
+    infer=numeric_binary,
     ref=np.minimum,
     vjp=_minmax_vjp(lambda a, b: lt(a, b)),
     doc="Elementwise min; at ties each input gets half the gradient, as in torch.",

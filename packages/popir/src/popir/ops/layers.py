@@ -4,7 +4,7 @@ import numpy as np
 
 from popir.ops import _window
 from popir.ops.base import full, reshape
-from popir.ops.conv import _pair, conv2d, conv2d_grad_input, max_pool2d, padding_pairs
+from popir.ops.conv import conv2d, conv2d_grad_input, max_pool2d, padding_pairs, pair
 from popir.ops.elementwise import where
 from popir.ops.linalg import matmul
 from popir.ops.movement import concat, gather, pad, slice_, transpose
@@ -41,9 +41,9 @@ def _avg_divisors(spatial, kernel, stride, padding, out, count_include_pad):
 
 def avg_pool2d(x, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     """torch.nn.functional.avg_pool2d as a depthwise convolution with a ones kernel and torch's divisors."""
-    kernel = _pair(kernel, "kernel")
-    stride = kernel if stride is None else _pair(stride, "stride")
-    pad = _pair(padding, "padding")
+    kernel = pair(kernel, "kernel")
+    stride = kernel if stride is None else pair(stride, "stride")
+    pad = pair(padding, "padding")
     out = _window.window_shape(x.shape[2:], kernel, stride, tuple((p, p) for p in pad), (1, 1), ceil_mode)
     # ceil_mode windows may run past the padding: pad the high side far enough for the last window.
     pairs = tuple((p, max(p, (o - 1) * s + k - n - p)) for n, k, s, p, o in zip(x.shape[2:], kernel, stride, pad, out))
@@ -61,7 +61,7 @@ def conv_transpose2d(x, weight, stride=1, padding=0, output_padding=0, groups=1,
 
     ``weight`` is (C_in, C_out / groups, kH, kW) as in torch.
     """
-    stride, dilation, out_pad = _pair(stride, "stride"), _pair(dilation, "dilation"), _pair(output_padding, "pad")
+    stride, dilation, out_pad = pair(stride, "stride"), pair(dilation, "dilation"), pair(output_padding, "pad")
     pads = padding_pairs(padding)
     # The unpadded transposed convolution, cropped by ``padding``; output_padding extends the high end,
     # reading further into the full result and past it (zeros) where it is shorter.

@@ -6,20 +6,22 @@ import math
 import numpy as np
 
 from popir.errors import IRError
-from popir.ops._infer import elementwise
+from popir.ops._infer import elementwise, float_binary, float_unary, numeric_binary, numeric_unary
 from popir.ops.base import exp, full, sum_to
-from popir.ops.elementwise import _any_unary, _float_binary, _float_unary, _numeric_binary, log, lt, rsqrt, sqrt, where
+from popir.ops.elementwise import log, lt, rsqrt, sqrt, where
 from popir.registry import defop
 
-floor = defop("floor", infer=_any_unary, ref=np.floor, differentiable=False, doc="Round down (zero gradient).")
-ceil = defop("ceil", infer=_any_unary, ref=np.ceil, differentiable=False, doc="Round up (zero gradient).")
-round_ = defop("round", infer=_any_unary, ref=np.round, differentiable=False, doc="Round half to even, as torch.round.")
+floor = defop("floor", infer=numeric_unary, ref=np.floor, differentiable=False, doc="Round down (zero gradient).")
+ceil = defop("ceil", infer=numeric_unary, ref=np.ceil, differentiable=False, doc="Round up (zero gradient).")
+round_ = defop(
+    "round", infer=numeric_unary, ref=np.round, differentiable=False, doc="Round half to even, as torch.round."
+)
 
 
 def _unary(name, ref, grad, doc=""):
     """A float unary primitive whose VJP is ct * grad(x, y)."""
     return defop(
-        name, infer=_float_unary, ref=ref, vjp=lambda ins, outs, cts: (cts[0] * grad(ins[0], outs[0]),), doc=doc
+        name, infer=float_unary, ref=ref, vjp=lambda ins, outs, cts: (cts[0] * grad(ins[0], outs[0]),), doc=doc
     )
 
 
@@ -73,7 +75,7 @@ def _remainder_vjp(ins, outs, cts):
 
 remainder = defop(
     "remainder",
-    infer=_numeric_binary,
+    infer=numeric_binary,
     ref=np.remainder,
     vjp=_remainder_vjp,
     doc="torch.remainder: a - floor(a / b) * b (the result takes the sign of b).",
@@ -86,7 +88,7 @@ def _atan2_vjp(ins, outs, cts):
     return sum_to(scale * b, a.shape), sum_to(-(scale * a), b.shape)
 
 
-atan2 = defop("atan2", infer=_float_binary, ref=np.arctan2, vjp=_atan2_vjp, doc="atan(a / b) in the right quadrant.")
+atan2 = defop("atan2", infer=float_binary, ref=np.arctan2, vjp=_atan2_vjp, doc="atan(a / b) in the right quadrant.")
 
 
 def _bitwise(*types):

@@ -5,8 +5,8 @@ import numpy as np
 from popir.dtypes import DType
 from popir.errors import IRError
 from popir.graph import TensorType
-from popir.ops._infer import norm_axes
-from popir.ops.base import _reduce_infer, broadcast_to, reduce_sum, reshape
+from popir.ops._infer import norm_axes, reduce_infer
+from popir.ops.base import broadcast_to, reduce_sum, reshape
 from popir.ops.elementwise import cast, eq, ne, where
 from popir.registry import defop
 
@@ -29,7 +29,7 @@ def _extremum_vjp(ins, outs, cts, axes, keepdims):
 def _extremum_infer(x, axes, keepdims):
     if x.size == 0:
         raise IRError(f"cannot reduce an empty tensor {list(x.shape)}")
-    return _reduce_infer(x, axes, keepdims)
+    return reduce_infer(x, axes, keepdims)
 
 
 reduce_max = defop(
@@ -99,7 +99,7 @@ def _prod_vjp(ins, outs, cts, axes, keepdims):
 
 reduce_prod = defop(
     "reduce_prod",
-    infer=_reduce_infer,
+    infer=reduce_infer,
     ref=lambda x, axes, keepdims: np.prod(
         x, axis=norm_axes(axes, x.ndim), keepdims=keepdims, dtype=np.float32 if x.dtype == np.float16 else None
     ).astype(x.dtype),
