@@ -10,14 +10,15 @@ COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "logical_and", "logical_or"})
 
 def attr_key(value):
     """A hashable key equal for equal attribute values: arrays by dtype, shape and bytes, floats by bits."""
-    if isinstance(value, tuple):
-        return tuple(attr_key(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return ("array", value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, float):
+    kind = type(value)
+    if kind is tuple:
+        return tuple([attr_key(v) for v in value])
+    if kind is float:
         # -0.0 == 0.0 in Python, yet the two give different results (pad value, division).
         return ("float", value.hex())
-    return (type(value).__name__, value)
+    if kind is np.ndarray:
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    return value
 
 
 class CommonSubexpressions:

@@ -15,12 +15,10 @@ def fold_rule(builder, op, inputs, attrs, types):
     """Rewrite rule: a constant for a single-output node of constant inputs, unless the result is huge."""
     if op == "constant" or not inputs:
         return None
-    arrays = []
     for v in inputs:
-        array = constant_array(v)
-        if array is None:
+        if v.producer is None or v.producer.op != "constant":
             return None
-        arrays.append(array)
+    arrays = [constant_array(v) for v in inputs]
     if types is None:
         types = builder.infer(op, inputs, attrs)
     if len(types) != 1:
