@@ -238,3 +238,13 @@ def test_an_epoch_iterator_continues_where_it_stopped():
         assert [b[1].tolist() for b in fresh] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     finally:
         accessor.terminate()
+
+
+def test_a_leaf_changing_rank_is_a_clear_error():
+    class RankChange:
+        def __iter__(self):
+            yield torch.tensor(1.0)
+            yield torch.zeros(3)
+
+    with pytest.raises(WorkerError, match="batches of one shape"):
+        list(AsynchronousDataAccessor(RankChange()))

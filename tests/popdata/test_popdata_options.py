@@ -60,3 +60,11 @@ def test_loader_is_a_torch_dataloader():
     loader = popdata.DataLoader(popdata.BatchingOptions(), Indexed(4))
     assert isinstance(loader, torch.utils.data.DataLoader)
     assert loader.mode == popdata.DataLoaderMode.Sync
+
+
+def test_a_rejected_dataloader_leaves_the_options_unfrozen():
+    opts = popdata.BatchingOptions()
+    with pytest.raises(ValueError):
+        popdata.DataLoader(opts, Indexed(4), batch_size=0)
+    opts.device_iterations = 2
+    assert opts.device_iterations == 2

@@ -67,7 +67,6 @@ class DataLoader(torch.utils.data.DataLoader):
         **kwargs,
     ):
         batching = read_batching(options)
-        freeze(options)
         mode = DataLoaderMode(mode)
         shuffle = bool(shuffle)
         iterable = isinstance(dataset, IterableDataset)
@@ -144,6 +143,7 @@ class DataLoader(torch.utils.data.DataLoader):
                     length % self._combined_batch_size,
                 )
 
+        freeze(options)
         self._options = options
         self._mode = mode
         self._drop_last = drop_last

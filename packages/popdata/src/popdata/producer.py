@@ -89,7 +89,12 @@ class Producer:
                 dst.copy_(src)
                 lengths[index] = -1
                 continue
-            if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:] or src.shape[0] > dst.shape[0]:
+            if (
+                src.dtype != dst.dtype
+                or src.dim() != dst.dim()
+                or src.shape[1:] != dst.shape[1:]
+                or len(src) > len(dst)
+            ):
                 raise ValueError(
                     f"batch leaf {index} is {src.dtype}{tuple(src.shape)} but the first batch gave "
                     f"{dst.dtype}{tuple(dst.shape)}: the AsynchronousDataAccessor needs batches of one shape "
