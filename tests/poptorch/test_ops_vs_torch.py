@@ -362,3 +362,79 @@ def test_op_cases_are_named_modules_with_inputs():
 def test_single_op_case_captures_alone(name):
     module, inputs = next((m, i) for n, m, i in op_cases(3, 3) if n == name)
     check_against_torch(module, inputs, name)
+
+
+# -- the popir op database: every entry that names a torch equivalent -------------------------------------
+
+# Gradient primitives (torch.nn.grad.*) are never captured: popir autodiff builds backward passes itself.
+_OPDB_SKIPPED_TORCH = ("torch.nn.grad.",)
+
+
+def _torch_function(dotted):
+    obj = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _to_torch(value):
+    if isinstance(value, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        return tensor.long() if tensor.dtype == torch.int32 else tensor
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    return value
+
+
+def opdb_cases(draw):
+    """``(name, module, inputs)`` for every OPDB entry with a torch equivalent, one drawn sample each."""
+    from opdb import OPDB
+
+    for name, entry in OPDB.items():
+        if entry.torch is None or entry.torch.startswith(_OPDB_SKIPPED_TORCH):
+            continue
+        sample = draw(entry.samples())
+        differentiable = {id(sample.inputs[name]) for name in entry.grad}
+        raw, spec = torch.utils._pytree.tree_flatten(entry.torch_call(sample))
+        leaves = [_to_torch(leaf) for leaf in raw]
+        # Float tensors torch cannot differentiate (running stats, weights) stay constants of the model.
+        slots = [
+            i
+            for i, (a, t) in enumerate(zip(raw, leaves))
+            if isinstance(t, torch.Tensor) and (id(a) in differentiable or not t.is_floating_point())
+        ]
+        fn = _torch_function(entry.torch)
+        yield f"opdb.{name}", OpModule(name, _OpdbCall(fn, leaves, spec, slots)), [leaves[i] for i in slots]
+
+
+class _OpdbCall:
+    """Calls ``fn(*args, **kwargs)`` with the tensors of a sample replaced by the module's inputs."""
+
+    def __init__(self, fn, leaves, spec, slots):
+        self.fn, self.leaves, self.spec, self.slots = fn, leaves, spec, slots
+
+    def __call__(self, *tensors):
+        leaves = list(self.leaves)
+        for i, t in zip(self.slots, tensors):
+            leaves[i] = t
+        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.spec)
+        return self.fn(*args, **kwargs)
+
+
+@settings(
+    max_examples=max(1, settings.default.max_examples // 25), phases=(Phase.explicit, Phase.reuse, Phase.generate)
+)
+@given(data=st.data())
+def test_opdb_entries_match_torch(data):
+    cases = list(opdb_cases(data.draw))
+    flat_inputs = [t for _, _, inputs in cases for t in inputs]
+    try:
+        check_against_torch(Bundle(cases), flat_inputs, "opdb")
+    except Exception:
+        failing = []
+        for name, module, inputs in cases:
+            try:
+                check_against_torch(module, inputs, name)
+            except Exception as exc:
+                failing.append(f"{name}: {str(exc).splitlines()[0]}")
+        raise AssertionError("opdb entries that differ from torch:\n" + "\n".join(failing)) from None

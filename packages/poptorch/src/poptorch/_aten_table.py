@@ -14,6 +14,7 @@ import operator
 import numpy as np
 import torch
 
+import popir
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
 
@@ -201,26 +202,60 @@ def _unary(prim):
     return lower
 
 
-for _name in ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "abs", "sin", "cos", "relu"):
+_UNARY = (
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "abs",
+    "sin",
+    "cos",
+    "relu",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "log1p",
+    "expm1",
+)
+for _name in _UNARY:
     TABLE[getattr(aten, _name).default] = _unary(_name)
+TABLE[aten.remainder.Tensor] = TABLE[aten.remainder.Scalar] = _arith("remainder")
+TABLE[aten.atan2.default] = _arith("atan2")
+
+
+def _composite(name):
+    """Lower through the popir composite ``name`` with the inputs cast to the result dtype."""
+
+    def lower(ctx, *args):
+        dtype = _out_dtype(ctx)
+        return getattr(popir.ops, name)(*[_as_value(ctx, a, dtype) for a in args])
+
+    return lower
+
+
+TABLE[aten.trunc.default] = _composite("trunc")
+TABLE[aten.exp2.default] = _composite("exp2")
+TABLE[aten.hypot.default] = _composite("hypot")
 
 
 @lowers(aten.reciprocal.default)
 def _reciprocal(ctx, x):
     x = _cast(x, _out_dtype(ctx))
     return _op("div", _const(ctx.graph, 1.0, x.dtype), x)
-
-
-@lowers(aten.log1p.default)
-def _log1p(ctx, x):
-    x = _cast(x, _out_dtype(ctx))
-    return _op("log", _op("add", x, _const(ctx.graph, 1.0, x.dtype)))
-
-
-@lowers(aten.expm1.default)
-def _expm1(ctx, x):
-    x = _cast(x, _out_dtype(ctx))
-    return _op("sub", _op("exp", x), _const(ctx.graph, 1.0, x.dtype))
 
 
 @lowers(aten.log2.default, aten.log10.default)
@@ -317,10 +352,26 @@ def _truthy(ctx, x):
     return x if x.dtype == "bool" else _op("ne", x, _const(ctx.graph, 0, x.dtype))
 
 
-TABLE[aten.logical_and.default] = TABLE[aten.bitwise_and.Tensor] = _logical("logical_and")
-TABLE[aten.logical_or.default] = TABLE[aten.bitwise_or.Tensor] = _logical("logical_or")
-TABLE[aten.logical_not.default] = TABLE[aten.bitwise_not.default] = _logical("logical_not")
-TABLE[aten.logical_xor.default] = TABLE[aten.bitwise_xor.Tensor] = _logical("ne")
+TABLE[aten.logical_and.default] = _logical("logical_and")
+TABLE[aten.logical_or.default] = _logical("logical_or")
+TABLE[aten.logical_not.default] = _logical("logical_not")
+TABLE[aten.logical_xor.default] = _logical("ne")
+
+
+def _bitwise(prim, logical):
+    def lower(ctx, *args):
+        dtype = _out_dtype(ctx)
+        if dtype == "bool":
+            return _logical(logical)(ctx, *[_as_value(ctx, a, dtype) for a in args])
+        return _op(prim, *[_as_value(ctx, a, dtype) for a in args])
+
+    return lower
+
+
+TABLE[aten.bitwise_and.Tensor] = TABLE[aten.bitwise_and.Scalar] = _bitwise("bitwise_and", "logical_and")
+TABLE[aten.bitwise_or.Tensor] = TABLE[aten.bitwise_or.Scalar] = _bitwise("bitwise_or", "logical_or")
+TABLE[aten.bitwise_xor.Tensor] = TABLE[aten.bitwise_xor.Scalar] = _bitwise("bitwise_xor", "ne")
+TABLE[aten.bitwise_not.default] = _bitwise("bitwise_not", "logical_not")
 
 
 @lowers(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
@@ -439,6 +490,44 @@ def _any_all(ctx, x, dims=None, keepdim=False):
     as_int = _cast(_truthy(ctx, x), "int32")
     reduced = _op(prim, as_int, axes=_axes(dims, x.ndim), keepdims=keepdim)
     return _op("ne", reduced, _const(ctx.graph, 0, "int32"))
+
+
+@lowers(aten.prod.dim_int, aten.prod.default)
+def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("reduce_prod", x, axes=None if dim is None else (_axis(dim, x.ndim),), keepdims=keepdim)
+
+
+@lowers(aten.cumsum.default)
+def _cumsum(ctx, x, dim, *, dtype=None):
+    x = _cast(x, _out_dtype(ctx))
+    return _op("cumsum", x, axis=_axis(dim, x.ndim))
+
+
+@lowers(aten.sort.default, aten.sort.stable)
+def _sort(ctx, x, dim=-1, descending=False, *, stable=None):
+    return _op("sort", x, axis=_axis(dim, x.ndim), descending=bool(descending))
+
+
+@lowers(aten.topk.default)
+def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
+    return popir.ops.topk(x, k, axis=_axis(dim, x.ndim), largest=bool(largest))
+
+
+@lowers(aten.roll.default)
+def _roll(ctx, x, shifts, dims=()):
+    if not dims:
+        flat = _op("reshape", x, shape=(x.type.size,))
+        return _op("reshape", popir.ops.roll(flat, tuple(shifts), (0,)), shape=x.shape)
+    return popir.ops.roll(x, tuple(shifts), tuple(_axis(d, x.ndim) for d in dims))
+
+
+@lowers(aten.scatter.src, aten.scatter.value)
+def _scatter(ctx, x, dim, index, src):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis])
+    src = _op("broadcast_to", _as_value(ctx, src, x.dtype), shape=index.shape) if not hasattr(src, "graph") else src
+    return popir.ops.scatter(x, axis, index, slice_to(src, index.shape, -1))
 
 
 @lowers(aten.linalg_vector_norm.default)
@@ -642,6 +731,15 @@ def _gather(ctx, x, dim, index, *, sparse_grad=False):
     return _op("take_along_axis", x, index, axis=axis)
 
 
+@lowers(aten.scatter_add.default)
+def _scatter_add(ctx, x, dim, index, src):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis])
+    if src.shape != index.shape:
+        src = slice_to(src, index.shape, -1)
+    return _op("scatter_add", x, index, src, axis=axis)
+
+
 def slice_to(x, shape, keep_axis):
     """``x`` cut down to ``shape`` on every axis but ``keep_axis`` (torch.gather reads a prefix)."""
     for axis, d in enumerate(shape):
@@ -672,11 +770,17 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 
 @lowers(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise Error("transposed convolutions are not supported")
     spatial = x.ndim - 2
     if spatial not in (1, 2):
         raise Error(f"only 1-d and 2-d convolutions are supported, got {spatial}-d")
+    if transposed:
+        conv_transpose = popir.ops.conv_transpose1d if spatial == 1 else popir.ops.conv_transpose2d
+        window = {"stride": stride, "padding": padding, "output_padding": output_padding, "dilation": dilation}
+        window = {k: (v[0] if spatial == 1 else tuple(v)) for k, v in window.items()}
+        out = conv_transpose(x, w, groups=groups, **window)
+        if bias is not None:
+            out = _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0]) + (1,) * spatial))
+        return out
     if spatial == 1:
         x = _op("reshape", x, shape=(x.shape[0], x.shape[1], 1, x.shape[2]))
         w = _op("reshape", w, shape=(w.shape[0], w.shape[1], 1, w.shape[2]))
