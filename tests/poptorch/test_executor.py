@@ -177,3 +177,27 @@ def test_buffers_are_trained_and_synced():
     poptorch.trainingModel(model, _opts())(x)
     ref(x)
     torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_legacy_signatures_map_to_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    reference = copy.deepcopy(net)
+    x, y = _data(8)
+    with pytest.warns(DeprecationWarning):
+        training = poptorch.trainingModel(
+            net, 2, loss=torch.nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), profile=True
+        )
+    out, loss = training(x, y)
+    assert out.shape == (4, 3) and loss.shape == ()
+    assert (tmp_path / "profile.json").exists()
+    cpu = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for xs, ys in zip(x.chunk(2), y.chunk(2)):
+        cpu.zero_grad()
+        torch.nn.functional.mse_loss(reference(xs), ys).backward()
+        cpu.step()
+    torch.testing.assert_close(net.weight, reference.weight, rtol=1e-5, atol=1e-6)
+    with pytest.warns(DeprecationWarning):
+        inference = poptorch.inferenceModel(torch.nn.Linear(4, 3), device_iterations=4)
+    assert inference.options.device_iterations == 4

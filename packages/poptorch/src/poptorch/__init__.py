@@ -27,15 +27,21 @@ _LEGACY_TRAINING = (
 _LEGACY_INFERENCE = ("device_iterations", "replication_factor", "profile", "trace_model")
 
 
-def trainingModel(model, options=None, optimizer=None, *legacy_args, **legacy_kwargs):
+def trainingModel(model, options=None, *args, optimizer=None, **legacy_kwargs):
     """Wrap ``model`` for training on the IPU: each call runs forward, backward and the optimizer step.
 
-    ``optimizer`` defaults to ``poptorch.optim.SGD(lr=0.01)``. The old signature ``trainingModel(model,
-    device_iterations, gradient_accumulation=1, replication_factor=1, profile=False, trace_model=True,
-    loss=None, optimizer=None)`` is still accepted, with a DeprecationWarning.
+    Call as ``trainingModel(model, options=None, optimizer=None)``; ``optimizer`` defaults to
+    ``poptorch.optim.SGD(lr=0.01)``. The old signature ``trainingModel(model, device_iterations,
+    gradient_accumulation=1, replication_factor=1, profile=False, trace_model=True, loss=None,
+    optimizer=None)`` is still accepted, with a DeprecationWarning.
     """
-    if _is_legacy(options, legacy_args, legacy_kwargs, _LEGACY_TRAINING):
-        return _legacy(model, True, (options, optimizer, *legacy_args), legacy_kwargs, _LEGACY_TRAINING)
+    if _is_legacy(options, (), legacy_kwargs, _LEGACY_TRAINING):
+        legacy_kwargs.setdefault("optimizer", optimizer)
+        return _legacy(model, True, (options, *args), legacy_kwargs, _LEGACY_TRAINING)
+    if len(args) > 1:
+        raise TypeError("trainingModel(model, options=None, optimizer=None) takes at most 3 positional arguments")
+    if args:
+        optimizer = args[0]
     return PoplarExecutor(model, options if options is not None else Options(), True, optimizer)
 
 
