@@ -163,3 +163,28 @@ def test_dropout_draws_new_masks_each_step():
     second, _ = training(x)
     assert set(first.unique().tolist()) <= {0.0, 2.0}
     assert not torch.equal(first, second)
+
+
+def test_half_precision_step_within_half_tolerance():
+    torch.manual_seed(0)
+
+    class HalfMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).half()
+
+        def forward(self, x):
+            return poptorch.identity_loss(self.net(x).float().pow(2).mean(), "none")
+
+    model = HalfMLP()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 4).half()
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    loss = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))(x)
+    cpu_loss = reference(x)
+    cpu_loss.backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, cpu_loss.detach(), rtol=1e-3, atol=1e-3)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert a.dtype == torch.float16
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
