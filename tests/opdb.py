@@ -1484,3 +1484,51 @@ def _kl_div(d):
 
 
 entry("kl_div", _kl_div, ops.kl_div, "torch.nn.functional.kl_div", primitive=False, grad=("log_input", "target"))
+entry(
+    "adaptive_max_pool2d",
+    _adaptive,
+    ops.adaptive_max_pool2d,
+    "torch.nn.functional.adaptive_max_pool2d",
+    primitive=False,
+    grad=("x",),
+)
+
+_ACTIVATIONS = {
+    "elu": "torch.nn.functional.elu",
+    "selu": "torch.nn.functional.selu",
+    "celu": "torch.nn.functional.celu",
+    "relu6": "torch.nn.functional.relu6",
+    "hardsigmoid": "torch.nn.functional.hardsigmoid",
+    "hardswish": "torch.nn.functional.hardswish",
+    "mish": "torch.nn.functional.mish",
+    "softsign": "torch.nn.functional.softsign",
+    "logsigmoid": "torch.nn.functional.logsigmoid",
+}
+for _name, _torch in _ACTIVATIONS.items():
+    entry(_name, _unary((-5.0, 5.0)), getattr(ops, _name), _torch, primitive=False, grad=("x",))
+
+
+def _glu(d):
+    shape = d.shape(min_rank=1)
+    axis = _axis_of(d, len(shape))
+    shape = tuple(2 * n if i == axis % len(shape) else n for i, n in enumerate(shape))
+    return Sample({"x": d.floats(shape)}, {"axis": axis})
+
+
+entry(
+    "glu",
+    _glu,
+    ops.glu,
+    "torch.nn.functional.glu",
+    torch_args=lambda s: ([s.inputs["x"]], {"dim": s.attrs["axis"]}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _prelu(d):
+    shape = (d.int(1, 3), d.int(1, 3)) + d.shape(max_rank=2)
+    return Sample({"x": d.floats(shape), "weight": d.floats((d.choice([1, shape[1]]),), (0.0, 0.5))})
+
+
+entry("prelu", _prelu, ops.prelu, "torch.nn.functional.prelu", primitive=False, grad=("x", "weight"))

@@ -8,6 +8,7 @@ from popir.ops.conv import conv2d, conv2d_grad_input, max_pool2d, padding_pairs,
 from popir.ops.elementwise import where
 from popir.ops.linalg import matmul
 from popir.ops.movement import concat, gather, pad, slice_, transpose
+from popir.ops.reduction import reduce_max
 from popir.ops.stats import mean
 
 
@@ -179,19 +180,31 @@ def max_pool1d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
     return _drop_height(y)
 
 
-def adaptive_avg_pool2d(x, output_size):
-    """torch.nn.functional.adaptive_avg_pool2d: bin i of n covers [floor(i*n_in/n), ceil((i+1)*n_in/n))."""
+def _adaptive_bins(x, output_size, reduce):
+    """torch's adaptive pooling: bin i of n covers [floor(i*n_in/n), ceil((i+1)*n_in/n)) on each spatial axis."""
     out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
     out = tuple(n if o is None else o for o, n in zip(out, x.shape[2:]))
-    if all(n % o == 0 for n, o in zip(x.shape[2:], out)):
-        kernel = tuple(n // o for n, o in zip(x.shape[2:], out))
-        return avg_pool2d(x, kernel, kernel)
     for axis, (n, o) in enumerate(zip(x.shape[2:], out), start=2):
         bins = []
         for i in range(o):
             start, stop = (i * n) // o, -(-((i + 1) * n) // o)
             starts = tuple(start if a == axis else 0 for a in range(x.ndim))
             stops = tuple(stop if a == axis else d for a, d in enumerate(x.shape))
-            bins.append(mean(slice_(x, starts=starts, stops=stops), axes=(axis,), keepdims=True))
+            bins.append(reduce(slice_(x, starts=starts, stops=stops), axes=(axis,), keepdims=True))
         x = concat(*bins, axis=axis)
     return x
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """torch.nn.functional.adaptive_avg_pool2d (one avg_pool2d when the sizes divide evenly)."""
+    out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    out = tuple(n if o is None else o for o, n in zip(out, x.shape[2:]))
+    if all(n % o == 0 for n, o in zip(x.shape[2:], out)):
+        kernel = tuple(n // o for n, o in zip(x.shape[2:], out))
+        return avg_pool2d(x, kernel, kernel)
+    return _adaptive_bins(x, out, mean)
+
+
+def adaptive_max_pool2d(x, output_size):
+    """torch.nn.functional.adaptive_max_pool2d (values only); ties share the gradient like amax."""
+    return _adaptive_bins(x, output_size, reduce_max)

@@ -2,10 +2,9 @@
 
 from popir.dtypes import DType
 from popir.errors import IRError
-from popir.ops.activations import log_softmax
+from popir.ops.activations import log_softmax, softplus
 from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
 from popir.ops.elementwise import abs_, cast, gt, log, lt, maximum, ne, where
-from popir.ops.math_ops import log1p
 from popir.ops.movement import gather, take_along_axis
 from popir.ops.stats import mean
 
@@ -132,14 +131,6 @@ def binary_cross_entropy_with_logits(x, target, weight=None, reduction="mean", p
     positive = target * log_sig if pos_weight is None else target * pos_weight * log_sig
     loss = -(positive + (1.0 - target) * log_one_minus)
     return reduce_loss(loss if weight is None else loss * weight, reduction)
-
-
-def softplus(x, beta=1.0, threshold=20.0):
-    """torch.nn.functional.softplus: log(1 + exp(beta x)) / beta, linear above ``threshold``."""
-    z = x * beta
-    # max(z, 0) + log1p(exp(-|z|)) never overflows.
-    stable = (maximum(z, zeros_like(z)) + log1p(exp(-abs_(z)))) * (1.0 / beta)
-    return where(gt(z, full(z.graph, (), threshold, z.dtype)), x, stable)
 
 
 def kl_div(log_input, target, reduction="mean", log_target=False):
