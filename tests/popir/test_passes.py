@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from opdb import OPDB
 
 import popir
 from popir import ops, passes
@@ -33,15 +34,25 @@ def _ops(graph):
     return [n.op for n in graph.nodes]
 
 
+def _assert_same(actual, expected, what):
+    """Equal, bit for bit except float sums: NumPy's matmul adds in an order that depends on memory layout
+    (a folded constant is contiguous where the broadcast it replaces had zero strides), so floats may differ
+    by rounding."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, what
+    if actual.dtype.kind == "f":
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6, err_msg=what)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
 def _same_results(before, after, feeds):
     out_b, state_b = popir.interpreter.step(before, feeds)
     out_a, state_a = popir.interpreter.step(after, feeds)
     assert out_b.keys() == out_a.keys() and state_b.keys() == state_a.keys()
     for name in out_b:
-        assert out_b[name].dtype == out_a[name].dtype
-        np.testing.assert_array_equal(out_a[name], out_b[name], err_msg=f"output {name}")
+        _assert_same(out_a[name], out_b[name], f"output {name}")
     for name in state_b:
-        np.testing.assert_array_equal(state_a[name], state_b[name], err_msg=f"update of {name}")
+        _assert_same(state_a[name], state_b[name], f"update of {name}")
 
 
 def _feeds(graph, seed=0):
@@ -522,3 +533,50 @@ def test_optimize_reaches_a_fixed_point_and_keeps_only_known_sources(graph):
     # Pool shapes are tiny, so every node of constants must have been folded.
     for node in out.nodes:
         assert not node.inputs or not all(v.producer is not None and v.producer.op == "constant" for v in node.inputs)
+
+
+# -- every op of the op database -------------------------------------------------------------------
+
+
+def _twice_with_gradient(entry, sample):
+    """The entry's op applied twice to the same inputs (work for CSE), plus input gradients when it has them."""
+    graph, feeds = entry.make_graph(sample)
+    inputs = graph.inputs or [graph]
+    again = entry.apply(*inputs, **sample.attrs)
+    for i, value in enumerate(v for v in (again if isinstance(again, (tuple, list)) else [again]) if v is not None):
+        graph.output(f"again{i}", value)
+    wrt = [graph.input(k) for k in entry.grad if k in sample.inputs and graph.input(k).dtype.is_float]
+    floats = [v for v in graph.outputs.values() if v.dtype.is_float]
+    if wrt and floats:
+        loss = ops.reduce_sum(floats[0], axes=None, keepdims=False)
+        for value, grad in zip(wrt, popir.autodiff.grad(graph, loss, wrt)):
+            graph.output(f"grad_{value.name}", grad)
+    return graph, feeds
+
+
+def _with_constant_inputs(entry, sample):
+    """The entry's op applied to constants holding the sample's arrays."""
+    graph = popir.Graph(entry.name)
+    consts = [graph.constant(array) for array in sample.inputs.values()]
+    result = entry.apply(*(consts or [graph]), **sample.attrs)
+    for i, value in enumerate(v for v in (result if isinstance(result, (tuple, list)) else [result]) if v is not None):
+        graph.output(f"out{i}", value)
+    return graph
+
+
+@pytest.mark.parametrize("name", sorted(OPDB))
+@settings(max_examples=min(settings.default.max_examples, 4))
+@given(data=st.data())
+def test_optimize_keeps_every_op_of_the_database(name, data):
+    entry = OPDB[name]
+    sample = data.draw(entry.samples())
+    graph, feeds = _twice_with_gradient(entry, sample)
+    optimized = passes.optimize(graph)
+    assert len(optimized.nodes) <= len(graph.nodes)
+    _same_results(graph, optimized, feeds)
+
+    plain, _ = entry.make_graph(sample)
+    expected = popir.interpreter.run(plain, feeds)
+    folded = passes.optimize(_with_constant_inputs(entry, sample))
+    for key, value in popir.interpreter.run(folded, {}).items():
+        _assert_same(value, expected[key], f"folded output {key}")
