@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from popdata_datasets import Indexed, Stream
+from popdata_datasets import Indexed, Stream, alive, descendants, shm_entries, wait_until
 
 import popdata
 from popdata import DataLoaderMode
@@ -144,3 +144,27 @@ def test_same_sampler_same_epochs_as_torch(mode):
         assert run(loader) == run(reference)
     finally:
         loader.terminate()
+
+
+def test_persistent_workers_shut_down_with_the_accessor():
+    loader = popdata.DataLoader(
+        popdata.BatchingOptions(),
+        Indexed(40),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        mode=DataLoaderMode.Async,
+    )
+    try:
+        for epoch in range(3):
+            for count, batch in enumerate(loader):
+                last = batch[1].tolist()
+                if epoch == 1 and count == 3:
+                    break
+            assert last == ([6, 7] if epoch == 1 else [38, 39])
+        pids = descendants()
+        assert len(pids) == 3
+    finally:
+        loader.terminate()
+    assert wait_until(lambda: not any(alive(pid) for pid in pids))
+    assert shm_entries(pids) == set()

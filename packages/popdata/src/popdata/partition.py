@@ -59,6 +59,12 @@ class WorkerBatches:
     def __len__(self):
         return len(self.loader)
 
+    def close(self):
+        """Shut persistent torch workers down (daemonic workers killed at exit could leave /dev/shm files)."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
 
 class PackedCollate:
     """Wraps a collate_fn so that torch workers send its batches by value (see tree.PackedTensor)."""

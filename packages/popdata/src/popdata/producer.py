@@ -201,6 +201,7 @@ def main(payload, control, conn, consumer_conn, miss_sleep, load_indefinitely, r
         # Torch workers must be this process's own children (a fork server's would outlive it unnoticed).
         multiprocessing.set_start_method("fork", force=True)
     torch.set_num_threads(1)
+    dataset = None
     try:
         dataset = load_payload(payload)
         Producer(dataset, control, conn, miss_sleep, load_indefinitely, rebatched_size).run()
@@ -209,4 +210,7 @@ def main(payload, control, conn, consumer_conn, miss_sleep, load_indefinitely, r
     except BaseException as error:  # every failure must reach the consumer
         _report(conn, error)
     finally:
+        close = getattr(dataset, "close", None)
+        if callable(close):
+            close()
         conn.close()
