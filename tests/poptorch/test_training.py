@@ -104,7 +104,7 @@ def test_ten_steps_match_eager(model, optimizer):
     _compare(MODELS[model], optimizer, width=8, depth=2, steps=10, batch=4, seed=0)
 
 
-@settings(max_examples=5)
+@settings(max_examples=4)
 @given(
     model=st.sampled_from(sorted(MODELS)),
     optimizer=st.sampled_from(sorted(OPTIMIZERS)),
