@@ -82,12 +82,12 @@ def test_other_export_failures_are_poptorch_errors_with_the_line():
     assert "return x @ x" in str(info.value)
 
 
-class AvgPoolCeil(nn.Module):
-    def forward(self, x):
-        return torch.nn.functional.avg_pool2d(x, 2, ceil_mode=True)
+class TwoIndexTensors(nn.Module):
+    def forward(self, x, i):
+        return x[i, i]
 
 
 def test_lowering_errors_name_the_line():
     with pytest.raises(poptorch.errors.Error) as info:
-        capture(AvgPoolCeil(), (torch.randn(1, 1, 5, 5),))
-    assert "ceil_mode" in str(info.value) and "avg_pool2d(x, 2, ceil_mode=True)" in str(info.value)
+        capture(TwoIndexTensors(), (torch.randn(3, 3), torch.tensor([0, 2])))
+    assert "more than one index tensor" in str(info.value) and "return x[i, i]" in str(info.value)

@@ -394,7 +394,7 @@ def opdb_cases(draw):
         if entry.torch is None or entry.torch.startswith(_OPDB_SKIPPED_TORCH):
             continue
         sample = draw(entry.samples())
-        differentiable = {id(sample.inputs[name]) for name in entry.grad}
+        differentiable = {id(sample.inputs[name]) for name in entry.grad if name in sample.inputs}
         raw, spec = torch.utils._pytree.tree_flatten(entry.torch_call(sample))
         leaves = [_to_torch(leaf) for leaf in raw]
         # Float tensors torch cannot differentiate (running stats, weights) stay constants of the model.

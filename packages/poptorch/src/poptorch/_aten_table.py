@@ -822,41 +822,18 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode
 def _avg_pool2d(
     ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
 ):
-    kernel, pad = _pair(kernel_size), _pair(padding)
-    stride = _pair(stride, kernel)
-    expected = _out_shape(ctx)
-    windows = depthwise_window_sum(x, kernel, stride, pad)
-    if windows.shape != expected:
-        raise Error("avg_pool2d with ceil_mode adding a partial window is not supported")
-    if divisor_override:
-        divisor = _const(ctx.graph, divisor_override, x.dtype)
-    elif count_include_pad or pad == (0, 0):
-        divisor = _const(ctx.graph, kernel[0] * kernel[1], x.dtype)
-    else:
-        ones = _op("broadcast_to", _const(ctx.graph, 1.0, x.dtype), shape=(1, 1) + x.shape[2:])
-        divisor = depthwise_window_sum(ones, kernel, stride, pad)
-    return _op("div", windows, divisor)
-
-
-def depthwise_window_sum(x, kernel, stride, padding):
-    """Per-channel sums over pooling windows, as a grouped convolution with a ones kernel."""
-    channels = x.shape[1]
-    ones = _op("broadcast_to", _const(x.graph, 1.0, x.dtype), shape=(channels, 1) + tuple(kernel))
-    return _op("conv2d", x, ones, stride=tuple(stride), padding=_pad_pairs(padding), dilation=(1, 1), groups=channels)
+    kernel = _pair(kernel_size)
+    return popir.ops.avg_pool2d(
+        x, kernel, _pair(stride, kernel), _pair(padding), bool(ceil_mode), bool(count_include_pad), divisor_override
+    )
 
 
 @lowers(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(ctx, x, output_size):
-    out_hw = _out_shape(ctx)[-2:]
-    in_hw = x.shape[-2:]
-    if any(i % o for i, o in zip(in_hw, out_hw)):
-        raise Error(f"adaptive_avg_pool2d from {list(in_hw)} to {list(out_hw)} needs the input to be a multiple")
-    kernel = tuple(i // o for i, o in zip(in_hw, out_hw))
-    squeeze = x.ndim == 3
-    if squeeze:
-        x = _op("reshape", x, shape=(1,) + x.shape)
-    out = _op("div", depthwise_window_sum(x, kernel, kernel, (0, 0)), _const(ctx.graph, kernel[0] * kernel[1], x.dtype))
-    return _op("reshape", out, shape=_out_shape(ctx)) if squeeze else out
+    if x.ndim == 3:
+        out = popir.ops.adaptive_avg_pool2d(_op("reshape", x, shape=(1,) + x.shape), tuple(output_size))
+        return _op("reshape", out, shape=_out_shape(ctx))
+    return popir.ops.adaptive_avg_pool2d(x, tuple(output_size))
 
 
 # -- normalisation, softmax and dropout ----------------------------------------------------------------------
