@@ -2,7 +2,7 @@
 
 12 layers, d_model 256, 4 heads, FFN 1024, sequence 128, batch 8 (pre-norm layers with layer_norm,
 softmax attention, GELU, dropout and residuals), an MSE loss and an SGD update of every parameter.
-Prints the wall time of each phase and their total (target: under 1 s), node counts before and after
+Prints the wall and CPU time of each phase and their total (target: under 1 s), node counts before and after
 ``popir.passes.optimize``, and the peak RSS. Only graphs are built: no tensor data is computed.
 """
 
@@ -92,9 +92,9 @@ def main():
     phases = {}
 
     def timed(name, fn, *args):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         result = fn(*args)
-        phases[name] = time.perf_counter() - start
+        phases[name] = (time.perf_counter() - wall, time.process_time() - cpu)
         return result
 
     g, loss, params = timed("build forward", build_forward)
@@ -106,10 +106,12 @@ def main():
     n_params = sum(int(np.prod(p.shape)) for p in params)
     print(f"{LAYERS}-layer encoder, d_model {D_MODEL}, {HEADS} heads, ffn {FFN}, seq {SEQ}, batch {BATCH}")
     print(f"parameters: {len(params)} tensors, {n_params:,} values")
-    for name, seconds in phases.items():
-        print(f"  {name:<16} {seconds * 1e3:8.1f} ms")
-    total = sum(phases.values())
-    print(f"  {'total':<16} {total * 1e3:8.1f} ms  (target < 1000 ms)")
+    # CPU time beside wall time: on a shared machine the wall clock also counts other processes' turns.
+    print(f"  {'phase':<16} {'wall ms':>8} {'cpu ms':>8}")
+    for name, (wall, cpu) in phases.items():
+        print(f"  {name:<16} {wall * 1e3:8.1f} {cpu * 1e3:8.1f}")
+    wall, cpu = (sum(t[i] for t in phases.values()) for i in (0, 1))
+    print(f"  {'total':<16} {wall * 1e3:8.1f} {cpu * 1e3:8.1f}  (target < 1000 ms)")
     print(f"nodes: forward {forward_nodes}, with backward {before}, optimized {len(optimized.nodes)}")
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"peak RSS: {kib / 1024:.0f} MiB")
