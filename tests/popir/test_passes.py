@@ -354,6 +354,20 @@ def test_optimize_cleans_up_a_training_step():
     _same_results(g, out, _feeds(g))
 
 
+def test_optimize_reports_a_rule_that_never_settles(monkeypatch):
+    from popir.passes import pipeline
+
+    def restless(builder, op, inputs, attrs, types):
+        builder.changes += 1
+        return builder.emit(op, inputs, attrs, types)
+
+    monkeypatch.setattr(pipeline, "simplify_rule", restless)
+    g, (x,) = _graph((3,))
+    g.output("y", ops.exp(x))
+    with pytest.raises(popir.IRError, match="no fixed point"):
+        passes.optimize(g)
+
+
 # -- random graphs ---------------------------------------------------------------------------------
 
 # Every shape here broadcasts with every other to one of them, so any two pool values combine.
