@@ -191,6 +191,12 @@ def _nn_cases(gen, n):
             img,
         ),
         "dropout_eval": (lambda t: F.dropout(t, 0.5, training=False), x),
+        "upsample_nearest": (lambda t: F.interpolate(t, scale_factor=2), img),
+        "embedding_padding_idx": (
+            lambda w, i: F.embedding(i, w * (torch.arange(6.0) != 1).float().unsqueeze(1), padding_idx=1),
+            _randn(gen, 6, 3),
+            _ints(gen, 6, n, 4),
+        ),
         "einsum": (lambda a, b: torch.einsum("ij,kj->ik", a, b), x, _randn(gen, 3, 8)),
     }
 

@@ -704,7 +704,26 @@ def _index_value(ctx, indices, size):
 
 @lowers(aten.embedding.default)
 def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise Error("embedding with scale_grad_by_freq=True is not supported")
+    if padding_idx is not None and padding_idx >= 0:
+        # torch never updates the padding row (it starts at zero): reading it through a zero mask gives the
+        # same forward value and a zero gradient for that row.
+        keep = np.ones((weight.shape[0], 1), dtype=weight.dtype.numpy)
+        keep[padding_idx] = 0
+        weight = _op("mul", weight, ctx.graph.constant(keep))
     return _op("gather", weight, _cast(indices, "int32"), axis=0)
+
+
+@lowers(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+def _upsample_nearest2d(ctx, x, output_size=None, scale_factors=None, *args):
+    n, c, h, w = x.shape
+    out_h, out_w = _out_shape(ctx)[2:]
+    if out_h % h or out_w % w:
+        raise Error(f"nearest upsampling from {[h, w]} to {[out_h, out_w]} needs whole scale factors")
+    sh, sw = out_h // h, out_w // w
+    spread = _op("broadcast_to", _op("reshape", x, shape=(n, c, h, 1, w, 1)), shape=(n, c, h, sh, w, sw))
+    return _op("reshape", spread, shape=(n, c, out_h, out_w))
 
 
 @lowers(aten.index_select.default)
