@@ -30,7 +30,10 @@ def evaluate(graph, feeds, compute_dtype=None):
         attrs = node.attrs
         if compute is not None and "dtype" in attrs and as_dtype(attrs["dtype"]).is_float:
             attrs = {**attrs, "dtype": compute}
-        result = get_op(node.op).ref(*[env[v.id] for v in node.inputs], **attrs)
+        try:
+            result = get_op(node.op).ref(*[env[v.id] for v in node.inputs], **attrs)
+        except IRError as exc:  # data-dependent failures (e.g. an index out of range) name their node
+            raise IRError(f"{node.describe()}: {exc}") from None
         results = result if isinstance(result, tuple) else (result,)
         for value, array in zip(node.outputs, results):
             env[value.id] = np.asarray(array, dtype=storage(value.dtype)).reshape(value.shape)
