@@ -349,7 +349,7 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:, ::1] instructions,
                 const double[::1] fparams, const offset_t[:, ::1] copies):
     """Run a lowered program: each phase row is (kind, start, stop); kind 0 runs instruction rows
-    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange)."""
+    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run)."""
     cdef Py_ssize_t p, i
     cdef byte_t* base = arena.base
     with nogil:
@@ -359,7 +359,24 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
                     run_instruction(base, &instructions[i, 0], fparams[i])
             else:
                 for i in range(phases[p, 1], phases[p, 2]):
-                    memcpy(base + copies[i, 1], base + copies[i, 0], copies[i, 2])
+                    copy_run(base, &copies[i, 0])
+
+
+cdef inline void copy_run(byte_t* base, const offset_t* row) noexcept nogil:
+    """One exchange run: ``count`` elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes,
+    0 for a broadcast element) to contiguous dst. Row: (src, dst, count, stride, itemsize)."""
+    cdef offset_t src = row[0], dst = row[1], count = row[2], stride = row[3], isz = row[4], j
+    if stride == isz:
+        memcpy(base + dst, base + src, count * isz)
+    elif isz == 4:
+        for j in range(count):
+            (<int32_t*> (base + dst))[j] = (<int32_t*> (base + src + j * stride))[0]
+    elif isz == 2:
+        for j in range(count):
+            (<unsigned short*> (base + dst))[j] = (<unsigned short*> (base + src + j * stride))[0]
+    else:
+        for j in range(count):
+            memcpy(base + dst + j * isz, base + src + j * stride, isz)
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,

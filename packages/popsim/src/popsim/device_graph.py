@@ -54,14 +54,15 @@ class Region:
     def tile(self):
         """The one tile holding the region, or an Error naming the tiles it spans."""
         m = self.tensor.mapping
-        block = int(m.block_of(self.start))
+        tiles, _, stops = m.lists()
         if self.start < 0 or self.stop > m.size or self.stop <= self.start:
             raise Error(f"region [{self.start}, {self.stop}) is outside {self.tensor!r}")
-        if self.stop > m.stops[block]:
-            last = int(m.block_of(self.stop - 1))
-            tiles = sorted({int(t) for t in m.tiles[block : last + 1]})
-            raise Error(f"elements [{self.start}, {self.stop}) of {self.tensor!r} span tiles {tiles}")
-        return int(m.tiles[block])
+        block = m.block_of_one(self.start)
+        if self.stop > stops[block]:
+            last = m.block_of_one(self.stop - 1)
+            spanned = sorted(set(tiles[block : last + 1]))
+            raise Error(f"elements [{self.start}, {self.stop}) of {self.tensor!r} span tiles {spanned}")
+        return tiles[block]
 
 
 @dataclass

@@ -99,6 +99,7 @@ class Executable:
         self.arena = TileArena(target.num_tiles, -(-peak // 8) * 8)
         tile_size = self.arena.tile_bytes
         self._block_base = {}
+        self._block_base_list = {}
 
         def block_base(storage):
             if storage.id not in self._block_base:
@@ -107,13 +108,19 @@ class Executable:
                 tile_off = (
                     np.array([offs[int(t)] for t in m.tiles], np.int64) if m.tiles.size else np.zeros(0, np.int64)
                 )
-                self._block_base[storage.id] = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
+                bases = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
+                self._block_base[storage.id] = bases
+                self._block_base_list[storage.id] = bases.tolist()
             return self._block_base[storage.id]
+
+        def block_base_list(storage):
+            block_base(storage)
+            return self._block_base_list[storage.id]
 
         self._programs = {}
         self.profile = Profile(target)
         for name, (steps, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, steps, block_base)
+            flat = flatten_program(target, steps, block_base, block_base_list, tile_size)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
             host_bytes = sum(t.size * t.itemsize for t in list(inputs.values()) + list(outputs.values()))

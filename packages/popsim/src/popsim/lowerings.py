@@ -258,17 +258,19 @@ def _scatter_add(lw, node, x, indices, updates, axis):
 
 
 # -- convolution and pooling: index maps feeding the matmul and reduction planners ----------------
+# Convolutions run as (output channels x K) @ (K x positions) so that operand and result runs follow the
+# contiguous spatial axes of NCHW (long exchange runs), with kernel taps folded into K.
 @lowering("conv2d")
 def _conv2d(lw, node, x, w, stride, padding, dilation, groups):
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o, cg, kh, kw = w.shape
     g, og = groups, o // groups
     win = window.windows(x.shape, (kh, kw), stride, padding, dilation)
     _, _, oh, ow = win.shape[:4]
-    a = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6).reshape(g, n * oh * ow, cg * kh * kw)
-    b = np.arange(w.size).reshape(g, og, cg * kh * kw).transpose(0, 2, 1)
-    r = lw.matmul_index([x], a, [w], b, x.dtype)
-    index = np.arange(r.size).reshape(g, n, oh, ow, og).transpose(1, 0, 4, 2, 3)
+    a = np.arange(w.size).reshape(g, og, cg * kh * kw)
+    b = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 2, 5, 6, 0, 3, 4).reshape(g, cg * kh * kw, n * oh * ow)
+    r = lw.matmul_index([w], a, [x], b, x.dtype)
+    index = np.arange(r.size).reshape(g, og, n, oh, ow).transpose(2, 0, 1, 3, 4)
     return lw.gather(node.outputs[0].shape, x.dtype, [r], index, name="conv-out")
 
 
@@ -279,9 +281,11 @@ def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation
     g, og = groups, o // groups
     _, _, oh, ow = gy.shape
     win = window.windows(x.shape, (kh, kw), stride, padding, dilation)[:, :, :oh, :ow]
-    a = np.arange(gy.size).reshape(n, g, og, oh, ow).transpose(1, 2, 0, 3, 4).reshape(g, og, n * oh * ow)
-    b = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6).reshape(g, n * oh * ow, cg * kh * kw)
-    return lw.reshape(lw.matmul_index([gy], a, [x], b, x.dtype), tuple(weight_shape))
+    a = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 2, 5, 6, 0, 3, 4).reshape(g, cg * kh * kw, n * oh * ow)
+    b = np.arange(gy.size).reshape(n, g, og, oh, ow).transpose(1, 0, 3, 4, 2).reshape(g, n * oh * ow, og)
+    r = lw.matmul_index([x], a, [gy], b, x.dtype)  # (G, Cg*KH*KW, Og)
+    index = np.arange(r.size).reshape(g, cg, kh, kw, og).transpose(0, 4, 1, 2, 3)
+    return lw.gather(tuple(weight_shape), x.dtype, [r], index, name="conv-grad-weight-out")
 
 
 @lowering("conv2d_grad_input")
@@ -290,10 +294,10 @@ def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, 
     o, cg, kh, kw = w.shape
     g, og = groups, o // groups
     src = window.transposed_windows(input_shape, gy.shape, (kh, kw), stride, padding, dilation)  # (N,H,W,O,KH,KW)
-    a = src.reshape(n, h, wd, g, og, kh, kw).transpose(3, 0, 1, 2, 4, 5, 6).reshape(g, n * h * wd, og * kh * kw)
-    b = np.arange(w.size).reshape(g, og, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(g, og * kh * kw, cg)
-    r = lw.matmul_index([gy], a, [w], b, gy.dtype)
-    index = np.arange(r.size).reshape(g, n, h, wd, cg).transpose(1, 0, 4, 2, 3)
+    a = np.arange(w.size).reshape(g, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(g, cg, og * kh * kw)
+    b = src.reshape(n, h, wd, g, og, kh, kw).transpose(3, 4, 5, 6, 0, 1, 2).reshape(g, og * kh * kw, n * h * wd)
+    r = lw.matmul_index([w], a, [gy], b, gy.dtype)  # (G, Cg, N*H*W)
+    index = np.arange(r.size).reshape(g, cg, n, h, wd).transpose(2, 0, 1, 3, 4)
     return lw.gather(tuple(input_shape), gy.dtype, [r], index, name="conv-grad-input-out")
 
 

@@ -18,24 +18,27 @@ class MatmulPlan(NamedTuple):
 
 
 def _splits(size):
-    out, g = set(), 1
+    """Candidate split counts of an axis: 1..16, powers of two, and the whole axis, each giving distinct blocks."""
+    size = max(size, 1)
+    counts = set(range(1, min(size, 16) + 1)) | {size}
+    g = 16
     while g < size:
-        out.add(g)
+        counts.add(g)
         g *= 2
-    out.add(max(size, 1))
-    return sorted(out)
+    return sorted({-(-size // (-(-size // g))) for g in counts})
 
 
 @functools.lru_cache(maxsize=512)
 def plan_matmul(target, batch, m, n, k, dtype):
-    """The split with the fewest estimated cycles whose per-tile operands fit in half a tile.
+    """The split with the fewest estimated cycles whose per-tile operands fit in half a tile (else the
+    smallest split by memory).
 
     Each task (b, i, j, kk) computes an (mb x kb) @ (kb x nb) partial on one tile; tasks beyond the tile
     count share tiles round-robin. Estimated cost: operand exchange + AMP compute + partial reduction.
     """
     itemsize = dtype.itemsize
     tiles = target.num_tiles
-    best = None
+    best = smallest = None
     for gm in _splits(m):
         for gn in _splits(n):
             for gk in _splits(k):
@@ -45,7 +48,10 @@ def plan_matmul(target, batch, m, n, k, dtype):
                 mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
                 per_tile = math.ceil(tasks / tiles)
                 operand_bytes = (mb * kb + kb * nb) * itemsize
-                if per_tile * (operand_bytes + mb * nb * 4) > target.tile_bytes // 2:
+                memory = per_tile * (operand_bytes + mb * nb * 4)
+                if smallest is None or memory < smallest[0]:
+                    smallest = (memory, MatmulPlan(gm, gn, gk, mb, nb, kb, 0))
+                if memory > target.tile_bytes // 2:
                     continue
                 cycles = per_tile * (cost.amp_cycles(target, mb, kb, nb, dtype))
                 cycles += cost.exchange_cycles(target, per_tile * operand_bytes)
@@ -57,6 +63,5 @@ def plan_matmul(target, batch, m, n, k, dtype):
                     cycles += cost.exchange_cycles(target, math.ceil(batch * m * n / tiles) * 4)
                 if best is None or cycles < best.cycles:
                     best = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)
-    if best is None:
-        best = MatmulPlan(m, n, k, 1, 1, 1, 0)
-    return best
+    # Nothing fits: take the plan needing the least memory and let the allocator report the overflow.
+    return best if best is not None else smallest[1]

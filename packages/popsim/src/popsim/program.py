@@ -15,8 +15,8 @@ DT = oc.DTYPE_CODES
 def _address(region, block_base):
     storage = region.tensor.storage
     m = storage.mapping
-    block = int(m.block_of(region.start))
-    return int(block_base(storage)[block]) + (region.start - int(m.starts[block])) * storage.itemsize
+    block = m.block_of_one(region.start)
+    return block_base(storage)[block] + (region.start - m.lists()[1][block]) * storage.itemsize
 
 
 def element_addresses(tensor, elements, block_base):
@@ -48,15 +48,20 @@ def _copy_rows(step, block_base):
             src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
         base += s.size
     if dst.size == 0:
-        return np.zeros((0, 3), np.int64), src_tile, dst_tile
-    brk = np.r_[True, (np.diff(src_addr) != isz) | (np.diff(dst_addr) != isz)]
+        return np.zeros((0, 5), np.int64), src_tile, dst_tile, src_addr
+    # Runs: dst contiguous and src advancing by one constant stride (itemsize, 0 for broadcasts, or a row
+    # pitch for transposes). A run's steps are all equal when no break occurs from its third element on.
+    dsrc = np.diff(src_addr)
+    brk = np.r_[True, np.diff(dst_addr) != isz]
+    brk[2:] |= dsrc[1:] != dsrc[:-1]
     starts = np.flatnonzero(brk)
-    lengths = np.diff(np.r_[starts, dst.size]) * isz
-    rows = np.stack([src_addr[starts], dst_addr[starts], lengths], axis=1)
-    return rows, src_tile, dst_tile
+    counts = np.diff(np.r_[starts, dst.size])
+    stride = np.where(counts > 1, np.r_[dsrc, 0][starts], isz)
+    rows = np.stack([src_addr[starts], dst_addr[starts], counts, stride, np.full(starts.size, isz)], axis=1)
+    return rows, src_tile, dst_tile, src_addr
 
 
-def flatten_program(target, steps, block_base):
+def flatten_program(target, steps, block_base, block_base_list, tile_size):
     """The engine arrays of ``steps`` and their cost: one phase per compute set or exchange."""
     phases, rows, fparams, copies, profile_steps = [], [], [], [], []
     tile_compute = np.zeros(target.num_tiles, np.int64)
@@ -74,7 +79,7 @@ def flatten_program(target, steps, block_base):
                 row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
                 for col, name in ((3, "a"), (4, "b"), (5, "c"), (6, "out")):
                     if name in f:
-                        row[col] = _address(f[name], block_base)
+                        row[col] = _address(f[name], block_base_list)
                 for col, name in ((7, "a"), (8, "b"), (9, "out")):
                     if name in f:
                         row[col] = DT[f[name].tensor.dtype.value]
@@ -96,13 +101,15 @@ def flatten_program(target, steps, block_base):
                 }
             )
         else:
-            block, src_tile, dst_tile = _copy_rows(step, block_base)
+            block, src_tile, dst_tile, src_addr = _copy_rows(step, block_base)
             if not len(block):
                 continue
             isz = step.dst.itemsize
             cross = src_tile != dst_tile
             recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
-            sent = np.bincount(src_tile[cross], minlength=target.num_tiles) * isz
+            # A source element sent to many tiles leaves its tile once (the exchange broadcasts it).
+            unique_src = np.unique(src_addr[cross])
+            sent = np.bincount(unique_src // tile_size, minlength=target.num_tiles) * isz
             local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
             load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
             tile_exchange += load
@@ -123,7 +130,7 @@ def flatten_program(target, steps, block_base):
         phases=np.array(phases, np.int64).reshape(-1, 3),
         instructions=np.array(rows, np.int64).reshape(-1, NCOLS),
         fparams=np.array(fparams, np.float64),
-        copies=np.concatenate(copies).astype(np.int64) if copies else np.zeros((0, 3), np.int64),
+        copies=np.concatenate(copies).astype(np.int64) if copies else np.zeros((0, 5), np.int64),
         steps=profile_steps,
         tile_compute=tile_compute,
         tile_exchange=tile_exchange,

@@ -1,0 +1,87 @@
+"""Cost model: the estimator formulas, and invariants no program may break."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import popir
+import popsim
+from popir import DType, ops
+from popsim import cost
+from popsim.matmul_plan import plan_matmul
+
+IPU2 = popsim.Target.ipu2()
+
+
+@pytest.mark.parametrize("dtype,width", [(DType.float32, 2), (DType.float16, 4)])
+def test_elementwise_estimate_is_vectors_per_worker_times_six(dtype, width):
+    n = 1000
+    per_worker = math.ceil(n / 6)
+    assert cost.elementwise_cycles(IPU2, n, dtype, "add") == 6 * (math.ceil(per_worker / width) + cost.WORKER_OVERHEAD)
+    assert cost.elementwise_cycles(IPU2, n, dtype, "exp") > cost.elementwise_cycles(IPU2, n, dtype, "add")
+
+
+def test_amp_estimate_runs_at_the_amp_rate():
+    m, k, n = 32, 64, 48
+    assert cost.amp_cycles(IPU2, m, k, n, DType.float16) == m * k * n // 64 + cost.AMP_OVERHEAD + 6 * m
+    assert cost.amp_cycles(IPU2, m, k, n, DType.float32) == m * k * n // 16 + cost.AMP_OVERHEAD + 6 * m
+    assert IPU2.peak_flops == pytest.approx(250e12, rel=0.01)
+
+
+def test_exchange_estimate_is_busiest_tile_bytes_over_four():
+    assert cost.exchange_cycles(IPU2, 4000) == 1000 + IPU2.exchange_fixed_cycles
+    assert cost.exchange_cycles(IPU2, 0) == 0
+
+
+def test_large_fp16_matmul_plan_reaches_a_fair_share_of_amp_peak():
+    plan = plan_matmul(IPU2, 1, 1024, 1024, 1024, DType.float16)
+    ideal = 1024**3 / (IPU2.amp_macs_fp16 * IPU2.num_tiles)
+    efficiency = ideal / plan.cycles
+    assert 0.3 <= efficiency <= 0.9, efficiency
+
+
+def _device_cycles(prof):
+    return prof["compute_cycles"] + prof["exchange_cycles"] + prof["sync_cycles"]
+
+
+@settings(max_examples=8)
+@given(m=st.integers(1, 96), k=st.integers(1, 96), n=st.integers(1, 96), half=st.booleans())
+def test_compiled_programs_never_beat_peak_or_the_exchange_bound(m, k, n, half):
+    dtype = "float16" if half else "float32"
+    g = popir.Graph("mm")
+    a = g.add_input("a", (m, k), dtype)
+    b = g.add_input("b", (k, n), dtype)
+    g.output("c", ops.relu(a @ b))
+    exe = popsim.compile(g, "ipu2")
+    prof = exe.profile.programs["mm"]
+    macs_per_cycle = IPU2.amp_macs(dtype) * IPU2.num_tiles
+    assert prof["flops"] >= 2 * m * k * n
+    assert prof["compute_cycles"] >= prof["flops"] / 2 / macs_per_cycle
+    for step in prof["steps"]:
+        if step["kind"] == "exchange":
+            assert step["cycles"] >= step["busiest_tile_bytes"] / IPU2.exchange_bytes_per_cycle
+    assert prof["exchange_cycles"] * IPU2.exchange_bytes_per_cycle >= max(
+        s.get("busiest_tile_bytes", 0) for s in prof["steps"]
+    )
+    assert prof["total_cycles"] == _device_cycles(prof) + prof["host_cycles"]
+    rng = np.random.default_rng(0)
+    av, bv = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = exe.run({"a": av, "b": bv})["c"]
+    assert exe.last_run_cycles == prof["total_cycles"]
+    np.testing.assert_allclose(out, popir.interpreter.run(g, {"a": av, "b": bv})["c"], rtol=2e-2, atol=2e-2)
+
+
+def test_profile_reports_memory_and_json(tmp_path):
+    g = popir.Graph("p")
+    x = g.add_input("x", (100,), "float32")
+    g.output("y", ops.exp(x))
+    exe = popsim.compile(g, "small")
+    path = tmp_path / "profile.json"
+    text = exe.profile.to_json(path)
+    assert path.read_text() == text and '"compute_cycles"' in text
+    mem = exe.profile.programs["p"]["memory"]
+    assert set(mem) == {"tensors", "vertex_state", "code"} and sum(mem["tensors"]) >= 800
+    assert "program p" in exe.profile.summary()

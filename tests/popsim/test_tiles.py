@@ -1,0 +1,102 @@
+"""Tile placement is real: vertices touch only their own tile, wrong mappings are rejected, memory is per tile."""
+
+import numpy as np
+import pytest
+
+import popir
+import popsim
+from popir import DType, ops
+from popsim import _opcodes as oc
+
+
+def _graph_with_tensor(target, mapping):
+    dg = popsim.DeviceGraph(target)
+    t = dg.add_tensor((64,), DType.float32, mapping, "t")
+    return dg, t
+
+
+def test_vertex_field_on_another_tile_is_rejected():
+    target = popsim.Target.small(num_tiles=4)
+    dg, t = _graph_with_tensor(target, popsim.TileMapping.on_tiles([32, 32], [0, 1]))
+    out = dg.add_tensor((32,), DType.float32, popsim.TileMapping.on_tiles([32], [0]), "out")
+    cs = dg.add_compute_set("neg")
+    dg.add_vertex(cs, oc.UNARY, oc.UNARY_OPS["neg"], 0, 32, {"a": t.region(0, 32), "out": out.region(0, 32)}, 1)
+    with pytest.raises(popsim.Error, match="field 'a'.*lives on tile 1"):
+        dg.add_vertex(cs, oc.UNARY, oc.UNARY_OPS["neg"], 0, 32, {"a": t.region(32, 64), "out": out.region(0, 32)}, 1)
+    with pytest.raises(popsim.Error, match="span tiles \\[0, 1\\]"):
+        dg.add_vertex(cs, oc.UNARY, oc.UNARY_OPS["neg"], 0, 32, {"a": t.region(16, 48), "out": out.region(0, 32)}, 1)
+
+
+def test_bad_mappings_are_rejected():
+    target = popsim.Target.small(num_tiles=4)
+    with pytest.raises(popsim.Error, match="cover"):
+        popsim.TileMapping([0, 1], [0, 40], [32, 64], 64)
+    with pytest.raises(popsim.Error, match="outside 0..3"):
+        _graph_with_tensor(target, popsim.TileMapping.on_tiles([64], [7]))
+
+
+def test_linear_mapping_uses_whole_grains_of_at_least_128_bytes():
+    target = popsim.Target.ipu2()
+    small = popsim.TileMapping.linear(10, 4, target)
+    assert small.num_tiles_used == 1
+    big = popsim.TileMapping.linear(1472 * 100, 4, target)
+    sizes = big.stops - big.starts
+    assert big.num_tiles_used == len(sizes) and sizes.max() * 4 >= 128 and sizes[:-1].min() % 32 == 0
+
+
+def test_every_tensor_byte_lives_in_its_tiles_range_of_the_arena():
+    g = popir.Graph("g")
+    x = g.add_input("x", (40, 50), "float32")
+    g.output("y", ops.exp(x) + 1.0)
+    exe = popsim.compile(g, popsim.Target.small(num_tiles=8, tile_bytes=65536))
+    xv = np.random.default_rng(0).standard_normal((40, 50)).astype(np.float32)
+    np.testing.assert_allclose(exe.run({"x": xv})["y"], np.exp(xv) + 1, rtol=1e-6)
+    # Zero one tile's memory: reading the output back from the tiles changes exactly the elements it holds.
+    (flat, _, outs, _, outputs) = exe._programs["g"]
+    host_off, arena_off, nbytes = outs["y"]
+    tile = int(arena_off[0] // exe.arena.tile_bytes)
+    exe.arena.buffer[tile * exe.arena.tile_bytes : (tile + 1) * exe.arena.tile_bytes] = 0
+    y = exe._read(outputs["y"], outs["y"])
+    zeroed = np.flatnonzero(y.reshape(-1) == 0)
+    owner = outputs["y"].mapping
+    held = np.concatenate([np.arange(a, b) for t, a, b in zip(owner.tiles, owner.starts, owner.stops) if t == tile])
+    assert np.array_equal(zeroed, held)
+
+
+def test_out_of_memory_names_tile_and_tensors_and_relax_compiles():
+    g = popir.Graph("big")
+    x = g.add_input("x", (64, 1024), "float32")
+    w = g.add_input("w", (1024, 1024), "float32", kind="parameter")
+    g.output("y", x @ w)
+    target = popsim.Target.small(num_tiles=4, tile_bytes=256 * 1024)
+    with pytest.raises(
+        popsim.OutOfMemoryError, match=r"out of memory on tile \d+: \d+ bytes needed, \d+ available.* w "
+    ):
+        popsim.compile(g, target)
+    exe = popsim.compile(g, target, relax_memory=True)
+    prof = exe.profile.programs["big"]
+    assert prof["relax_memory"] and prof["tiles_over_budget"]
+    assert "over budget" in exe.profile.summary()
+    xv = np.ones((64, 1024), np.float32)
+    exe.write_variable("w", np.full((1024, 1024), 0.5, np.float32))
+    np.testing.assert_allclose(exe.run({"x": xv})["y"], np.full((64, 1024), 512.0))
+
+
+def test_programs_share_variables_by_name():
+    train = popir.Graph("train")
+    w = train.add_input("w", (300,), "float32", kind="parameter")
+    train.update(w, w + 1.0)
+    infer = popir.Graph("infer")
+    w2 = infer.add_input("w", (300,), "float32", kind="parameter")
+    infer.output("y", w2 * 2.0)
+    exe = popsim.compile({"train": train, "infer": infer}, "small")
+    exe.write_variable("w", np.arange(300, dtype=np.float32))
+    exe.run(program="train")
+    exe.run(program="train")
+    np.testing.assert_array_equal(exe.run(program="infer")["y"], (np.arange(300) + 2.0) * 2)
+    with pytest.raises(popsim.Error, match="name one"):
+        exe.run()
+    bad = popir.Graph("bad")
+    bad.add_input("w", (3,), "float32", kind="parameter")
+    with pytest.raises(popsim.Error, match="variable 'w'"):
+        popsim.compile({"train": train, "bad": bad}, "small")
