@@ -7,7 +7,8 @@ dtype while the inner loops stay free of type switches.
 """
 
 cimport numpy as cnp
-from libc.math cimport cos, erf, exp, fabs, isnan, log, pow, sin, sqrt, tanh, INFINITY, NAN, floor
+from libc.math cimport (INFINITY, acos, acosh, asin, asinh, atan, atan2, atanh, ceil, cos, cosh, erf, exp, expm1, fabs,
+                        floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport sgemm
@@ -129,6 +130,43 @@ cdef inline void unary(int op, double* x, Py_ssize_t n, double param) noexcept n
     elif op == 16:
         for i in range(n):
             x[i] = x[i] * param
+    elif op >= 17:
+        unary_more(op, x, n)
+
+
+cdef inline void unary_more(int op, double* x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if op == 17:
+            x[i] = acos(x[i])
+        elif op == 18:
+            x[i] = acosh(x[i])
+        elif op == 19:
+            x[i] = asin(x[i])
+        elif op == 20:
+            x[i] = asinh(x[i])
+        elif op == 21:
+            x[i] = atan(x[i])
+        elif op == 22:
+            x[i] = atanh(x[i])
+        elif op == 23:
+            x[i] = cosh(x[i])
+        elif op == 24:
+            x[i] = sinh(x[i])
+        elif op == 25:
+            x[i] = tan(x[i])
+        elif op == 26:
+            x[i] = ceil(x[i])
+        elif op == 27:
+            x[i] = floor(x[i])
+        elif op == 28:
+            x[i] = nearbyint(x[i])  # round half to even, like np.round
+        elif op == 29:
+            x[i] = expm1(x[i])
+        elif op == 30:
+            x[i] = log1p(x[i])
+        elif op == 31:
+            x[i] = -x[i] - 1.0  # two's complement ~x of an int32
 
 
 cdef inline void binary(int op, double* a, const double* b, Py_ssize_t n, bint integer) noexcept nogil:
@@ -182,6 +220,32 @@ cdef inline void binary(int op, double* a, const double* b, Py_ssize_t n, bint i
     elif op == 14:
         for i in range(n):
             a[i] = (a[i] != 0) or (b[i] != 0)
+    elif op == 15:
+        for i in range(n):
+            a[i] = atan2(a[i], b[i])
+    elif op == 16:
+        for i in range(n):
+            a[i] = remainder(a[i], b[i], integer)
+    elif op == 17:
+        for i in range(n):
+            a[i] = <int32_t> a[i] & <int32_t> b[i]
+    elif op == 18:
+        for i in range(n):
+            a[i] = <int32_t> a[i] | <int32_t> b[i]
+    elif op == 19:
+        for i in range(n):
+            a[i] = <int32_t> a[i] ^ <int32_t> b[i]
+
+
+cdef inline double remainder(double a, double b, bint integer) noexcept nogil:
+    """np.remainder: the result takes the divisor's sign (0 for an integer division by zero)."""
+    cdef double r
+    if integer and b == 0:
+        return 0.0
+    r = fmod(a, b)
+    if r != 0 and ((r < 0) != (b < 0)):
+        r += b
+    return r
 
 
 cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, int dt_out,
@@ -191,7 +255,7 @@ cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, 
     cdef double acc
     cdef Py_ssize_t r, s, n, i
     for r in range(rows):
-        acc = 0.0 if op == 0 else (-INFINITY if op == 1 else INFINITY)
+        acc = 0.0 if op == 0 else (-INFINITY if op == 1 else (INFINITY if op == 2 else 1.0))
         s = 0
         while s < group:
             n = min(BLOCK, group - s)
@@ -199,6 +263,9 @@ cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, 
             if op == 0:
                 for i in range(n):
                     acc += buf[i]
+            elif op == 3:
+                for i in range(n):
+                    acc *= buf[i]
             elif op == 1:
                 for i in range(n):
                     if buf[i] > acc or isnan(buf[i]):

@@ -27,6 +27,21 @@ UNARY_OPS = {
             "logical_not",
             "cast",
             "scale",
+            "acos",
+            "acosh",
+            "asin",
+            "asinh",
+            "atan",
+            "atanh",
+            "cosh",
+            "sinh",
+            "tan",
+            "ceil",
+            "floor",
+            "round",
+            "expm1",
+            "log1p",
+            "bitwise_not",
         )
     )
 }
@@ -49,7 +64,12 @@ BINARY_OPS = {
             "ge",
             "logical_and",
             "logical_or",
+            "atan2",
+            "remainder",
+            "bitwise_and",
+            "bitwise_or",
+            "bitwise_xor",
         )
     )
 }
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2, "prod": 3}

@@ -7,43 +7,16 @@ round-robin, so work split evenly over the workers costs ``workers`` tile cycles
 import math
 
 # Worker cycles per vector of results, by codelet family (*estimates*, as in the PopLibs tables).
-CYCLES_PER_VECTOR = {
-    "copy": 1,
-    "neg": 1,
-    "abs": 1,
-    "relu": 1,
-    "sign": 1,
-    "logical_not": 1,
-    "cast": 1,
-    "scale": 1,
-    "add": 1,
-    "sub": 1,
-    "mul": 1,
-    "maximum": 1,
-    "minimum": 1,
-    "eq": 1,
-    "ne": 1,
-    "lt": 1,
-    "le": 1,
-    "gt": 1,
-    "ge": 1,
-    "logical_and": 1,
-    "logical_or": 1,
-    "where": 1,
-    "fill": 1,
-    "div": 4,
-    "sqrt": 5,
-    "rsqrt": 5,
-    "exp": 8,
-    "log": 8,
-    "tanh": 8,
-    "sigmoid": 10,
-    "erf": 12,
-    "sin": 10,
-    "cos": 10,
-    "pow": 16,
-    "random": 4,
-}
+_SIMPLE = (
+    "copy neg abs relu sign logical_not cast scale add sub mul maximum minimum eq ne lt le gt ge logical_and logical_or"
+    " where fill ceil floor round bitwise_not bitwise_and bitwise_or bitwise_xor"
+)
+_COMPLEX = {
+    "div": 4, "sqrt": 5, "rsqrt": 5, "exp": 8, "log": 8, "tanh": 8, "sigmoid": 10, "erf": 12, "sin": 10, "cos": 10,
+    "pow": 16, "random": 4, "acos": 16, "acosh": 16, "asin": 16, "asinh": 16, "atan": 14, "atanh": 16, "cosh": 10,
+    "sinh": 10, "tan": 12, "expm1": 8, "log1p": 8, "atan2": 16, "remainder": 6,
+}  # fmt: skip
+CYCLES_PER_VECTOR = {**dict.fromkeys(_SIMPLE.split(), 1), **_COMPLEX}
 WORKER_OVERHEAD = 10  # worker cycles to start a vertex and set up its pointers
 AMP_OVERHEAD = 50  # tile cycles to load AMP weights and drain partials per matmul vertex
 

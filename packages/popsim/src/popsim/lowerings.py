@@ -73,22 +73,7 @@ def _constant(lw, node, value):
     return lw.constant(value, node.outputs[0].dtype)
 
 
-UNARY = (
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "sigmoid",
-    "erf",
-    "abs",
-    "sin",
-    "cos",
-    "relu",
-    "sign",
-    "logical_not",
-)
+UNARY = tuple(op for op in oc.UNARY_OPS if op not in ("copy", "cast", "scale", "bitwise_not"))
 BINARY = tuple(oc.BINARY_OPS)
 
 
@@ -127,7 +112,13 @@ def _pad(lw, node, x, pads, value=0.0):
 
 
 # -- reductions ------------------------------------------------------------------------------------
-@lowering("reduce_sum", "reduce_max", "reduce_min")
+@lowering("bitwise_not")
+def _bitwise_not(lw, node, x):
+    out = node.outputs[0]
+    return lw.elementwise("logical_not" if x.dtype == DType.bool else "bitwise_not", [x], out.shape, out.dtype)
+
+
+@lowering("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 def _reduce(lw, node, x, axes, keepdims):
     return lw.reduce_axes(node.op[len("reduce_") :], x, _norm_axes(axes, len(x.shape)), keepdims)
 
@@ -354,3 +345,60 @@ def _max_pool2d_select(lw, node, x, c, kernel, stride, padding, dilation, ceil_m
     hit = lw.elementwise("eq", [iota, arg], (rows, taps), DType.bool)
     picked = lw.elementwise("where", [hit, values, lw.constant(np.array(0), c.dtype)], (rows, taps), c.dtype)
     return lw.reshape(lw.reduce_axes("sum", picked, (1,), False), shape)
+
+
+# -- scans and sorting as index maps and comparisons -----------------------------------------------
+def _axis_last(x, axis):
+    """(R, L) index map of ``x`` with ``axis`` moved last, and the inverse map back."""
+    perm = [i for i in range(len(x.shape)) if i != axis] + [axis]
+    moved = np.arange(x.size).reshape(x.shape).transpose(perm)
+    back = np.argsort(moved.reshape(-1))
+    return moved.reshape(-1, x.shape[axis]), back
+
+
+@lowering("cumsum")
+def _cumsum(lw, node, x, axis, reverse=False):
+    """Each output sums its prefix (or suffix): an (R*L, L) index map reduced on the output's tiles."""
+    axis %= len(x.shape)
+    rows, back = _axis_last(x, axis)
+    length = rows.shape[1]
+    j = np.arange(length)
+    keep = (j[None, :] >= j[:, None]) if reverse else (j[None, :] <= j[:, None])
+    index = np.where(keep[None], rows[:, None, :], -1).reshape(-1, length)
+    scanned = lw.reduce_index("sum", [x], index, (x.size,), x.dtype, x.dtype)
+    return lw.gather(x.shape, x.dtype, [scanned], back, name="cumsum-out")
+
+
+@lowering("sort")
+def _sort(lw, node, x, axis, descending):
+    """Stable sort by ranks: rank_i counts the elements ordered before i; output p takes the i of rank p."""
+    axis %= len(x.shape)
+    rows, back = _axis_last(x, axis)
+    r, n = rows.shape
+    xi = lw.gather((r, n, 1), x.dtype, [x], rows[:, :, None], name="sort-keys")
+    xj = lw.gather((r, 1, n), x.dtype, [x], rows[:, None, :], name="sort-keys")
+    ahead = lw.elementwise("gt" if descending else "lt", [xj, xi], (r, n, n), DType.bool)
+    tie = lw.elementwise("eq", [xj, xi], (r, n, n), DType.bool)
+    earlier = lw.constant(np.tri(n, k=-1, dtype=bool)[None], DType.bool)
+    before = lw.elementwise(
+        "logical_or",
+        [ahead, lw.elementwise("logical_and", [tie, earlier], (r, n, n), DType.bool)],
+        (r, n, n),
+        DType.bool,
+    )
+    counted = lw.elementwise("cast", [before], (r, n, n), DType.int32)
+    rank = lw.reshape(lw.reduce_axes("sum", counted, (2,), False), (r, 1, n))
+    slot = lw.constant(np.arange(n, dtype=np.int32).reshape(1, n, 1), DType.int32)
+    hit = lw.elementwise("eq", [rank, slot], (r, n, n), DType.bool)
+    zero = lw.constant(np.array(0), x.dtype)
+    values = lw.elementwise("where", [hit, lw.reshape(xi, (r, 1, n)), zero], (r, n, n), x.dtype)
+    which = lw.constant(np.arange(n, dtype=np.int32).reshape(1, 1, n), DType.int32)
+    picked = lw.elementwise(
+        "where", [hit, which, lw.constant(np.array(0, np.int32), DType.int32)], (r, n, n), DType.int32
+    )
+    sorted_values = lw.reduce_axes("max" if x.dtype == DType.bool else "sum", values, (2,), False)
+    indices = lw.reduce_axes("sum", picked, (2,), False)
+    return (
+        lw.gather(x.shape, x.dtype, [sorted_values], back, name="sort-values"),
+        lw.gather(x.shape, DType.int32, [indices], back, name="sort-indices"),
+    )

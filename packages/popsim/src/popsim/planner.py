@@ -15,7 +15,7 @@ from popsim import cost
 from popsim.mapping import TileMapping
 from popsim.matmul_plan import plan_matmul
 
-IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
 
 
 class Lowerer:
