@@ -62,12 +62,14 @@ def _copy_rows(step, block_base):
 
 
 def flatten_program(target, steps, block_base, block_base_list, tile_size):
-    """The engine arrays of ``steps`` and their cost: one phase per compute set or exchange."""
+    """The engine arrays of ``steps`` and their cost: one phase per compute set, and one per run of
+    consecutive independent copies (an exchange phase)."""
     phases, rows, fparams, copies, profile_steps = [], [], [], [], []
     tile_compute = np.zeros(target.num_tiles, np.int64)
     tile_exchange = np.zeros(target.num_tiles, np.int64)
     flops = 0
     ncopies = 0
+    open_load, open_dsts = None, set()
     for step in steps:
         if isinstance(step, ComputeSet):
             if not step.vertices:
@@ -113,19 +115,26 @@ def flatten_program(target, steps, block_base, block_base_list, tile_size):
             local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
             load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
             tile_exchange += load
-            busiest = int(load.max())
-            phases.append((1, ncopies, ncopies + len(block)))
+            sources = {x.storage for x in step.srcs}
+            if phases and phases[-1][0] == 1 and not (sources & open_dsts):
+                # No data dependence on the open exchange: both run in one BSP exchange phase.
+                open_load += load
+                open_dsts.add(step.dst.storage)
+                phases[-1] = (1, phases[-1][1], ncopies + len(block))
+                merged = profile_steps[-1]
+                merged["name"] += f"+{step.name}"
+                merged["bytes"] += int(recv.sum())
+            else:
+                open_load = load
+                open_dsts = {step.dst.storage}
+                phases.append((1, ncopies, ncopies + len(block)))
+                merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
+                profile_steps.append(merged)
+            busiest = int(open_load.max())
+            merged["cycles"] = cost.exchange_cycles(target, busiest)
+            merged["busiest_tile_bytes"] = busiest
             copies.append(block)
             ncopies += len(block)
-            profile_steps.append(
-                {
-                    "name": step.name,
-                    "kind": "exchange",
-                    "cycles": cost.exchange_cycles(target, busiest),
-                    "bytes": int(recv.sum()),
-                    "busiest_tile_bytes": busiest,
-                }
-            )
     return SimpleNamespace(
         phases=np.array(phases, np.int64).reshape(-1, 3),
         instructions=np.array(rows, np.int64).reshape(-1, NCOLS),
