@@ -34,15 +34,26 @@ def _with_grads(entry, graph, feeds):
             graph.output(f"grad_{name}", grad)
 
 
-@pytest.mark.parametrize("name", sorted(OPDB))
-@settings(max_examples=6)
-@given(data=st.data())
-def test_op_matches_interpreter_on_tiles(name, data):
+def _check(name, data, target):
     entry = OPDB[name]
     dtype = data.draw(st.sampled_from(entry.dtypes))
     sample = data.draw(entry.samples(dtype))
     graph, feeds = entry.make_graph(sample)
     _with_grads(entry, graph, feeds)
     expected = popir.interpreter.run(graph, feeds)
-    exe = popsim.compile(graph, "small")
+    exe = popsim.compile(graph, target)
     _compare(entry, exe.run(feeds), expected, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(OPDB))
+@settings(max_examples=5)
+@given(data=st.data())
+def test_op_matches_interpreter_on_small_target(name, data):
+    _check(name, data, "small")
+
+
+@pytest.mark.parametrize("name", sorted(OPDB))
+@settings(max_examples=2)
+@given(data=st.data())
+def test_op_matches_interpreter_on_full_ipu2(name, data):
+    _check(name, data, "ipu2")
