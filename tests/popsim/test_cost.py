@@ -40,7 +40,7 @@ def test_large_fp16_matmul_plan_reaches_a_fair_share_of_amp_peak():
     plan = plan_matmul(IPU2, 1, 1024, 1024, 1024, DType.float16)
     ideal = 1024**3 / (IPU2.amp_macs_fp16 * IPU2.num_tiles)
     efficiency = ideal / plan.cycles
-    assert 0.3 <= efficiency <= 0.9, efficiency
+    assert 0.35 <= efficiency <= 0.9, efficiency
 
 
 def _device_cycles(prof):

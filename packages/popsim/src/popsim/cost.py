@@ -29,10 +29,10 @@ def elementwise_cycles(target, n, dtype, codelet):
 
 
 def reduce_cycles(target, rows, group, dtype):
-    """Cycles of a reduction vertex: ``rows`` outputs, each over ``group`` inputs."""
+    """Cycles of a reduction vertex: ``rows`` outputs, each over ``group`` inputs, vectorised across outputs."""
     per_worker = math.ceil(rows / target.workers)
-    vectors = per_worker * math.ceil(group / target.vector_width(dtype))
-    return target.workers * (vectors + 2 * per_worker + WORKER_OVERHEAD)
+    vectors = math.ceil(per_worker * group / target.vector_width(dtype))
+    return target.workers * (vectors + WORKER_OVERHEAD)
 
 
 def amp_cycles(target, m, k, n, dtype):

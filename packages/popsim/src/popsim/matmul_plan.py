@@ -18,10 +18,10 @@ class MatmulPlan(NamedTuple):
 
 
 def _splits(size):
-    """Candidate split counts of an axis: 1..16, powers of two, and the whole axis, each giving distinct blocks."""
+    """Candidate split counts of an axis: 1..32, powers of two, and the whole axis, each giving distinct blocks."""
     size = max(size, 1)
-    counts = set(range(1, min(size, 16) + 1)) | {size}
-    g = 16
+    counts = set(range(1, min(size, 32) + 1)) | {size}
+    g = 32
     while g < size:
         counts.add(g)
         g *= 2
