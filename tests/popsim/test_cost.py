@@ -85,3 +85,18 @@ def test_profile_reports_memory_and_json(tmp_path):
     mem = exe.profile.programs["p"]["memory"]
     assert set(mem) == {"tensors", "vertex_state", "code"} and sum(mem["tensors"]) >= 800
     assert "program p" in exe.profile.summary()
+
+
+@pytest.mark.parametrize("partials", ["float32", "float16"])
+def test_fp16_matmul_partials_type(partials):
+    g = popir.Graph("h")
+    a = g.add_input("a", (40, 300), "float16")
+    b = g.add_input("b", (300, 50), "float16")
+    g.output("c", a @ b)
+    rng = np.random.default_rng(0)
+    av, bv = rng.uniform(-1, 1, (40, 300)).astype(np.float16), rng.uniform(-1, 1, (300, 50)).astype(np.float16)
+    out = popsim.compile(g, "small", partials_type=partials).run({"a": av, "b": bv})["c"]
+    exact = av.astype(np.float64) @ bv.astype(np.float64)
+    np.testing.assert_allclose(out, exact, rtol=0, atol=0.05 if partials == "float32" else 0.2)
+    with pytest.raises(popsim.Error, match="partials_type"):
+        popsim.compile(g, "small", partials_type="int32")

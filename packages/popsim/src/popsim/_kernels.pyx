@@ -346,6 +346,7 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
     cdef double bufc[BLOCK]
     cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
     cdef int itemsize
+    cdef float* partial
     if op == UNARY:
         while s < n:
             cnt = min(BLOCK, n - s)
@@ -375,8 +376,18 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
     elif op == REDUCE:
         reduce_rows(sub, base + row[C_A], dta, base + row[C_OUT], dto, row[C_P0], row[C_P1])
     elif op == MATMUL:
-        matmul_partial(base + row[C_A], base + row[C_B], dta, <float*> (base + row[C_OUT]),
-                       <int> row[C_P0], <int> row[C_P1], <int> n)
+        if dto == 0:
+            matmul_partial(base + row[C_A], base + row[C_B], dta, <float*> (base + row[C_OUT]),
+                           <int> row[C_P0], <int> row[C_P1], <int> n)
+        else:
+            # float16 partials: accumulate in float32, then round once into the tile's partials.
+            size = row[C_P0] * n
+            partial = <float*> malloc(max(size, 1) * sizeof(float))
+            matmul_partial(base + row[C_A], base + row[C_B], dta, partial, <int> row[C_P0], <int> row[C_P1], <int> n)
+            for i in range(size):
+                bufa[0] = partial[i]
+                store(base + row[C_OUT], dto, i, 1, bufa)
+            free(partial)
     elif op == RNG:
         random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)
     elif op == COPY:

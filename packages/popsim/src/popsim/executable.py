@@ -43,6 +43,8 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     if not graphs:
         raise Error("compile needs at least one graph")
     target = target.target if isinstance(target, Device) else Target.named(target)
+    if str(partials_type) not in ("float32", "float16"):
+        raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
     dg = DeviceGraph(target)
     variables = {}

@@ -217,7 +217,8 @@ class Lowerer:
             TileMapping.on_tiles(np.full(tasks, kb * nb), tiles),
             name="matmul-rhs",
         )
-        p = self.new((tasks, mb, nb), DType.float32, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
+        partial = self.partials_type if dtype == DType.float16 else DType.float32
+        p = self.new((tasks, mb, nb), partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
         for t, tile in enumerate(tiles.tolist()):
@@ -232,6 +233,6 @@ class Lowerer:
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
         q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
         q = q.reshape(nb_ * m * n, gk)
-        if gk == 1 and dtype == DType.float32:
+        if gk == 1 and dtype == partial:
             return self.gather((nb_, m, n), dtype, [p], q)
-        return self.reduce_index("sum", [p], q, (nb_, m, n), dtype, DType.float32)
+        return self.reduce_index("sum", [p], q, (nb_, m, n), dtype, partial)
