@@ -81,7 +81,7 @@ cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const 
             (<byte_t*> p)[start + i] = buf[i] != 0
 
 
-cdef inline void unary(int op, double* x, Py_ssize_t n, double param) noexcept nogil:
+cdef inline void unary(int op, double* x, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     cdef double e
     if op == 1:
@@ -127,45 +127,42 @@ cdef inline void unary(int op, double* x, Py_ssize_t n, double param) noexcept n
     elif op == 14:
         for i in range(n):
             x[i] = x[i] == 0
-    elif op == 16:
-        for i in range(n):
-            x[i] = x[i] * param
-    elif op >= 17:
+    elif op >= 16:
         unary_more(op, x, n)
 
 
 cdef inline void unary_more(int op, double* x, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
-        if op == 17:
+        if op == 16:
             x[i] = acos(x[i])
-        elif op == 18:
+        elif op == 17:
             x[i] = acosh(x[i])
-        elif op == 19:
+        elif op == 18:
             x[i] = asin(x[i])
-        elif op == 20:
+        elif op == 19:
             x[i] = asinh(x[i])
-        elif op == 21:
+        elif op == 20:
             x[i] = atan(x[i])
-        elif op == 22:
+        elif op == 21:
             x[i] = atanh(x[i])
-        elif op == 23:
+        elif op == 22:
             x[i] = cosh(x[i])
-        elif op == 24:
+        elif op == 23:
             x[i] = sinh(x[i])
-        elif op == 25:
+        elif op == 24:
             x[i] = tan(x[i])
-        elif op == 26:
+        elif op == 25:
             x[i] = ceil(x[i])
-        elif op == 27:
+        elif op == 26:
             x[i] = floor(x[i])
-        elif op == 28:
+        elif op == 27:
             x[i] = nearbyint(x[i])  # round half to even, like np.round
-        elif op == 29:
+        elif op == 28:
             x[i] = expm1(x[i])
-        elif op == 30:
+        elif op == 29:
             x[i] = log1p(x[i])
-        elif op == 31:
+        elif op == 30:
             x[i] = -x[i] - 1.0  # two's complement ~x of an int32
 
 
@@ -351,7 +348,7 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
         while s < n:
             cnt = min(BLOCK, n - s)
             load(base + row[C_A], dta, s, cnt, bufa)
-            unary(sub, bufa, cnt, fparam)
+            unary(sub, bufa, cnt)
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == BINARY:

@@ -26,7 +26,6 @@ UNARY_OPS = {
             "sign",
             "logical_not",
             "cast",
-            "scale",
             "acos",
             "acosh",
             "asin",

@@ -8,7 +8,7 @@ import math
 
 # Worker cycles per vector of results, by codelet family (*estimates*, as in the PopLibs tables).
 _SIMPLE = (
-    "copy neg abs relu sign logical_not cast scale add sub mul maximum minimum eq ne lt le gt ge logical_and logical_or"
+    "copy neg abs relu sign logical_not cast add sub mul maximum minimum eq ne lt le gt ge logical_and logical_or"
     " where fill ceil floor round bitwise_not bitwise_and bitwise_or bitwise_xor"
 )
 _COMPLEX = {

@@ -73,7 +73,7 @@ def _constant(lw, node, value):
     return lw.constant(value, node.outputs[0].dtype)
 
 
-UNARY = tuple(op for op in oc.UNARY_OPS if op not in ("copy", "cast", "scale", "bitwise_not"))
+UNARY = tuple(op for op in oc.UNARY_OPS if op not in ("copy", "cast", "bitwise_not"))
 BINARY = tuple(oc.BINARY_OPS)
 
 
