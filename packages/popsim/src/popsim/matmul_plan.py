@@ -54,7 +54,8 @@ def plan_matmul(target, batch, m, n, k, dtype):
                 if memory > target.tile_bytes // 2:
                     continue
                 cycles = per_tile * (cost.amp_cycles(target, mb, kb, nb, dtype))
-                cycles += cost.exchange_cycles(target, per_tile * operand_bytes)
+                # Each contiguous operand row received is one exchange region with its own setup cycles.
+                cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
                 if gk > 1 or itemsize != 4:
                     rows = math.ceil(batch * m * n / tiles)
                     cycles += cost.exchange_cycles(target, rows * gk * 4)
