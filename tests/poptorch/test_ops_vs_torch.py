@@ -264,6 +264,10 @@ class Bundle(torch.nn.Module):
     def __init__(self, cases):
         super().__init__()
         self.cases = cases
+        self.no_grad_inputs, offset = set(), 0
+        for _, module, inputs in cases:
+            self.no_grad_inputs |= {offset + k for k in getattr(module, "no_grad_inputs", ())}
+            offset += len(inputs)
 
     def forward(self, *flat):
         outs, i = [], 0
@@ -309,7 +313,11 @@ def _assert_close(actual, expected, what):
 def check_against_torch(module, inputs, label, backward=True):
     """Captured outputs vs eager torch; with ``backward``, popir.autodiff of sum(output * cotangent) over
     the float outputs vs torch autograd, for every float input. One capture serves both."""
-    leaves = [t.detach().clone().requires_grad_(backward and t.is_floating_point()) for t in inputs]
+    frozen = getattr(module, "no_grad_inputs", set())
+    leaves = [
+        t.detach().clone().requires_grad_(backward and t.is_floating_point() and i not in frozen)
+        for i, t in enumerate(inputs)
+    ]
     cap, outs, feeds = run_captured(module, leaves)
     flat = torch.utils._pytree.tree_leaves(module(*leaves))
     assert len(outs) == len(flat)
@@ -403,14 +411,11 @@ def opdb_cases(draw):
         differentiable = {id(sample.inputs[name]) for name in entry.grad if name in sample.inputs}
         raw, spec = torch.utils._pytree.tree_flatten(entry.torch_call(sample))
         leaves = [_to_torch(leaf) for leaf in raw]
-        # Float tensors torch cannot differentiate (running stats, weights) stay constants of the model.
-        slots = [
-            i
-            for i, (a, t) in enumerate(zip(raw, leaves))
-            if isinstance(t, torch.Tensor) and (id(a) in differentiable or not t.is_floating_point())
-        ]
-        fn = _torch_function(entry.torch)
-        yield f"opdb.{name}", OpModule(name, _OpdbCall(fn, leaves, spec, slots)), [leaves[i] for i in slots]
+        slots = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        module = OpModule(name, _OpdbCall(_torch_function(entry.torch), leaves, spec, slots))
+        # Inputs torch cannot differentiate (running stats, loss weights) are not checked for gradients.
+        module.no_grad_inputs = {k for k, i in enumerate(slots) if id(raw[i]) not in differentiable}
+        yield f"opdb.{name}", module, [leaves[i] for i in slots]
 
 
 class _OpdbCall:

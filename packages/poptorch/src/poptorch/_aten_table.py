@@ -237,6 +237,19 @@ TABLE[aten.remainder.Tensor] = TABLE[aten.remainder.Scalar] = _arith("remainder"
 TABLE[aten.atan2.default] = _arith("atan2")
 
 
+@lowers(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(ctx, a, b):
+    dtype = _out_dtype(ctx)
+    a, b = _as_value(ctx, a, dtype), _as_value(ctx, b, dtype)
+    if a.dtype.is_float:
+        return _op("sub", a, _op("mul", popir.ops.trunc(_op("div", a, b)), b))
+    # remainder has the sign of b, fmod the sign of a: shift by b where they disagree.
+    r = _op("remainder", a, b)
+    zero = _const(ctx.graph, 0, dtype)
+    disagree = _op("logical_and", _op("ne", r, zero), _op("ne", _op("lt", a, zero), _op("lt", b, zero)))
+    return _op("where", disagree, _op("sub", r, b), r)
+
+
 def _composite(name):
     """Lower through the popir composite ``name`` with the inputs cast to the result dtype."""
 
@@ -790,8 +803,13 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 @lowers(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
+    if spatial == 3 and not transposed:
+        out = popir.ops.conv3d(
+            x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups
+        )
+        return out if bias is None else _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1, 1)))
     if spatial not in (1, 2):
-        raise Error(f"only 1-d and 2-d convolutions are supported, got {spatial}-d")
+        raise Error(f"only 1-d, 2-d and (non-transposed) 3-d convolutions are supported, got {spatial}-d")
     if transposed:
         conv_transpose = popir.ops.conv_transpose1d if spatial == 1 else popir.ops.conv_transpose2d
         window = {"stride": stride, "padding": padding, "output_padding": output_padding, "dilation": dilation}
@@ -845,6 +863,11 @@ def _avg_pool2d(
     return popir.ops.avg_pool2d(
         x, kernel, _pair(stride, kernel), _pair(padding), bool(ceil_mode), bool(count_include_pad), divisor_override
     )
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool2d(ctx, x, output_size):
+    return popir.ops.adaptive_max_pool2d(x, tuple(output_size)), None
 
 
 @lowers(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)

@@ -120,12 +120,20 @@ def _is_user_file(path):
 
 
 def source_line(node):
-    """The user's ``file:line: code`` that produced an exported fx node (None if unknown)."""
-    frames = [m for m in _FRAME.finditer(node.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
-    if not frames:
-        return None
-    m = frames[-1]
-    return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+    """The user's ``file:line: code`` that produced an exported fx node (None if unknown).
+
+    Nodes made by decompositions may carry no stack trace; they take the line of the nearest user that has one.
+    """
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop(0)
+        frames = [m for m in _FRAME.finditer(current.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
+        if frames:
+            m = frames[-1]
+            return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+        seen.add(current)
+        pending.extend(u for u in current.users if u not in seen)
+    return None
 
 
 def _is_foldable(node):
