@@ -14,6 +14,7 @@ it and advances it between steps (capture registers no update for it).
 import operator
 import os
 import re
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,7 +108,7 @@ def _export_failure(exc):
 
 
 def _user_frame_of_traceback(tb):
-    frames = [f for f in __import__("traceback").extract_tb(tb) if _is_user_file(f.filename)]
+    frames = [f for f in traceback.extract_tb(tb) if _is_user_file(f.filename)]
     if not frames:
         return None
     frame = frames[-1]
