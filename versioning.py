@@ -12,7 +12,7 @@ TORCH = "torch>=2.1,<2.15"
 _EXTERNAL = {
     "popir": ["numpy>=1.24"],
     "popsim": ["numpy>=1.24", "scipy>=1.10"],
-    "popdata": [TORCH],
+    "popdata": [TORCH, "numpy>=1.24"],
     "poptorch": [TORCH, "numpy>=1.24", "tqdm>=4.60"],
 }
 _SIBLINGS = {

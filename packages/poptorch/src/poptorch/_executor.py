@@ -159,6 +159,7 @@ class PoplarExecutor:
         self._cycles = None
         self._perf = None
         self._rng_seeded = False
+        self._from_cache = False
 
     # -- compile ---------------------------------------------------------------------------------
     def compile(self, *args, **kwargs):
@@ -204,6 +205,7 @@ class PoplarExecutor:
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
             exe = cache.load(key) if cache else None
+            cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
                 phase("compile")
@@ -216,6 +218,7 @@ class PoplarExecutor:
             bar.n = bar.total
             bar.refresh()
         self._captured, self._programs, self._exe = captured, programs, exe
+        self._from_cache = cache_hit
         if self._write_profile:
             directory = self._options.log_dir or "."
             os.makedirs(directory, exist_ok=True)
@@ -529,6 +532,10 @@ class PoplarExecutor:
         if self._cycles is None:
             raise Error("Please run the model at least once before obtaining cycle count.")
         return self._cycles
+
+    def isLoadedFromCache(self):
+        """True when compiling was skipped because the executable cache held this model (not in PopTorch)."""
+        return self._from_cache
 
     @property
     def profile(self):
