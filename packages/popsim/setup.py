@@ -25,7 +25,8 @@ _directives = {
     "nonecheck": _debug,
     "embedsignature": True,
 }
-_compile_args = ["-O0", "-g"] if _debug else ["-O3"]
+# OpenMP runs the independent rows of one BSP phase (a compute set's vertices, an exchange's copies) in threads.
+_compile_args = (["-O0", "-g"] if _debug else ["-O3"]) + ["-fopenmp"]
 
 _extensions = [
     Extension(
@@ -34,6 +35,7 @@ _extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=_compile_args,
+        extra_link_args=["-fopenmp"],
     )
     for path in sorted((_here / "src" / "popsim").glob("*.pyx"))
 ]

@@ -92,3 +92,23 @@ def test_every_n_period_must_divide_iterations():
 def test_set_optimizer_on_inference_model():
     with pytest.raises(poptorch.Error, match="trainingModel"):
         poptorch.inferenceModel(Linear(), _opts()).setOptimizer(torch.optim.SGD(Linear().parameters(), lr=0.1))
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        out = self.fc(x)
+        return out, self.loss(out, labels)
+
+
+def test_a_class_label_out_of_range_is_an_error():
+    model = Classifier()
+    training = poptorch.trainingModel(model, _opts(), torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(2, 4)
+    training(x, torch.tensor([0, 2]))
+    with pytest.raises(poptorch.Error, match="out of range"):
+        training(x, torch.tensor([0, 3]))

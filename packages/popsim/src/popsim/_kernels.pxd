@@ -16,4 +16,4 @@ cdef enum:
     C_P1 = 11
     NCOLS = 12
 
-cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil
+cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil

@@ -7,10 +7,13 @@ dtype while the inner loops stay free of type switches.
 """
 
 cimport numpy as cnp
+
+import numpy as np
 from libc.math cimport (INFINITY, acos, acosh, asin, asinh, atan, atan2, atanh, ceil, cos, cosh, erf, exp, expm1, fabs,
                         floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
+from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm
 
 from popsim._arena cimport TileArena, copy_regions
@@ -333,7 +336,8 @@ cdef inline void random_uniform(const int32_t* seed, byte_t* out, int dt, Py_ssi
         s += cnt
 
 
-cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil:
+cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil:
+    """Run one vertex; returns how many of its dynamic indices were out of range (those rows are skipped)."""
     cdef int op = <int> row[C_OP]
     cdef int sub = <int> row[C_SUB]
     cdef Py_ssize_t n = row[C_N]
@@ -344,6 +348,7 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
     cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
     cdef int itemsize
     cdef float* partial
+    cdef Py_ssize_t bad = 0
     if op == UNARY:
         while s < n:
             cnt = min(BLOCK, n - s)
@@ -406,6 +411,11 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
                     idx = (<const int32_t*> (base + row[C_B]))[i]
                     if idx < 0:
                         idx += size
+                    if idx < 0 or idx >= size:
+                        # Never read outside the tile: the slice becomes zeros and the run reports an error.
+                        bad += 1
+                        memset(base + row[C_OUT] + ((j * n + i) * inner) * itemsize, 0, inner * itemsize)
+                        continue
                     memcpy(base + row[C_OUT] + ((j * n + i) * inner) * itemsize,
                            base + row[C_A] + ((j * size + idx) * inner) * itemsize, inner * itemsize)
         else:
@@ -414,27 +424,72 @@ cdef void run_instruction(byte_t* base, const offset_t* row, double fparam) noex
                     idx = (<const int32_t*> (base + row[C_B]))[i]
                     if idx < 0:
                         idx += size
+                    if idx < 0 or idx >= size:
+                        bad += 1
+                        continue
                     load(base + row[C_C], dta, (j * n + i) * inner, inner, bufb)
                     load(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
                     for s in range(inner):
                         bufa[s] += bufb[s]
                     store(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+    return bad
 
 
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:, ::1] instructions,
-                const double[::1] fparams, const offset_t[:, ::1] copies):
+                const double[::1] fparams, const offset_t[:, ::1] copies, int num_threads=1):
     """Run a lowered program: each phase row is (kind, start, stop); kind 0 runs instruction rows
-    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run)."""
-    cdef Py_ssize_t p, i
+    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run).
+
+    The rows of one phase are independent (BSP: a compute set's vertices, or one exchange's copies), so
+    they are shared among ``num_threads`` threads; phases run in order, with a barrier between them.
+    Returns how many dynamic gather/scatter indices were out of range.
+    """
+    cdef Py_ssize_t p, i, start, stop
+    cdef Py_ssize_t bad = 0
     cdef byte_t* base = arena.base
     with nogil:
         for p in range(phases.shape[0]):
-            if phases[p, 0] == 0:
-                for i in range(phases[p, 1], phases[p, 2]):
-                    run_instruction(base, &instructions[i, 0], fparams[i])
+            start = phases[p, 1]
+            stop = phases[p, 2]
+            if num_threads > 1 and stop - start > 1:
+                if phases[p, 0] == 0:
+                    for i in prange(start, stop, schedule="dynamic", num_threads=num_threads):
+                        bad += run_instruction(base, &instructions[i, 0], fparams[i])
+                else:
+                    for i in prange(start, stop, schedule="static", num_threads=num_threads):
+                        copy_run(base, &copies[i, 0])
+            elif phases[p, 0] == 0:
+                for i in range(start, stop):
+                    bad += run_instruction(base, &instructions[i, 0], fparams[i])
             else:
-                for i in range(phases[p, 1], phases[p, 2]):
+                for i in range(start, stop):
                     copy_run(base, &copies[i, 0])
+    return bad
+
+
+def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsize):
+    """Coalesce element copies ``src[i] -> dst[i]`` (byte offsets) into copy_run rows, greedily: a run
+    grows while its destination stays contiguous and its source keeps the stride of its first step."""
+    cdef Py_ssize_t n = src.shape[0], i = 0, j, count = 0
+    cdef offset_t stride
+    rows = np.empty((n, 5), np.int64)
+    cdef offset_t[:, ::1] r = rows
+    with nogil:
+        while i < n:
+            j = i + 1
+            stride = itemsize
+            if j < n and dst[j] == dst[i] + itemsize:
+                stride = src[j] - src[i]
+                while j < n and dst[j] == dst[j - 1] + itemsize and src[j] - src[j - 1] == stride:
+                    j += 1
+            r[count, 0] = src[i]
+            r[count, 1] = dst[i]
+            r[count, 2] = j - i
+            r[count, 3] = stride
+            r[count, 4] = itemsize
+            count += 1
+            i = j
+    return rows[:count].copy()
 
 
 cdef inline void copy_run(byte_t* base, const offset_t* row) noexcept nogil:

@@ -1,5 +1,7 @@
 """compile(): lower popir graphs onto one IPU, allocate tile memory, flatten programs; Executable runs them."""
 
+import os
+
 import numpy as np
 
 import popir
@@ -73,11 +75,25 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     return Executable(target, dg, variables, lowered, relax_memory)
 
 
+def default_threads():
+    """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine."""
+    value = os.environ.get("POPSIM_NUM_THREADS")
+    if value is None:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if not value.isdigit() or int(value) < 1:
+        raise Error(f"POPSIM_NUM_THREADS must be a positive integer, got {value!r}")
+    return int(value)
+
+
 class Executable:
-    """A compiled set of programs on one simulated IPU; variables stay in tile memory between runs."""
+    """A compiled set of programs on one simulated IPU; variables stay in tile memory between runs.
+
+    ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
+    """
 
     def __init__(self, target, dg, variables, lowered, relax_memory):
         self.target = target
+        self.num_threads = default_threads()
         self._vars = variables
         self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
         overhead = _vertex_memory(target, [step for steps, _, _ in lowered.values() for step in steps])
@@ -175,8 +191,15 @@ class Executable:
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
-        _kernels.run_program(self.arena, flat.phases, flat.instructions, flat.fparams, flat.copies)
+        bad = _kernels.run_program(
+            self.arena, flat.phases, flat.instructions, flat.fparams, flat.copies, self.num_threads
+        )
         self.last_run_cycles = self.profile.programs[program]["total_cycles"]
+        if bad:
+            raise Error(
+                f"program {program!r}: {bad} gather/scatter index(es) out of range (an input index or class label "
+                "beyond its dimension); the results of this run are invalid"
+            )
         return {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
 
     def read_variable(self, name):

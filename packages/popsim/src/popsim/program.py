@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from popsim import _kernels, cost
 from popsim import _opcodes as oc
-from popsim import cost
 from popsim.device_graph import ComputeSet
 
 NCOLS = 12
@@ -47,17 +47,7 @@ def _copy_rows(step, block_base):
         if sel.any():
             src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
         base += s.size
-    if dst.size == 0:
-        return np.zeros((0, 5), np.int64), src_tile, dst_tile, src_addr
-    # Runs: dst contiguous and src advancing by one constant stride (itemsize, 0 for broadcasts, or a row
-    # pitch for transposes). A run's steps are all equal when no break occurs from its third element on.
-    dsrc = np.diff(src_addr)
-    brk = np.r_[True, np.diff(dst_addr) != isz]
-    brk[2:] |= dsrc[1:] != dsrc[:-1]
-    starts = np.flatnonzero(brk)
-    counts = np.diff(np.r_[starts, dst.size])
-    stride = np.where(counts > 1, np.r_[dsrc, 0][starts], isz)
-    rows = np.stack([src_addr[starts], dst_addr[starts], counts, stride, np.full(starts.size, isz)], axis=1)
+    rows = _kernels.copy_runs(src_addr, dst_addr, isz)
     return rows, src_tile, dst_tile, src_addr
 
 
@@ -120,19 +110,20 @@ def flatten_program(target, steps, block_base, block_base_list, tile_size):
                 # No data dependence on the open exchange: both run in one BSP exchange phase.
                 open_load += load
                 open_dsts.add(step.dst.storage)
-                phases[-1] = (1, phases[-1][1], ncopies + len(block))
                 merged = profile_steps[-1]
                 merged["name"] += f"+{step.name}"
                 merged["bytes"] += int(recv.sum())
             else:
                 open_load = load
                 open_dsts = {step.dst.storage}
-                phases.append((1, ncopies, ncopies + len(block)))
                 merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
                 profile_steps.append(merged)
             busiest = int(open_load.max())
             merged["cycles"] = cost.exchange_cycles(target, busiest)
             merged["busiest_tile_bytes"] = busiest
+            # The engine runs each copy on its own: the rows of one copy are independent of each other and
+            # can be shared among threads, while two merged copies may reuse each other's memory.
+            phases.append((1, ncopies, ncopies + len(block)))
             copies.append(block)
             ncopies += len(block)
     return SimpleNamespace(

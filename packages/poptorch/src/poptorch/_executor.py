@@ -16,6 +16,7 @@ import torch
 import tqdm
 from torch.utils import _pytree as pytree
 
+import popsim
 from poptorch import _cache, _device, _training
 from poptorch._batching import Layout
 from poptorch._logging import logger
@@ -351,7 +352,7 @@ class PoplarExecutor:
                 lists.append(start)
             for lists in perf["input_complete"]:
                 lists.append(fed)
-            result = exe.run(feeds, program=self._programs.micro_batch)
+            result = _run_on_device(exe, feeds, self._programs.micro_batch)
             cycles += exe.last_run_cycles or 0
             out_start = time.time()
             for name, value in result.items():
@@ -362,7 +363,7 @@ class PoplarExecutor:
             for lists in perf["output_complete"]:
                 lists.append(out_done)
             if self._programs.step and (index + 1) % runs_per_step == 0:
-                exe.run({}, program=self._programs.step)
+                _run_on_device(exe, {}, self._programs.step)
                 cycles += exe.last_run_cycles or 0
         self._cycles, self._perf = cycles, perf
         for input_name, output_name in captured.input_mutations.items():
@@ -561,6 +562,13 @@ class PoplarExecutor:
 
     def __repr__(self):
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"
+
+
+def _run_on_device(exe, feeds, program):
+    try:
+        return exe.run(feeds, program=program)
+    except popsim.Error as exc:
+        raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
 
 
 def _leaf_names(model, args, kwargs):

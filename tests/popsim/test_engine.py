@@ -1,0 +1,85 @@
+"""The engine: coalesced exchange runs, threads sharing a phase's rows, and out-of-range dynamic indices."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import popir
+import popsim
+from popir import ops
+from popsim import _kernels
+
+
+def _expand(rows):
+    """The (src, dst) byte offset of every element a list of copy_run rows moves."""
+    pairs = [(src + j * stride, dst + j * isz) for src, dst, count, stride, isz in rows for j in range(count)]
+    return np.array(pairs, np.int64).reshape(-1, 2)
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-8, 8), st.integers(1, 9)), min_size=0, max_size=12))
+def test_copy_runs_move_exactly_the_given_elements(segments):
+    src, dst, at = [], [], 0
+    for start, step, count in segments:
+        src += [4 * (start + step * j + 64) for j in range(count)]
+        dst += [4 * (at + j) for j in range(count)]
+        at += count + (start % 3 == 0)  # sometimes a gap in the destination
+    src, dst = np.array(src, np.int64), np.array(dst, np.int64)
+    rows = _kernels.copy_runs(src, dst, 4)
+    np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1).reshape(-1, 2))
+    assert len(rows) <= max(len(segments), 0) + sum(c for _, _, c in segments) // 2 + 1
+
+
+def test_copy_runs_keep_whole_window_rows_in_one_run():
+    # A 3-wide window row taken from each of 4 image rows of pitch 10: one run per image row, no 1-element runs.
+    src = np.array([4 * (10 * r + c) for r in range(4) for c in range(3)], np.int64)
+    dst = np.arange(12, dtype=np.int64) * 4
+    rows = _kernels.copy_runs(src, dst, 4)
+    assert rows[:, 2].tolist() == [3, 3, 3, 3]
+
+
+def _cnn_graph():
+    g = popir.Graph("cnn")
+    x = g.add_input("x", (4, 3, 12, 12), "float32")
+    w = g.add_input("w", (8, 3, 3, 3), "float32", kind="parameter")
+    y = ops.relu(ops.conv2d(x, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1))
+    g.output("y", ops.reduce_sum(y * y, axes=(1, 2, 3), keepdims=False))
+    return g
+
+
+def test_threads_give_bit_identical_results():
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 3, 12, 12)).astype(np.float32)}
+    weights = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    results = []
+    for threads in (1, 2):
+        exe = popsim.compile(_cnn_graph(), "ipu2")
+        exe.num_threads = threads
+        exe.write_variable("w", weights)
+        results.append(exe.run(feeds)["y"])
+    np.testing.assert_array_equal(results[0], results[1])
+    expected = popir.interpreter.run(_cnn_graph(), {**feeds, "w": weights})["y"]
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5)
+
+
+def test_thread_count_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("POPSIM_NUM_THREADS", "3")
+    assert popsim.executable.default_threads() == 3
+    monkeypatch.setenv("POPSIM_NUM_THREADS", "zero")
+    with pytest.raises(popsim.Error, match="POPSIM_NUM_THREADS"):
+        popsim.executable.default_threads()
+
+
+def test_an_out_of_range_gather_index_is_an_error_not_a_crash():
+    g = popir.Graph("g")
+    table = g.add_input("table", (5, 3), "float32")
+    index = g.add_input("index", (4,), "int32")
+    g.output("rows", ops.gather(table, index, axis=0))
+    exe = popsim.compile(g, popsim.Target.small())
+    values = np.arange(15, dtype=np.float32).reshape(5, 3)
+    ok = exe.run({"table": values, "index": np.array([0, 4, -1, 2], np.int32)})["rows"]
+    np.testing.assert_array_equal(ok, values[[0, 4, -1, 2]])
+    with pytest.raises(popsim.Error, match="1 gather/scatter index"):
+        exe.run({"table": values, "index": np.array([0, 5, 1, 2], np.int32)})
+    with pytest.raises(popsim.Error, match="2 gather/scatter index"):
+        exe.run({"table": values, "index": np.array([-6, 1000000, 1, 2], np.int32)})
