@@ -37,10 +37,14 @@ def test_exchange_estimate_is_busiest_tile_bytes_over_four():
 
 
 def test_large_fp16_matmul_plan_reaches_a_fair_share_of_amp_peak():
-    plan = plan_matmul(IPU2, 1, 1024, 1024, 1024, DType.float16)
-    ideal = 1024**3 / (IPU2.amp_macs_fp16 * IPU2.num_tiles)
-    efficiency = ideal / plan.cycles
-    assert 0.35 <= efficiency <= 0.9, efficiency
+    # BSP does not overlap operand exchange (4 B/cycle per tile) with AMP compute, so 1024^3 lands just
+    # under 40% of peak in this model; efficiency grows with size as compute outweighs exchange.
+    efficiency = {}
+    for size in (1024, 2048, 4096):
+        plan = plan_matmul(IPU2, 1, size, size, size, DType.float16)
+        efficiency[size] = size**3 / (IPU2.amp_macs_fp16 * IPU2.num_tiles) / plan.cycles
+    assert 0.35 <= efficiency[1024] < efficiency[2048] < efficiency[4096] <= 0.9, efficiency
+    assert efficiency[2048] >= 0.4, efficiency
 
 
 def _device_cycles(prof):

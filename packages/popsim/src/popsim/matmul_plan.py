@@ -28,15 +28,28 @@ def _splits(size):
     return sorted({-(-size // (-(-size // g))) for g in counts})
 
 
+def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile):
+    """Estimated cycles of one split: operand exchange + AMP compute + partial reduction."""
+    operand_bytes = (mb * kb + kb * nb) * dtype.itemsize
+    cycles = per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
+    # Each contiguous operand row received is one exchange region with its own setup cycles.
+    cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
+    rows = math.ceil(batch * m * n / target.num_tiles)
+    if gk > 1 or dtype.itemsize != 4:
+        cycles += cost.exchange_cycles(target, rows * gk * 4) + cost.reduce_cycles(target, rows, gk, dtype)
+    else:
+        cycles += cost.exchange_cycles(target, rows * 4)
+    return cycles
+
+
 @functools.lru_cache(maxsize=512)
 def plan_matmul(target, batch, m, n, k, dtype):
     """The split with the fewest estimated cycles whose per-tile operands fit in half a tile (else the
     smallest split by memory).
 
     Each task (b, i, j, kk) computes an (mb x kb) @ (kb x nb) partial on one tile; tasks beyond the tile
-    count share tiles round-robin. Estimated cost: operand exchange + AMP compute + partial reduction.
+    count share tiles round-robin.
     """
-    itemsize = dtype.itemsize
     tiles = target.num_tiles
     best = smallest = None
     for gm in _splits(m):
@@ -47,22 +60,17 @@ def plan_matmul(target, batch, m, n, k, dtype):
                     continue
                 mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
                 per_tile = math.ceil(tasks / tiles)
-                operand_bytes = (mb * kb + kb * nb) * itemsize
-                memory = per_tile * (operand_bytes + mb * nb * 4)
+                memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * 4)
+                split = (gm, gn, gk, mb, nb, kb, per_tile)
                 if smallest is None or memory < smallest[0]:
-                    smallest = (memory, MatmulPlan(gm, gn, gk, mb, nb, kb, 0))
+                    smallest = (memory, split)
                 if memory > target.tile_bytes // 2:
                     continue
-                cycles = per_tile * (cost.amp_cycles(target, mb, kb, nb, dtype))
-                # Each contiguous operand row received is one exchange region with its own setup cycles.
-                cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
-                if gk > 1 or itemsize != 4:
-                    rows = math.ceil(batch * m * n / tiles)
-                    cycles += cost.exchange_cycles(target, rows * gk * 4)
-                    cycles += cost.reduce_cycles(target, rows, gk, dtype)
-                else:
-                    cycles += cost.exchange_cycles(target, math.ceil(batch * m * n / tiles) * 4)
+                cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile)
                 if best is None or cycles < best.cycles:
                     best = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)
+    if best is not None:
+        return best
     # Nothing fits: take the plan needing the least memory and let the allocator report the overflow.
-    return best if best is not None else smallest[1]
+    gm, gn, gk, mb, nb, kb, per_tile = smallest[1]
+    return MatmulPlan(gm, gn, gk, mb, nb, kb, _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile))
