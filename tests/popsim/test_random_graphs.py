@@ -25,7 +25,7 @@ def graphs(draw):
         kind = draw(st.sampled_from(["binary", "exp", "neg", "reshape", "reduce", "div", "broadcast"]))
         a = draw(st.sampled_from(values))
         if kind == "binary":
-            b = draw(st.sampled_from([v for v in values if v.shape in (a.shape, (a.shape[-1],), ())] or [a]))
+            b = draw(st.sampled_from([v for v in values if v.shape in (a.shape, a.shape[-1:], ())] or [a]))
             values.append(draw(st.sampled_from(BINARY))(a, b))
         elif kind == "exp":
             values.append(ops.exp(a * 0.1))

@@ -32,6 +32,8 @@ cdef extern from *:
     unsigned short ps_d2h(double d) noexcept nogil
 
 DEF BLOCK = 256
+# Below this many multiply-adds a plain loop beats the overhead of a BLAS call.
+DEF SMALL_GEMM_MACS = 32768
 
 cdef enum:
     UNARY = 1
@@ -289,10 +291,35 @@ cdef inline void widen(const byte_t* src, int dt, float* dst, Py_ssize_t count) 
         s += n
 
 
+cdef inline void small_gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil:
+    """out = a @ b for the tiny per-tile blocks most plans produce (n <= BLOCK), where a BLAS call's
+    overhead exceeds the work. Rows accumulate in a local buffer so the inner loop vectorises."""
+    cdef float acc[BLOCK]
+    cdef int i, j, kk
+    cdef float aik
+    cdef const float* brow
+    for i in range(m):
+        for j in range(n):
+            acc[j] = 0.0
+        for kk in range(k):
+            aik = a[i * k + kk]
+            brow = b + kk * n
+            for j in range(n):
+                acc[j] += aik * brow[j]
+        memcpy(out + i * n, acc, n * sizeof(float))
+
+
+cdef inline void gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil:
+    cdef float one = 1.0, zero = 0.0
+    if n <= BLOCK and <long> m * k * n <= SMALL_GEMM_MACS:
+        small_gemm(a, b, out, m, k, n)
+    else:
+        sgemm("N", "N", &n, &m, &k, &one, <float*> b, &n, <float*> a, &k, &zero, out, &n)
+
+
 cdef void matmul_partial(const byte_t* a, const byte_t* b, int dt, float* out,
                          int m, int k, int n) noexcept nogil:
     """out (m, n, float32) = a (m, k) @ b (k, n); float16 operands are widened to float32 partials first."""
-    cdef float one = 1.0, zero = 0.0
     cdef float* fa
     cdef float* fb
     if m == 0 or n == 0:
@@ -301,13 +328,13 @@ cdef void matmul_partial(const byte_t* a, const byte_t* b, int dt, float* out,
         memset(out, 0, m * n * sizeof(float))
         return
     if dt == 0:
-        sgemm("N", "N", &n, &m, &k, &one, <float*> b, &n, <float*> a, &k, &zero, out, &n)
+        gemm(<const float*> a, <const float*> b, out, m, k, n)
         return
     fa = <float*> malloc(m * k * sizeof(float))
     fb = <float*> malloc(k * n * sizeof(float))
     widen(a, dt, fa, m * k)
     widen(b, dt, fb, k * n)
-    sgemm("N", "N", &n, &m, &k, &one, fb, &n, fa, &k, &zero, out, &n)
+    gemm(fa, fb, out, m, k, n)
     free(fa)
     free(fb)
 
