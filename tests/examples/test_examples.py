@@ -87,3 +87,11 @@ def test_inference_only_matches_cpu():
 
 def test_gradient_accumulation_matches_one_cpu_step_on_the_whole_batch():
     assert example("gradient_accumulation")["main"]([]) < 1e-5
+
+
+def test_the_readme_usage_example_runs(capsys):
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert out.startswith("loss ") and "popsim profile on ipu2" in out
