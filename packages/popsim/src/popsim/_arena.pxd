@@ -6,6 +6,7 @@ cdef class TileArena:
     cdef readonly tile_t num_tiles
     cdef readonly offset_t tile_bytes
     cdef readonly object buffer
+    cdef object _pages
     cdef byte_t* base
 
     cdef byte_t* tile_ptr(self, tile_t tile, offset_t offset) noexcept nogil

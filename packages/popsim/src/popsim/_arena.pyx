@@ -1,8 +1,11 @@
 """Tile memory arena and the exchange copy kernel.
 
-The arena is one zero-filled NumPy buffer; the OS maps its pages lazily, so a full 1,472-tile Mk2
-(~919 MB) costs only the pages that tensors actually touch.
+The arena is one anonymous zero-filled mapping seen as a NumPy buffer; the OS maps its pages lazily, so a
+full 1,472-tile Mk2 (~919 MB) costs only the pages that tensors actually touch. Transparent huge pages are
+refused: a 2 MB page would make a few bytes used in each of three neighbouring tiles cost the whole page.
 """
+
+import mmap
 
 cimport numpy as cnp
 from libc.string cimport memcpy
@@ -20,7 +23,10 @@ cdef class TileArena:
             raise ValueError(f"an arena needs tiles and bytes, got {num_tiles} x {tile_bytes}")
         self.num_tiles = num_tiles
         self.tile_bytes = tile_bytes
-        self.buffer = np.zeros(num_tiles * tile_bytes, dtype=np.uint8)
+        self._pages = mmap.mmap(-1, num_tiles * tile_bytes)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            self._pages.madvise(mmap.MADV_NOHUGEPAGE)
+        self.buffer = np.frombuffer(self._pages, dtype=np.uint8)
         self.base = <byte_t*> cnp.PyArray_DATA(self.buffer)
 
     cdef byte_t* tile_ptr(self, tile_t tile, offset_t offset) noexcept nogil:
