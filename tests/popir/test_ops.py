@@ -244,3 +244,19 @@ def test_lstm_cell_with_zero_weights_halves_the_cell_state():
     h1, c1 = _run(lambda x, h, c, w_ih, w_hh: ops.lstm_cell(x, h, c, w_ih, w_hh), x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh)
     np.testing.assert_allclose(c1, 1.0)  # sigmoid(0) * 2 + sigmoid(0) * tanh(0)
     np.testing.assert_allclose(h1, 0.5 * np.tanh(1.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_every_target_ignored_is_nan_with_zero_gradient(smoothing):
+    # torch: the mean over zero counted targets is 0/0 = NaN, while the backward pass writes no gradient.
+    g = popir.Graph("ce")
+    x = g.add_input("x", (3, 4), "float32")
+    t = g.add_input("t", (3,), "int32")
+    loss = ops.cross_entropy(x, t, ignore_index=-100, label_smoothing=smoothing)
+    g.output("loss", loss)
+    g.output("grad", popir.autodiff.grad(g, loss, [x])[0])
+    feeds = {"x": np.ones((3, 4), np.float32), "t": np.full(3, -100, np.int32)}
+    with np.errstate(invalid="ignore"):
+        out = popir.interpreter.run(g, feeds)
+    assert np.isnan(out["loss"])
+    np.testing.assert_array_equal(out["grad"], np.zeros((3, 4), np.float32))

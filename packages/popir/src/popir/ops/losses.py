@@ -4,7 +4,7 @@ from popir.dtypes import DType
 from popir.errors import IRError
 from popir.ops.activations import log_softmax, softplus
 from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
-from popir.ops.elementwise import abs_, cast, gt, log, lt, maximum, ne, where
+from popir.ops.elementwise import abs_, cast, eq, gt, log, lt, maximum, ne, where
 from popir.ops.movement import gather, take_along_axis
 from popir.ops.stats import mean
 
@@ -18,6 +18,15 @@ def reduce_loss(loss, reduction):
     if reduction == "none":
         return loss
     raise IRError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _weighted_mean(loss_sum, weight_sum):
+    """``loss_sum / weight_sum`` as torch computes it: NaN when every target is ignored, yet a zero gradient
+    (torch's backward leaves ignored positions untouched rather than propagating 0/0)."""
+    g, dtype = loss_sum.graph, loss_sum.dtype
+    empty = eq(weight_sum, full(g, (), 0.0, dtype))
+    safe = where(empty, full(g, (), 1.0, dtype), weight_sum)
+    return loss_sum / safe + where(empty, full(g, (), float("nan"), dtype), full(g, (), 0.0, dtype))
 
 
 def _valid_targets(target, ignore_index):
@@ -47,7 +56,7 @@ def nll_loss(log_probs, target, weight=None, reduction="mean", ignore_index=-100
         w = w * gather(weight, safe, axis=0)
     loss = -(reshape(picked, shape=tg.shape) * w)
     if reduction == "mean":
-        return reduce_sum(loss, axes=None, keepdims=False) / reduce_sum(w, axes=None, keepdims=False)
+        return _weighted_mean(reduce_sum(loss, axes=None, keepdims=False), reduce_sum(w, axes=None, keepdims=False))
     loss = reduce_loss(loss, reduction)
     return loss if batched or reduction != "none" else reshape(loss, shape=())
 
@@ -72,7 +81,9 @@ def cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-1
     smooth = -reduce_sum(weighted, axes=(class_axis,), keepdims=False) * keep
     if reduction == "mean":
         counted = keep if weight is None else gather(weight, safe, axis=0) * keep
-        smooth = reduce_sum(smooth, axes=None, keepdims=False) / reduce_sum(counted, axes=None, keepdims=False)
+        smooth = _weighted_mean(
+            reduce_sum(smooth, axes=None, keepdims=False), reduce_sum(counted, axes=None, keepdims=False)
+        )
     else:
         smooth = reduce_loss(smooth, reduction)
     return nll * (1.0 - label_smoothing) + smooth * (label_smoothing / logits.shape[class_axis])
