@@ -233,6 +233,9 @@ entry(
 )
 
 
+entry("stop_gradient", _unary(), ops.stop_gradient, "torch.Tensor.detach", dtypes=("float32", "float16", "int32"))
+
+
 def _constant(d):
     return Sample({}, {"value": d.floats(d.shape())})
 

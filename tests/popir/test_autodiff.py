@@ -1,5 +1,5 @@
 """Reverse-mode autodiff: every VJP and whole models (MLP, conv net, attention block) against central finite
-differences in float64, fan-out accumulation, pruning and double backward. No torch here."""
+differences in float64, fan-out accumulation, pruning, stop_gradient and double backward. No torch here."""
 
 import numpy as np
 import pytest
@@ -167,3 +167,24 @@ def test_double_backward_matches_finite_differences_of_the_gradient(layer):
     feeds = {"x": rng.standard_normal((1, 2, 5, 5)), "w": rng.standard_normal((2, 2, 3, 3))}
     analytic, numeric = vjp_check(g, feeds, ["x", "w"])
     assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-7)
+
+
+def test_no_gradient_flows_through_stop_gradient_even_after_optimisation():
+    g = popir.Graph()
+    x = g.add_input("x", (3,), "float32")
+    g.output("loss", ops.reduce_sum(ops.exp(ops.stop_gradient(x)), axes=None, keepdims=False))
+    # Passes also run on forward graphs before autodiff, so they must keep the cut.
+    g = popir.passes.optimize(g)
+    (gx,) = popir.autodiff.grad(g, g.outputs["loss"], [g.input("x")])
+    g.output("gx", gx)
+    assert popir.interpreter.run(g, {"x": np.array([0.5, -1.0, 2.0])})["gx"].tolist() == [0, 0, 0]
+
+
+def test_stop_gradient_cuts_only_its_own_path():
+    g = _grad_graph(lambda g, x: ops.reduce_sum(x * ops.stop_gradient(x), axes=None, keepdims=False))
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(popir.interpreter.run(g, {"x": x})["gx"], x)
+    # After optimisation the gradient is the stop_gradient node itself: d/dx of x * c is c, not 2x.
+    optimized = popir.passes.optimize(g)
+    assert [n.op for n in optimized.nodes] == ["stop_gradient"]
+    np.testing.assert_array_equal(popir.interpreter.run(optimized, {"x": x})["gx"], x)

@@ -17,7 +17,8 @@ class OpDef:
     infer(*input_types, **attrs) -> TensorType or tuple of them; raises IRError on bad input.
     ref(*arrays, **attrs) -> ndarray or tuple: the NumPy reference the interpreter runs.
     vjp(inputs, outputs, cotangents, **attrs) -> one Value or None per input; emits popir nodes.
-    differentiable=False marks ops with no gradient (integer results, comparisons, RNG bits).
+    differentiable=False marks ops with no gradient (integer results, comparisons, RNG bits, stop_gradient):
+    autodiff sends no cotangent through them.
     """
 
     name: str

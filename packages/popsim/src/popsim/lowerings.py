@@ -83,6 +83,12 @@ def _elementwise(lw, node, *args, **attrs):
     return lw.elementwise(node.op, args, out.shape, out.dtype)
 
 
+@lowering("stop_gradient")
+def _stop_gradient(lw, node, x):
+    # Only autodiff sees the op; on the device its output is its input, with no copy.
+    return x
+
+
 # -- movement: index maps --------------------------------------------------------------------------
 @lowering("reshape")
 def _reshape(lw, node, x, shape):

@@ -39,6 +39,10 @@ LOSS_OPS = (
     torch.ops.poptorch.identity_loss.default,
 )
 
+# ATen ops kept out of the decompositions: torch decomposes detach to alias, a plain view that would let
+# gradients through (a decomposition torch deems valid only without autograd).
+UNDECOMPOSED_OPS = (aten.detach.default,)
+
 # ATen ops that only check metadata at run time: nothing to compute on the device.
 IGNORED_OPS = (
     aten._assert_async.msg,
@@ -409,13 +413,17 @@ def _to_copy(ctx, x, *args, **kwargs):
 @lowers(
     aten.clone.default,
     aten.alias.default,
-    aten.detach.default,
     aten.lift_fresh_copy.default,
     aten.contiguous.default,
     torch.ops.poptorch.ipu_print_tensor.default,
 )
 def _identity(ctx, x, *args, **kwargs):
     return x
+
+
+@lowers(aten.detach.default)
+def _detach(ctx, x):
+    return _op("stop_gradient", x)
 
 
 @lowers(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)

@@ -1,10 +1,10 @@
 """Capture: ``torch.export`` a model, then lower its core-ATen graph to a popir forward graph.
 
 ``capture(model, args, kwargs)`` exports with ``strict=False`` (in the model's current train/eval mode),
-runs the default core-ATen decompositions except the loss ops (so each loss stays one node), checks that
-every op has a lowering in ``_aten_table.TABLE`` (listing all unsupported ops at once, with the user's
-source lines), then interprets the exported graph node by node into popir. Every popir node records the
-user's source line.
+runs the default core-ATen decompositions except the loss ops (so each loss stays one node) and detach
+(whose decomposition, alias, would let gradients through), checks that every op has a lowering in
+``_aten_table.TABLE`` (listing all unsupported ops at once, with the user's source lines), then interprets
+the exported graph node by node into popir. Every popir node records the user's source line.
 
 Randomness (dropout): the graph gets one extra input of kind ``buffer`` named ``RNG_SEED`` ("_rng_seed",
 int32[2]); each random op draws from its own stream derived from it. The runtime owns the seed: it feeds
@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
-from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, popir_dtype
+from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch.errors import Error, UnsupportedOpError
 
 RNG_SEED = "_rng_seed"
@@ -84,7 +84,7 @@ def capture(model, args, kwargs=None):
 
 def _export(model, args, kwargs):
     table = torch.export.default_decompositions()
-    for op in LOSS_OPS:
+    for op in LOSS_OPS + UNDECOMPOSED_OPS:
         table.pop(op, None)
     try:
         with warnings.catch_warnings():

@@ -69,6 +69,7 @@ from popir.ops.elementwise import (
     sign,
     sin,
     sqrt,
+    stop_gradient,
     tanh,
     where,
 )
@@ -299,6 +300,7 @@ __all__ = [
     "squeeze",
     "stack",
     "std",
+    "stop_gradient",
     "sub",
     "sum_to",
     "take_along_axis",

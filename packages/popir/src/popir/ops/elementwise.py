@@ -1,4 +1,4 @@
-"""Elementwise primitives: float math, binary arithmetic, comparisons, logic, select and casts.
+"""Elementwise primitives: float math, binary arithmetic, comparisons, logic, select, casts and stop_gradient.
 
 The wave-0 arithmetic (add, sub, mul, div, neg, exp) lives in ``base.py``; everything else elementwise is here.
 """
@@ -198,4 +198,13 @@ cast = defop(
     ref=lambda x, dtype: x.astype(numpy_dtype(dtype)),
     vjp=_cast_vjp,
     doc="Convert to ``dtype`` (float to int truncates toward zero, as in torch).",
+)
+
+
+stop_gradient = defop(
+    "stop_gradient",
+    infer=lambda x: x,
+    ref=np.copy,
+    differentiable=False,
+    doc="``x`` unchanged, but no gradient flows back through it (torch's ``detach``).",
 )
