@@ -46,3 +46,13 @@ def test_corrupt_bytes_raise_irerror():
     for bad in (b"", b"junk", data[: len(data) // 2], data[:20] + b"\xff" * 10 + data[30:]):
         with pytest.raises(popir.IRError, match="corrupt"):
             popir.Graph.from_bytes(bad)
+
+
+def test_dtype_attributes_are_stored_by_name_and_round_trip():
+    g = popir.Graph()
+    x = g.add_input("x", (2,), "float32")
+    g.output("y", ops.cast(x, dtype=popir.DType.float16))
+    (node,) = g.nodes
+    assert type(node.attrs["dtype"]) is str and "cast(%0, dtype='float16')" in g.to_text()
+    again = popir.Graph.from_bytes(g.to_bytes())
+    assert again.to_text() == g.to_text() and again.to_bytes() == g.to_bytes()

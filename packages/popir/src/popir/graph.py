@@ -120,17 +120,21 @@ def _short(value):
 
 
 def normalize_attr(value):
-    """Attributes are ints, floats, bools, strings, None, tuples of those, or ndarrays (constants)."""
+    """Attributes are ints, floats, bools, strings, None, tuples of those, or ndarrays (constants).
+
+    A DType is stored as its name, so listings and serialized graphs show it the same way.
+    """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
         return float(value)
-    if value is None or isinstance(value, str):
-        return value
+    # Before str: DType is a str subclass.
     if isinstance(value, DType):
         return value.value
+    if value is None or isinstance(value, str):
+        return value
     if isinstance(value, (list, tuple)):
         return tuple(normalize_attr(v) for v in value)
     if isinstance(value, np.ndarray):
