@@ -142,6 +142,21 @@ def normalize_attr(value):
     raise IRError(f"attribute value {value!r} of type {type(value).__name__} is not supported")
 
 
+class _SourceScope:
+    """The context manager of ``Graph.source_line`` (defined once: capture and autodiff enter one per node)."""
+
+    __slots__ = ("graph", "source", "previous")
+
+    def __init__(self, graph, source):
+        self.graph, self.source = graph, source
+
+    def __enter__(self):
+        self.previous, self.graph._source = self.graph._source, self.source
+
+    def __exit__(self, *exc):
+        self.graph._source = self.previous
+
+
 def graph_of(values):
     """The one graph that all Values in ``values`` belong to."""
     graphs = {id(v.graph): v.graph for v in values if isinstance(v, Value)}
@@ -194,16 +209,7 @@ class Graph:
 
     def source_line(self, source):
         """Context manager: nodes created inside it record ``source`` (the user's line) for errors."""
-        graph = self
-
-        class _Scope:
-            def __enter__(self):
-                self.previous, graph._source = graph._source, source
-
-            def __exit__(self, *exc):
-                graph._source = self.previous
-
-        return _Scope()
+        return _SourceScope(self, source)
 
     def apply(self, op, inputs, attrs):
         """Append a node applying primitive ``op``; returns its output Values (a list)."""
