@@ -644,6 +644,31 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return slice_axis(x, axis, start, stop, step)
 
 
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
+    axis = _axis(dim, x.ndim)
+    start, stop, step = slice(start, end, step).indices(x.shape[axis])
+    stop = max(stop, start)
+    src = _cast(src, x.dtype)
+    if step == 1:
+        parts = [slice_axis(x, axis, 0, start), src, slice_axis(x, axis, stop, x.shape[axis])]
+        parts = [t for t in parts if t.shape[axis] > 0]
+        return parts[0] if len(parts) == 1 else _op("concat", *parts, axis=axis)
+    # A strided slice: every output position reads either x or src, chosen by a constant index map.
+    index = np.arange(x.shape[axis])
+    index[start:stop:step] = x.shape[axis] + np.arange(src.shape[axis])
+    both = _op("concat", x, src, axis=axis)
+    return _op("gather", both, ctx.graph.constant(index.astype(np.int32)), axis=axis)
+
+
+@lowers(aten.select_scatter.default)
+def _select_scatter(ctx, x, src, dim, index):
+    axis = _axis(dim, x.ndim)
+    index = index % x.shape[axis]
+    src = _op("reshape", src, shape=x.shape[:axis] + (1,) + x.shape[axis + 1 :])
+    return _slice_scatter(ctx, x, src, axis, index, index + 1)
+
+
 @lowers(aten.select.int)
 def _select(ctx, x, dim, index):
     axis = _axis(dim, x.ndim)
