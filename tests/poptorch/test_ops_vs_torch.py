@@ -122,6 +122,10 @@ def _reduction_cases(gen, n):
         "var_biased": (lambda t: t.var((0, 2), unbiased=False, keepdim=True), x),
         "std": (lambda t: t.std(-1), x),
         "norm": (lambda t: t.norm(dim=-1), x),
+        "norm_orders": (
+            lambda t: (t.norm(p=3, dim=1), torch.linalg.vector_norm(t, ord=0.5), t.norm(p=float("inf"))),
+            x,
+        ),
         "any_all": (lambda t: ((t > 1).any(1), (t > -2).all()), x),
     }
 

@@ -554,14 +554,7 @@ def _scatter(ctx, x, dim, index, src):
 @lowers(aten.linalg_vector_norm.default)
 def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = _cast(x, _out_dtype(ctx))
-    axes = _axes(dim, x.ndim)
-    if ord == float("inf"):
-        return _op("reduce_max", _op("abs", x), axes=axes, keepdims=keepdim)
-    if ord == 1:
-        return _op("reduce_sum", _op("abs", x), axes=axes, keepdims=keepdim)
-    if ord == 2:
-        return _op("sqrt", _op("reduce_sum", _op("mul", x, x), axes=axes, keepdims=keepdim))
-    raise Error(f"vector norms of order {ord} are not supported (only 1, 2 and inf)")
+    return popir.ops.norm(x, p=float(ord), axes=_axes(dim, x.ndim), keepdims=keepdim)
 
 
 def variance(x, axes, correction, keepdim):
