@@ -5,14 +5,29 @@ movement is an exchange the engine performs and charges for.
 
     exe = popsim.compile(graph_or_programs, target="ipu2")
     outputs = exe.run(feeds, program=None)
+
+A hand-built DeviceGraph program (Sequence, Repeat, If, Sync, ...) compiles with
+``popsim.compile_device_graph(dg, inputs, outputs)``.
 """
 
 from importlib.metadata import version as _version
 
 from popsim._arena import TileArena
-from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Region, Tensor, Vertex
+from popsim.device_graph import (
+    ComputeSet,
+    Copy,
+    DeviceGraph,
+    Execute,
+    If,
+    Region,
+    Repeat,
+    Sequence,
+    Sync,
+    Tensor,
+    Vertex,
+)
 from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
-from popsim.executable import Executable, compile, supported_ops
+from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.mapping import TileMapping
 from popsim.profile import Profile
 from popsim.target import Device, Target
@@ -26,9 +41,14 @@ __all__ = [
     "DeviceGraph",
     "Error",
     "Executable",
+    "Execute",
+    "If",
     "OutOfMemoryError",
     "Profile",
     "Region",
+    "Repeat",
+    "Sequence",
+    "Sync",
     "Target",
     "Tensor",
     "TileArena",
@@ -37,5 +57,6 @@ __all__ = [
     "Vertex",
     "__version__",
     "compile",
+    "compile_device_graph",
     "supported_ops",
 ]

@@ -487,36 +487,60 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     return bad
 
 
-def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:, ::1] instructions,
-                const double[::1] fparams, const offset_t[:, ::1] copies, int num_threads=1):
-    """Run a lowered program: each phase row is (kind, start, stop); kind 0 runs instruction rows
-    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run).
+def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
+                const offset_t[:, ::1] instructions, const double[::1] fparams, const offset_t[:, ::1] copies,
+                offset_t[::1] counters, int num_threads=1):
+    """Run a program's phases (see popsim/program.py for the row kinds): kind 0 runs instruction rows
+    start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run),
+    kinds 2-6 are control flow (branch on a tile-memory condition, jump, loop counters in ``counters``, sync).
 
-    The rows of one phase are independent (BSP: a compute set's vertices, or one exchange's copies), so
-    they are shared among ``num_threads`` threads; phases run in order, with a barrier between them.
-    Returns how many dynamic gather/scatter indices were out of range.
+    The rows of one compute or exchange phase are independent (BSP), so they are shared among
+    ``num_threads`` threads; phases run one after another, with a barrier between them. Returns how many
+    dynamic gather/scatter indices were out of range, and the sum of ``phase_cycles`` of the phases run.
     """
-    cdef Py_ssize_t p, i, start, stop
+    cdef Py_ssize_t p = 0, i, start, stop, kind
     cdef Py_ssize_t bad = 0
+    cdef offset_t cycles = 0
     cdef byte_t* base = arena.base
+    cdef bint zero
     with nogil:
-        for p in range(phases.shape[0]):
+        while p < phases.shape[0]:
+            kind = phases[p, 0]
             start = phases[p, 1]
             stop = phases[p, 2]
-            if num_threads > 1 and stop - start > 1:
-                if phases[p, 0] == 0:
+            cycles += phase_cycles[p]
+            p += 1
+            if kind == 2:
+                zero = True
+                for i in range(stop):
+                    if base[start + i] != 0:
+                        zero = False
+                if zero:
+                    p = phases[p - 1, 3]
+            elif kind == 3:
+                p = start
+            elif kind == 4:
+                counters[start] = stop
+            elif kind == 5:
+                counters[start] -= 1
+                if counters[start] > 0:
+                    p = stop
+            elif kind == 6:
+                pass
+            elif num_threads > 1 and stop - start > 1:
+                if kind == 0:
                     for i in prange(start, stop, schedule="dynamic", num_threads=num_threads):
                         bad += run_instruction(base, &instructions[i, 0], fparams[i])
                 else:
                     for i in prange(start, stop, schedule="static", num_threads=num_threads):
                         copy_run(base, &copies[i, 0])
-            elif phases[p, 0] == 0:
+            elif kind == 0:
                 for i in range(start, stop):
                     bad += run_instruction(base, &instructions[i, 0], fparams[i])
             else:
                 for i in range(start, stop):
                     copy_run(base, &copies[i, 0])
-    return bad
+    return bad, cycles
 
 
 def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsize):

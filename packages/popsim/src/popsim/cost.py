@@ -57,3 +57,11 @@ def exchange_cycles(target, busiest_tile_bytes):
 def host_cycles(target, nbytes):
     """Cycles to stream ``nbytes`` between host and device."""
     return math.ceil(nbytes / target.host_bytes_per_second * target.clock_hz)
+
+
+CONTROL_CYCLES = 10  # supervisor cycles to set or step a loop counter, or to jump (*estimate*)
+
+
+def branch_cycles(target):
+    """Cycles of an If's decision: the condition word is broadcast to every tile (an exchange), then a sync."""
+    return exchange_cycles(target, 4) + target.sync_cycles

@@ -4,6 +4,10 @@ A ``Vertex`` is one codelet instance on one tile; each of its fields is a ``Regi
 element range of a tensor) that must lie in that tile's memory. A field reaching another tile is rejected
 here, when the vertex is added, with a ``popsim.Error``. ``Copy`` is an exchange: element i of ``dst``
 takes element ``index[i]`` of the concatenated sources, whatever tiles they live on.
+
+A program is a step or a list of steps (a list is a ``Sequence``). Steps: ``ComputeSet`` (or
+``Execute(compute_set)``), ``Copy``, ``Sequence``, ``Repeat``, ``If`` and ``Sync``. Host streams are not
+program steps: ``Executable.run`` streams inputs in before the program and outputs out after it.
 """
 
 from dataclasses import dataclass, field
@@ -95,9 +99,22 @@ class Copy:
     srcs: list
     index: np.ndarray
 
+    def __post_init__(self):
+        self.srcs = list(self.srcs)
+        self.index = np.asarray(self.index, np.int64).reshape(-1)
+        total = sum(s.size for s in self.srcs)
+        if self.index.size != self.dst.size:
+            raise Error(
+                f"copy {self.name!r}: index map of {self.index.size} elements for a destination of {self.dst.size}"
+            )
+        if self.index.size and (self.index.min() < 0 or self.index.max() >= total):
+            raise Error(f"copy {self.name!r}: index map reaches outside its {total} source elements")
+        if any(s.dtype != self.dst.dtype for s in self.srcs):
+            raise Error(f"copy {self.name!r}: sources and destination must share a dtype")
+
 
 class DeviceGraph:
-    """Tensors, compute sets and the program Sequence being built for one target."""
+    """Tensors, compute sets and the program (a list of steps, run in order) being built for one target."""
 
     def __init__(self, target):
         self.target = target
@@ -153,12 +170,79 @@ class DeviceGraph:
 
     def add_copy(self, name, dst, srcs, index):
         """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
-        index = np.asarray(index, np.int64).reshape(-1)
-        total = sum(s.size for s in srcs)
-        if index.size != dst.size:
-            raise Error(f"copy {name!r}: index map of {index.size} elements for a destination of {dst.size}")
-        if index.size and (index.min() < 0 or index.max() >= total):
-            raise Error(f"copy {name!r}: index map reaches outside its {total} source elements")
-        if any(s.dtype != dst.dtype for s in srcs):
-            raise Error(f"copy {name!r}: sources and destination must share a dtype")
-        self.program.append(Copy(name, dst, list(srcs), index))
+        self.program.append(Copy(name, dst, srcs, index))
+
+
+@dataclass
+class Execute:
+    """Run ``compute_set`` (a ComputeSet placed in a program runs itself; this is Poplar's spelling)."""
+
+    compute_set: ComputeSet
+
+
+@dataclass
+class Sequence:
+    """Run ``steps`` in order."""
+
+    steps: list
+
+
+@dataclass
+class Repeat:
+    """Run ``body`` (a step or a list of steps) ``count`` times."""
+
+    count: int
+    body: object
+
+    def __post_init__(self):
+        if int(self.count) != self.count or self.count < 0:
+            raise Error(f"Repeat count must be a non-negative integer, got {self.count!r}")
+        self.count = int(self.count)
+
+
+@dataclass
+class If:
+    """Run ``then_body`` when the one-element bool or int32 ``condition`` (a Tensor or Region) read on the
+    device is non-zero, else ``else_body`` (a step, a list of steps, or None for nothing)."""
+
+    condition: object
+    then_body: object
+    else_body: object = None
+
+    def __post_init__(self):
+        if isinstance(self.condition, Tensor):
+            self.condition = self.condition.region(0, self.condition.size)
+        c = self.condition
+        if not isinstance(c, Region) or c.stop - c.start != 1 or str(c.tensor.dtype) not in ("bool", "int32"):
+            raise Error(f"If condition must be one bool or int32 element of a device tensor, got {c!r}")
+
+
+@dataclass
+class Sync:
+    """An explicit BSP sync of all tiles: no data moves, it costs the target's sync cycles."""
+
+
+def children(step):
+    """The sub-programs of a program step, in program order (none for ComputeSet, Copy, Execute, Sync)."""
+    if isinstance(step, list):
+        return step
+    if isinstance(step, Sequence):
+        return step.steps
+    if isinstance(step, Repeat):
+        return [step.body]
+    if isinstance(step, If):
+        return [step.then_body] + ([step.else_body] if step.else_body is not None else [])
+    if isinstance(step, ComputeSet | Copy | Execute | Sync):
+        return []
+    raise Error(f"not a program step: {step!r}")
+
+
+def leaves(program):
+    """The ComputeSet and Copy steps of ``program`` in program order (each If branch, each loop body once)."""
+    if isinstance(program, Execute):
+        yield program.compute_set
+    elif isinstance(program, (ComputeSet, Copy)):
+        yield program
+    else:
+        for child in children(program):
+            yield from leaves(child)

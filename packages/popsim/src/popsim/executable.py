@@ -8,7 +8,7 @@ import popir
 from popsim import _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
-from popsim.device_graph import ComputeSet, DeviceGraph
+from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, children, leaves
 from popsim.errors import Error, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.planner import Lowerer
@@ -75,6 +75,17 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     return Executable(target, dg, variables, lowered, relax_memory)
 
 
+def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_memory=False):
+    """Compile a hand-built ``dg.program`` (a step or a list of Poplar program steps) as program ``name``.
+
+    ``inputs`` and ``outputs`` map host names to device tensors, streamed in before and out after each run.
+    Tensors of category ``"variable"`` are variables by name; ``"constant"`` tensors hold their ``value``.
+    """
+    variables = {t.name: t for t in dg.tensors if t.storage is t and t.category == "variable"}
+    lowered = {name: (dg.program, dict(inputs or {}), dict(outputs or {}))}
+    return Executable(dg.target, dg, variables, lowered, relax_memory)
+
+
 def default_threads():
     """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine."""
     value = os.environ.get("POPSIM_NUM_THREADS")
@@ -96,7 +107,7 @@ class Executable:
         self.num_threads = default_threads()
         self._vars = variables
         self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
-        overhead = _vertex_memory(target, [step for steps, _, _ in lowered.values() for step in steps])
+        overhead = _vertex_memory(target, [program for program, _, _ in lowered.values()])
         budget = {
             t: target.tile_bytes - overhead["vertex_state"][t] - overhead["code"][t] for t in range(target.num_tiles)
         }
@@ -106,9 +117,9 @@ class Executable:
         for t in pinned:
             alloc[t.id] = base.place(t, t.mapping.tile_bytes(t.itemsize), -1, np.inf)
         per_program = {}
-        for name, (steps, inputs, outputs) in lowered.items():
+        for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
-            for storage, first, last in _liveness(steps, inputs, outputs):
+            for storage, first, last in _liveness(program, inputs, outputs):
                 alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
             allocator.check(relax_memory)
             per_program[name] = allocator
@@ -137,8 +148,8 @@ class Executable:
 
         self._programs = {}
         self.profile = Profile(target)
-        for name, (steps, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, steps, block_base, block_base_list, tile_size)
+        for name, (program, inputs, outputs) in lowered.items():
+            flat = flatten_program(target, program, block_base, block_base_list, tile_size)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
             host_bytes = sum(t.size * t.itemsize for t in list(inputs.values()) + list(outputs.values()))
@@ -149,7 +160,16 @@ class Executable:
                 "code": overhead["code"],
             }
             self.profile.add_program(
-                name, flat.steps, host, memory, flat.tile_compute, flat.tile_exchange, flat.flops, budget, relax_memory
+                name,
+                flat.steps,
+                flat.totals,
+                host,
+                memory,
+                flat.tile_compute,
+                flat.tile_exchange,
+                flat.flops,
+                budget,
+                relax_memory,
             )
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
@@ -191,10 +211,18 @@ class Executable:
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
-        bad = _kernels.run_program(
-            self.arena, flat.phases, flat.instructions, flat.fparams, flat.copies, self.num_threads
+        bad, cycles = _kernels.run_program(
+            self.arena,
+            flat.phases,
+            flat.phase_cycles,
+            flat.instructions,
+            flat.fparams,
+            flat.copies,
+            np.zeros(flat.num_counters, np.int64),
+            self.num_threads,
         )
-        self.last_run_cycles = self.profile.programs[program]["total_cycles"]
+        # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
+        self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"]
         if bad:
             raise Error(
                 f"program {program!r}: {bad} gather/scatter index(es) out of range (an input index or class label "
@@ -225,30 +253,56 @@ def _storages_of(step):
     return {step.dst.storage} | {s.storage for s in step.srcs}
 
 
-def _liveness(steps, inputs, outputs):
+def _liveness(program, inputs, outputs):
+    """(storage, first step, last step) of each temporary storage, in placement order. Steps are numbered in
+    program order (an If's condition test counts as a step). A storage touched inside a Repeat or If body is
+    live across the whole body: a loop reads in its next iteration what it wrote late in this one."""
     first, last = {}, {}
-    for i, step in enumerate(steps):
-        for s in _storages_of(step):
-            first.setdefault(s, i)
-            last[s] = i
+    count = 0
+
+    def use(storages):
+        nonlocal count
+        for s in storages:
+            first.setdefault(s, count)
+            last[s] = count
+        count += 1
+        return set(storages)
+
+    def walk(step):
+        if isinstance(step, ComputeSet | Copy):
+            return use(_storages_of(step))
+        if isinstance(step, Execute):
+            return use(_storages_of(step.compute_set))
+        start = count
+        touched = use({step.condition.tensor.storage}) if isinstance(step, If) else set()
+        for child in children(step):
+            touched |= walk(child)
+        if isinstance(step, Repeat | If):
+            for s in touched:
+                first[s] = min(first[s], start)
+                last[s] = max(last[s], count - 1)
+        return touched
+
+    walk(program)
     for t in inputs.values():
         first[t.storage] = -1
         last.setdefault(t.storage, -1)
     for t in outputs.values():
-        first.setdefault(t.storage, len(steps))
-        last[t.storage] = len(steps)
+        first.setdefault(t.storage, count)
+        last[t.storage] = count
     order = sorted(first, key=lambda s: (first[s], s.id))
     return [(s, first[s], last[s]) for s in order if s.category not in ("variable", "constant")]
 
 
-def _vertex_memory(target, steps):
+def _vertex_memory(target, programs):
     """Per tile: bytes of vertex state (all vertices stay resident) and of codelet code."""
     state = np.zeros(target.num_tiles, np.int64)
     kinds = [set() for _ in range(target.num_tiles)]
-    for step in steps:
-        if isinstance(step, ComputeSet):
-            for v in step.vertices:
-                state[v.tile] += 8 + 4 * len(v.fields)
-                kinds[v.tile].add((v.kind, v.sub))
+    # A compute set executed at several places in a program is resident once.
+    sets = {id(cs): cs for program in programs for cs in leaves(program) if isinstance(cs, ComputeSet)}
+    for cs in sets.values():
+        for v in cs.vertices:
+            state[v.tile] += 8 + 4 * len(v.fields)
+            kinds[v.tile].add((v.kind, v.sub))
     code = [len(k) * target.code_bytes_per_codelet for k in kinds]
     return {"vertex_state": state.tolist(), "code": code}

@@ -7,23 +7,29 @@ import numpy as np
 
 class Profile:
     """Per program: ``steps`` (each compute set / exchange with its cycles), totals by kind, seconds,
-    per-tile compute cycles and exchange bytes, memory per tile by category."""
+    per-tile compute cycles and exchange bytes, memory per tile by category.
+
+    Totals are static. With control flow they count every Repeat iteration and, for an If, the costlier
+    branch (a worst case); ``control_cycles`` are loop counters, jumps and branch decisions. Steps, per-tile
+    figures and flops count each compute set and exchange once. ``Executable.last_run_cycles`` is the
+    dynamic figure of the branches a run actually took."""
 
     def __init__(self, target):
         self.target = target
         self.programs = {}
 
-    def add_program(self, name, steps, host_cycles, memory, tile_compute, tile_exchange, flops, budget, relaxed):
-        compute = sum(s["cycles"] for s in steps if s["kind"] == "compute")
-        exchange = sum(s["cycles"] for s in steps if s["kind"] == "exchange")
-        sync = len(steps) * self.target.sync_cycles
-        total = compute + exchange + sync + host_cycles
+    def add_program(
+        self, name, steps, totals, host_cycles, memory, tile_compute, tile_exchange, flops, budget, relaxed
+    ):
+        compute, exchange, sync, control = (totals[k] for k in ("compute", "exchange", "sync", "control"))
+        total = compute + exchange + sync + control + host_cycles
         used = np.sum([memory[k] for k in ("tensors", "vertex_state", "code")], axis=0)
         self.programs[name] = {
             "total_cycles": int(total),
             "compute_cycles": int(compute),
             "exchange_cycles": int(exchange),
             "sync_cycles": int(sync),
+            "control_cycles": int(control),
             "host_cycles": int(host_cycles),
             "seconds": total / self.target.clock_hz,
             "flops": int(flops),

@@ -1,4 +1,15 @@
-"""Flatten a lowered program into the engine's arrays (phases, instruction rows, copy rows) and cost it."""
+"""Flatten a program into the engine's arrays (phases, instruction rows, copy rows) and cost it.
+
+Each phase row is (kind, a, b, c), with a static cycle count charged every time the engine runs it:
+
+- COMPUTE (0, start, stop): instruction rows start..stop-1, one compute set.
+- EXCHANGE (1, start, stop): copy rows start..stop-1, one Copy.
+- BRANCH_IF_ZERO (2, offset, nbytes, target): go to phase ``target`` when the condition's bytes are all zero.
+- JUMP (3, target): go to phase ``target``.
+- LOOP_INIT (4, slot, count): set loop counter ``slot`` to ``count``.
+- LOOP_BACK (5, slot, target): decrement counter ``slot``; go to phase ``target`` while it stays positive.
+- SYNC (6): an explicit sync; no work.
+"""
 
 from types import SimpleNamespace
 
@@ -6,9 +17,10 @@ import numpy as np
 
 from popsim import _kernels, cost
 from popsim import _opcodes as oc
-from popsim.device_graph import ComputeSet
+from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, Sync, children
 
 NCOLS = 12
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC = range(7)
 DT = oc.DTYPE_CODES
 
 
@@ -51,88 +63,174 @@ def _copy_rows(step, block_base):
     return rows, src_tile, dst_tile, src_addr
 
 
-def flatten_program(target, steps, block_base, block_base_list, tile_size):
-    """The engine arrays of ``steps`` and their cost: one phase per compute set, and one per run of
-    consecutive independent copies (an exchange phase)."""
-    phases, rows, fparams, copies, profile_steps = [], [], [], [], []
-    tile_compute = np.zeros(target.num_tiles, np.int64)
-    tile_exchange = np.zeros(target.num_tiles, np.int64)
-    flops = 0
-    ncopies = 0
-    open_load, open_dsts = None, set()
-    for step in steps:
-        if isinstance(step, ComputeSet):
-            if not step.vertices:
-                continue
-            start = len(rows)
-            per_tile = np.zeros(target.num_tiles, np.int64)
-            for v in step.vertices:
-                f = v.fields
-                row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
-                for col, name in ((3, "a"), (4, "b"), (5, "c"), (6, "out")):
-                    if name in f:
-                        row[col] = _address(f[name], block_base_list)
-                for col, name in ((7, "a"), (8, "b"), (9, "out")):
-                    if name in f:
-                        row[col] = DT[f[name].tensor.dtype.value]
-                rows.append(row)
-                fparams.append(v.fparam)
-                per_tile[v.tile] += v.cycles
-                if v.kind == oc.MATMUL:
-                    flops += 2 * v.p0 * v.p1 * v.n
-            phases.append((0, start, len(rows)))
-            tile_compute += per_tile
-            cycles = int(per_tile.max())
-            profile_steps.append(
-                {
-                    "name": step.name,
-                    "kind": "compute",
-                    "cycles": cycles,
-                    "vertices": len(step.vertices),
-                    "tiles": int((per_tile > 0).sum()),
-                }
-            )
-        else:
-            block, src_tile, dst_tile, src_addr = _copy_rows(step, block_base)
-            if not len(block):
-                continue
-            isz = step.dst.itemsize
-            cross = src_tile != dst_tile
-            recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
-            # A source element sent to many tiles leaves its tile once (the exchange broadcasts it).
-            unique_src = np.unique(src_addr[cross])
-            sent = np.bincount(unique_src // tile_size, minlength=target.num_tiles) * isz
-            local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
-            load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
-            tile_exchange += load
-            sources = {x.storage for x in step.srcs}
-            if phases and phases[-1][0] == 1 and not (sources & open_dsts):
-                # No data dependence on the open exchange: both run in one BSP exchange phase.
-                open_load += load
-                open_dsts.add(step.dst.storage)
-                merged = profile_steps[-1]
-                merged["name"] += f"+{step.name}"
-                merged["bytes"] += int(recv.sum())
-            else:
-                open_load = load
-                open_dsts = {step.dst.storage}
-                merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
-                profile_steps.append(merged)
-            busiest = int(open_load.max())
-            merged["cycles"] = cost.exchange_cycles(target, busiest)
-            merged["busiest_tile_bytes"] = busiest
-            # The engine runs each copy on its own: the rows of one copy are independent of each other and
-            # can be shared among threads, while two merged copies may reuse each other's memory.
-            phases.append((1, ncopies, ncopies + len(block)))
-            copies.append(block)
-            ncopies += len(block)
+def flatten_program(target, program, block_base, block_base_list, tile_size):
+    """The engine arrays of ``program`` (a step or a list of steps) and its cost: one phase per compute set,
+    one per Copy (consecutive independent copies are costed as one BSP exchange phase) and one per control
+    step.
+
+    ``totals`` holds static compute / exchange / sync / control cycles: exact for straight-line programs and
+    Repeats, and for an If the costlier branch (a worst case). ``steps``, the per-tile figures and ``flops``
+    count each compute set and exchange once, however often it runs.
+    """
+    f = _Flattener(target, block_base, block_base_list, tile_size)
+    totals = f.emit(program)
     return SimpleNamespace(
-        phases=np.array(phases, np.int64).reshape(-1, 3),
-        instructions=np.array(rows, np.int64).reshape(-1, NCOLS),
-        fparams=np.array(fparams, np.float64),
-        copies=np.concatenate(copies).astype(np.int64) if copies else np.zeros((0, 5), np.int64),
-        steps=profile_steps,
-        tile_compute=tile_compute,
-        tile_exchange=tile_exchange,
-        flops=flops,
+        phases=np.array(f.phases, np.int64).reshape(-1, 4),
+        phase_cycles=np.array(f.cycles, np.int64),
+        num_counters=f.counters,
+        instructions=np.array(f.rows, np.int64).reshape(-1, NCOLS),
+        fparams=np.array(f.fparams, np.float64),
+        copies=np.concatenate(f.copies).astype(np.int64) if f.copies else np.zeros((0, 5), np.int64),
+        steps=f.steps,
+        totals=dict(zip(("compute", "exchange", "sync", "control"), totals.tolist())),
+        tile_compute=f.tile_compute,
+        tile_exchange=f.tile_exchange,
+        flops=f.flops,
     )
+
+
+def _totals(compute=0, exchange=0, sync=0, control=0):
+    return np.array([compute, exchange, sync, control], np.int64)
+
+
+class _Flattener:
+    def __init__(self, target, block_base, block_base_list, tile_size):
+        self.target = target
+        self.block_base = block_base
+        self.block_base_list = block_base_list
+        self.tile_size = tile_size
+        self.phases, self.cycles, self.rows, self.fparams, self.copies, self.steps = [], [], [], [], [], []
+        self.tile_compute = np.zeros(target.num_tiles, np.int64)
+        self.tile_exchange = np.zeros(target.num_tiles, np.int64)
+        self.flops = 0
+        self.ncopies = 0
+        self.counters = 0
+        self.open = None  # (load, destinations, profile step) of the exchange a next Copy may join
+
+    def phase(self, kind, a=0, b=0, c=0, cycles=0):
+        self.phases.append([kind, a, b, c])
+        self.cycles.append(int(cycles))
+        if kind != EXCHANGE:
+            self.open = None
+        return len(self.phases) - 1
+
+    def emit(self, step):
+        """Append the phases of ``step``; returns its static totals."""
+        if isinstance(step, Execute):
+            step = step.compute_set
+        if isinstance(step, ComputeSet):
+            return self.compute_set(step)
+        if isinstance(step, Copy):
+            return self.copy(step)
+        if isinstance(step, Sync):
+            self.phase(SYNC, cycles=self.target.sync_cycles)
+            return _totals(sync=self.target.sync_cycles)
+        if isinstance(step, Repeat):
+            return self.repeat(step)
+        if isinstance(step, If):
+            return self.branch(step)
+        return sum((self.emit(child) for child in children(step)), _totals())
+
+    def repeat(self, step):
+        if step.count == 0:
+            return _totals()
+        slot = self.counters
+        self.counters += 1
+        self.phase(LOOP_INIT, slot, step.count, cycles=cost.CONTROL_CYCLES)
+        start = len(self.phases)
+        body = self.emit(step.body)
+        self.phase(LOOP_BACK, slot, start, cycles=cost.CONTROL_CYCLES)
+        return step.count * (body + _totals(control=cost.CONTROL_CYCLES)) + _totals(control=cost.CONTROL_CYCLES)
+
+    def branch(self, step):
+        c = step.condition
+        sync = self.target.sync_cycles
+        decide = _totals(exchange=cost.branch_cycles(self.target) - sync, sync=sync)
+        test = self.phase(BRANCH_IF_ZERO, _address(c, self.block_base_list), c.tensor.itemsize, 0, decide.sum())
+        then = self.emit(step.then_body)
+        otherwise = _totals()
+        if step.else_body is not None:
+            jump = self.phase(JUMP, cycles=cost.CONTROL_CYCLES)
+            then = then + _totals(control=cost.CONTROL_CYCLES)
+            self.phases[test][3] = len(self.phases)
+            otherwise = self.emit(step.else_body)
+            self.phases[jump][1] = len(self.phases)
+        else:
+            self.phases[test][3] = len(self.phases)
+        # Both branches end here; an exchange after the If must not be costed as part of either.
+        self.open = None
+        return decide + (then if then.sum() >= otherwise.sum() else otherwise)
+
+    def compute_set(self, step):
+        if not step.vertices:
+            return _totals()
+        target = self.target
+        start = len(self.rows)
+        per_tile = np.zeros(target.num_tiles, np.int64)
+        for v in step.vertices:
+            f = v.fields
+            row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
+            for col, name in ((3, "a"), (4, "b"), (5, "c"), (6, "out")):
+                if name in f:
+                    row[col] = _address(f[name], self.block_base_list)
+            for col, name in ((7, "a"), (8, "b"), (9, "out")):
+                if name in f:
+                    row[col] = DT[f[name].tensor.dtype.value]
+            self.rows.append(row)
+            self.fparams.append(v.fparam)
+            per_tile[v.tile] += v.cycles
+            if v.kind == oc.MATMUL:
+                self.flops += 2 * v.p0 * v.p1 * v.n
+        self.tile_compute += per_tile
+        cycles = int(per_tile.max())
+        self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.sync_cycles)
+        self.steps.append(
+            {
+                "name": step.name,
+                "kind": "compute",
+                "cycles": cycles,
+                "vertices": len(step.vertices),
+                "tiles": int((per_tile > 0).sum()),
+            }
+        )
+        return _totals(compute=cycles, sync=target.sync_cycles)
+
+    def copy(self, step):
+        target = self.target
+        block, src_tile, dst_tile, src_addr = _copy_rows(step, self.block_base)
+        if not len(block):
+            return _totals()
+        isz = step.dst.itemsize
+        cross = src_tile != dst_tile
+        recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
+        # A source element sent to many tiles leaves its tile once (the exchange broadcasts it).
+        unique_src = np.unique(src_addr[cross])
+        sent = np.bincount(unique_src // self.tile_size, minlength=target.num_tiles) * isz
+        local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
+        load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
+        self.tile_exchange += load
+        sources = {x.storage for x in step.srcs}
+        if self.open is not None and not (sources & self.open[1]):
+            # No data dependence on the open exchange: both run in one BSP exchange phase, so this copy is
+            # charged only what it adds to that phase.
+            open_load, dsts, merged = self.open
+            open_load += load
+            dsts.add(step.dst.storage)
+            merged["name"] += f"+{step.name}"
+            merged["bytes"] += int(recv.sum())
+            before, sync = merged["cycles"], 0
+        else:
+            open_load, dsts = load, {step.dst.storage}
+            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
+            self.steps.append(merged)
+            before, sync = 0, target.sync_cycles
+        busiest = int(open_load.max())
+        merged["cycles"] = cost.exchange_cycles(target, busiest)
+        merged["busiest_tile_bytes"] = busiest
+        # The engine runs each copy on its own: the rows of one copy are independent of each other and
+        # can be shared among threads, while two merged copies may reuse each other's memory.
+        self.phase(EXCHANGE, self.ncopies, self.ncopies + len(block), cycles=merged["cycles"] - before + sync)
+        self.open = (open_load, dsts, merged)
+        self.copies.append(block)
+        self.ncopies += len(block)
+        return _totals(exchange=merged["cycles"] - before, sync=sync)

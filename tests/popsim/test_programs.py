@@ -1,0 +1,155 @@
+"""Hand-built Poplar programs: Repeat, If, Sync and Copy steps run on the engine, cost what they run, and
+keep loop-carried tensors alive."""
+
+import numpy as np
+import pytest
+
+import popsim
+from popir import DType
+from popsim import _opcodes as oc
+from popsim import cost
+
+TARGET = popsim.Target.small(num_tiles=4)
+N = 16
+
+
+def _tensor(dg, name, dtype=DType.float32, category="temporary", value=None, size=N):
+    blocks = [size // 2, size - size // 2] if size > 1 else [1]
+    mapping = popsim.TileMapping.on_tiles(blocks, list(range(len(blocks))))
+    return dg.add_tensor((size,), dtype, mapping, name, category, value)
+
+
+def _binary(dg, name, op, a, b, out):
+    """A compute set with one ``out = a <op> b`` vertex per tile block (operands share one mapping)."""
+    cs = popsim.ComputeSet(name)
+    tiles, starts, stops = out.mapping.lists()
+    for tile, lo, hi in zip(tiles, starts, stops):
+        fields = {"a": a.region(lo, hi), "b": b.region(lo, hi), "out": out.region(lo, hi)}
+        cycles = cost.elementwise_cycles(TARGET, hi - lo, a.dtype, op)
+        dg.add_vertex(cs, oc.BINARY, oc.BINARY_OPS[op], tile, hi - lo, fields, cycles)
+    return cs
+
+
+def _counter_graph():
+    """x and the compute sets inc (x += 1) and dbl (x += x), which cost the same."""
+    dg = popsim.DeviceGraph(TARGET)
+    x = _tensor(dg, "x", category="input")
+    one = _tensor(dg, "one", category="constant", value=np.ones(N, np.float32))
+    return dg, x, _binary(dg, "inc", "add", x, one, x), _binary(dg, "dbl", "add", x, x, x)
+
+
+def _run(dg, program, feeds, inputs, outputs):
+    dg.program = program
+    exe = popsim.compile_device_graph(dg, inputs, outputs)
+    return exe, exe.run(feeds)
+
+
+def _device_cycles(exe):
+    return exe.last_run_cycles - exe.profile.programs["main"]["host_cycles"]
+
+
+X = np.arange(N, dtype=np.float32)
+
+
+def test_repeat_adds_five_and_charges_five_bodies():
+    dg, x, inc, _ = _counter_graph()
+    once, out = _run(dg, [inc], {"x": X}, {"x": x}, {"x": x})
+    np.testing.assert_array_equal(out["x"], X + 1)
+    body = _device_cycles(once)
+    assert body == once.profile.programs["main"]["total_cycles"] - once.profile.programs["main"]["host_cycles"]
+
+    exe, out = _run(dg, [popsim.Repeat(5, popsim.Execute(inc))], {"x": X}, {"x": x}, {"x": x})
+    np.testing.assert_array_equal(out["x"], X + 5)
+    expected = 5 * (body + cost.CONTROL_CYCLES) + cost.CONTROL_CYCLES
+    assert _device_cycles(exe) == expected
+    prof = exe.profile.programs["main"]
+    assert prof["total_cycles"] == exe.last_run_cycles
+    assert prof["compute_cycles"] == 5 * once.profile.programs["main"]["compute_cycles"]
+    np.testing.assert_array_equal(exe.run({"x": X})["x"], X + 5)  # counters restart on every run
+
+
+def test_nested_repeat_and_zero_count():
+    dg, x, inc, dbl = _counter_graph()
+    program = popsim.Sequence([popsim.Repeat(3, [inc, popsim.Repeat(4, inc)]), popsim.Repeat(0, dbl)])
+    exe, out = _run(dg, program, {"x": X}, {"x": x}, {"x": x})
+    np.testing.assert_array_equal(out["x"], X + 15)
+    body = exe.profile.programs["main"]["steps"][0]["cycles"] + TARGET.sync_cycles
+    inner = 4 * (body + cost.CONTROL_CYCLES) + cost.CONTROL_CYCLES
+    assert _device_cycles(exe) == 3 * (body + inner + cost.CONTROL_CYCLES) + cost.CONTROL_CYCLES
+
+
+def test_if_on_a_device_computed_condition_takes_one_branch_and_charges_it():
+    dg, x, inc, dbl = _counter_graph()
+    s = _tensor(dg, "s", size=1, category="input")
+    zero = _tensor(dg, "zero", size=1, category="constant", value=np.zeros(1, np.float32))
+    flag = _tensor(dg, "flag", DType.bool, size=1)
+    test = _binary(dg, "positive", "gt", s, zero, flag)
+    dg.program = [test, popsim.If(flag, inc, [dbl, dbl])]
+    exe = popsim.compile_device_graph(dg, {"x": x, "s": s}, {"x": x})
+    np.testing.assert_array_equal(exe.run({"x": X, "s": np.array([2.0], np.float32)})["x"], X + 1)
+    then_cycles = _device_cycles(exe)
+    np.testing.assert_array_equal(exe.run({"x": X, "s": np.array([-2.0], np.float32)})["x"], 4 * X)
+    else_cycles = _device_cycles(exe)
+
+    steps = {s["name"]: s["cycles"] + TARGET.sync_cycles for s in exe.profile.programs["main"]["steps"]}
+    decide = steps["positive"] + cost.branch_cycles(TARGET)
+    assert then_cycles == decide + steps["inc"] + cost.CONTROL_CYCLES
+    assert else_cycles == decide + 2 * steps["dbl"]
+    assert then_cycles < else_cycles
+    # The static figure is the worst case: the costlier branch.
+    prof = exe.profile.programs["main"]
+    assert prof["total_cycles"] - prof["host_cycles"] == else_cycles
+
+
+@pytest.mark.parametrize("value,expected", [(0, X), (256, X + 1), (-1, X + 1)])
+def test_if_without_else_on_an_int32_condition(value, expected):
+    dg, x, inc, _ = _counter_graph()
+    n = _tensor(dg, "n", DType.int32, size=1, category="input")
+    _, out = _run(dg, [popsim.If(n, inc)], {"x": X, "n": np.array([value], np.int32)}, {"x": x, "n": n}, {"x": x})
+    np.testing.assert_array_equal(out["x"], expected)
+
+
+def test_sync_adds_the_sync_cycles_and_moves_no_data():
+    dg, x, inc, _ = _counter_graph()
+    plain, out = _run(dg, [inc, inc], {"x": X}, {"x": x}, {"x": x})
+    synced, out_synced = _run(dg, [inc, popsim.Sync(), inc], {"x": X}, {"x": x}, {"x": x})
+    np.testing.assert_array_equal(out_synced["x"], out["x"])
+    assert synced.last_run_cycles - plain.last_run_cycles == TARGET.sync_cycles
+    p, s = plain.profile.programs["main"], synced.profile.programs["main"]
+    assert s["sync_cycles"] - p["sync_cycles"] == TARGET.sync_cycles
+    assert s["total_cycles"] == synced.last_run_cycles
+
+
+def test_a_tensor_carried_across_loop_iterations_keeps_its_memory():
+    # carry is written late in the body and read early in the next iteration; other is used only after
+    # carry's last use in program order, so liveness that ignores the loop would give it carry's bytes.
+    dg, x, _, _ = _counter_graph()
+    out = _tensor(dg, "out", category="input")
+    one = next(t for t in dg.tensors if t.name == "one")
+    carry = _tensor(dg, "carry")
+    other = _tensor(dg, "other")
+    body = [
+        _binary(dg, "acc_carry", "add", out, carry, out),
+        _binary(dg, "step", "add", carry, one, carry),
+        _binary(dg, "twice", "add", x, x, other),
+        _binary(dg, "acc_other", "add", out, other, out),
+    ]
+    program = [popsim.Copy("init", carry, [x], np.arange(N)), popsim.Repeat(3, body)]
+    feeds = {"x": X, "out": np.zeros(N, np.float32)}
+    exe, result = _run(dg, program, feeds, {"x": x, "out": out}, {"out": out})
+    # sum over k of (x + k) for k = 0..2, plus 3 * 2x.
+    np.testing.assert_array_equal(result["out"], 9 * X + 3)
+    carry_at = exe._block_base[carry.id]
+    other_at = exe._block_base[other.id]
+    assert not set(carry_at.tolist()) & set(other_at.tolist())
+
+
+def test_bad_control_steps_are_rejected():
+    dg, x, inc, _ = _counter_graph()
+    with pytest.raises(popsim.Error, match="one bool or int32 element"):
+        popsim.If(x, inc)
+    with pytest.raises(popsim.Error, match="non-negative"):
+        popsim.Repeat(-1, inc)
+    dg.program = [popsim.Repeat(2, [inc, x])]
+    with pytest.raises(popsim.Error, match="not a program step"):
+        popsim.compile_device_graph(dg, {"x": x}, {"x": x})
