@@ -101,6 +101,23 @@ def test_if_on_a_device_computed_condition_takes_one_branch_and_charges_it():
     assert prof["total_cycles"] - prof["host_cycles"] == else_cycles
 
 
+def test_if_inside_a_repeat_reads_its_condition_on_every_iteration():
+    dg, x, inc, _ = _counter_graph()
+    limit = _tensor(dg, "limit", size=1, category="constant", value=np.array([2.5], np.float32))
+    flag = _tensor(dg, "flag", DType.bool, size=1)
+    test = popsim.ComputeSet("below")
+    fields = {"a": x.region(0, 1), "b": limit.region(0, 1), "out": flag.region(0, 1)}
+    dg.add_vertex(test, oc.BINARY, oc.BINARY_OPS["lt"], 0, 1, fields, cost.elementwise_cycles(TARGET, 1, x.dtype, "lt"))
+    exe, out = _run(dg, [popsim.Repeat(4, [test, popsim.If(flag, inc)])], {"x": X}, {"x": x}, {"x": x})
+    # x[0] goes 0 -> 1 -> 2 -> 3, and the fourth test finds it no longer below 2.5.
+    np.testing.assert_array_equal(out["x"], X + 3)
+    steps = {s["name"]: s["cycles"] + TARGET.sync_cycles for s in exe.profile.programs["main"]["steps"]}
+    per_iteration = steps["below"] + cost.branch_cycles(TARGET) + cost.CONTROL_CYCLES
+    assert _device_cycles(exe) == 4 * per_iteration + 3 * steps["inc"] + cost.CONTROL_CYCLES
+    prof = exe.profile.programs["main"]
+    assert prof["total_cycles"] - prof["host_cycles"] == _device_cycles(exe) + steps["inc"]
+
+
 @pytest.mark.parametrize("value,expected", [(0, X), (256, X + 1), (-1, X + 1)])
 def test_if_without_else_on_an_int32_condition(value, expected):
     dg, x, inc, _ = _counter_graph()

@@ -61,7 +61,8 @@ class Profile:
             lines.append(
                 f"program {name}: {p['total_cycles']} cycles ({p['seconds'] * 1e6:.1f} us):"
                 f" compute {p['compute_cycles']},"
-                f" exchange {p['exchange_cycles']}, sync {p['sync_cycles']}, host {p['host_cycles']}"
+                f" exchange {p['exchange_cycles']}, sync {p['sync_cycles']}, control {p['control_cycles']},"
+                f" host {p['host_cycles']}"
             )
             lines.append(
                 f"  memory: {p['memory_total_bytes']} bytes in all, busiest tile {p['memory_max_tile_bytes']} bytes"
