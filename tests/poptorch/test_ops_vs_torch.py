@@ -343,7 +343,7 @@ def _check_gradients(cap, feeds, leaves, flat, label):
     for name, out in zip(cap.outputs, flat):
         if not (out.is_floating_point() and out.requires_grad):
             continue
-        ct = torch.randn(out.shape, generator=gen)
+        ct = torch.randn(out.shape, generator=gen).to(out.dtype)  # a half output gets a half cotangent
         objective = objective + (out * ct).sum()
         term = popir.ops.reduce_sum(graph.outputs[name] * graph.constant(ct.numpy()), axes=None, keepdims=False)
         total = term if total is None else total + term
