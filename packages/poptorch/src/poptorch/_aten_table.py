@@ -1116,8 +1116,13 @@ def nll(logp, target, weight, reduction, ignore_index):
 
 @lowers(aten.nll_loss.default, aten.nll_loss_nd.default, aten.nll_loss2d.default)
 def _nll_loss(ctx, logp, target, weight=None, reduction=1, ignore_index=-100):
-    out, _ = nll(logp, target, weight, reduction, ignore_index)
-    return _op("reshape", out, shape=_out_shape(ctx))
+    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    out = popir.ops.nll_loss(logp, _cast(target, "int32"), weight, reduction, ignore_index)
+    return _reshaped(out, _out_shape(ctx))
+
+
+def _reshaped(x, shape):
+    return x if x.shape == tuple(shape) else _op("reshape", x, shape=tuple(shape))
 
 
 @lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
@@ -1128,54 +1133,11 @@ def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
 
 @lowers(aten.cross_entropy_loss.default)
 def _cross_entropy(ctx, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-    axis = 1 if logits.ndim > 1 else 0
-    logp = log_softmax(logits, axis)
-    if target.dtype.is_float:
-        if weight is not None:
-            logp = _op("mul", logp, _op("reshape", weight, shape=_class_shape(logits)))
-        n_classes = logits.shape[axis]
-        if label_smoothing:
-            target = _op(
-                "add",
-                _op("mul", target, _const(ctx.graph, 1.0 - label_smoothing, target.dtype)),
-                _const(ctx.graph, label_smoothing / n_classes, target.dtype),
-            )
-        per_sample = _op("neg", _op("reduce_sum", _op("mul", logp, target), axes=(axis,), keepdims=False))
-        reduction = _REDUCTION_ENUM.get(reduction, reduction)
-        if reduction == "mean" and logits.ndim > 1:
-            total = _op("reduce_sum", per_sample, axes=None, keepdims=False)
-            return _op("div", total, _const(ctx.graph, per_sample.type.size, total.dtype))
-        return reduce_loss(per_sample, reduction)
-    if label_smoothing:
-        if weight is not None:
-            raise Error("cross_entropy with both label_smoothing and class weights is not supported")
-        return _smoothed_cross_entropy(ctx, logp, target, reduction, ignore_index, label_smoothing)
-    out, _ = nll(logp, target, weight, reduction, ignore_index)
-    return out
-
-
-def _class_shape(x):
-    return (x.shape[0],) if x.ndim == 1 else (1, x.shape[1]) + (1,) * (x.ndim - 2)
-
-
-def _smoothed_cross_entropy(ctx, logp, target, reduction, ignore_index, eps):
-    g = ctx.graph
-    axis = 1 if logp.ndim > 1 else 0
-    n_classes = logp.shape[axis]
-    nll_losses, count = nll(logp, target, None, 0, ignore_index)
-    valid = _cast(_op("ne", _cast(target, "int32"), _const(g, ignore_index, "int32")), logp.dtype)
-    smooth = _op("neg", _op("reduce_sum", logp, axes=(axis,), keepdims=False))
-    smooth = _op("mul", _op("reshape", smooth, shape=nll_losses.shape), _op("reshape", valid, shape=nll_losses.shape))
-    losses = _op(
-        "add",
-        _op("mul", nll_losses, _const(g, 1.0 - eps, logp.dtype)),
-        _op("mul", smooth, _const(g, eps / n_classes, logp.dtype)),
-    )
+    if not target.dtype.is_float:
+        target = _cast(target, "int32")
     reduction = _REDUCTION_ENUM.get(reduction, reduction)
-    if reduction == "none":
-        return _op("reshape", losses, shape=_out_shape(ctx))
-    total = _op("reduce_sum", losses, axes=None, keepdims=False)
-    return _op("div", total, count) if reduction == "mean" else total
+    out = popir.ops.cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing)
+    return _reshaped(out, _out_shape(ctx))
 
 
 @lowers(aten.binary_cross_entropy.default)
