@@ -3,7 +3,7 @@ differences in float64, fan-out accumulation, pruning, stop_gradient and double 
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from opdb import OPDB, vjp_check
 
@@ -23,6 +23,10 @@ def test_vjp_matches_finite_differences(name, data):
     graph, feeds = entry.make_graph(sample)
     if not wrt or not any(v.dtype.is_float for v in graph.outputs.values()):
         return
+    with np.errstate(all="ignore"):
+        outputs = popir.interpreter.run(graph, feeds)
+    # Finite differences say nothing where the function itself is not finite (e.g. a mean over no targets).
+    assume(all(np.all(np.isfinite(v)) for v in outputs.values() if v.dtype.kind == "f"))
     analytic, numeric = vjp_check(graph, feeds, wrt, seed=data.draw(st.integers(0, 99)))
     assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-6)
 
