@@ -1,11 +1,12 @@
 """poptorch against eager PyTorch in one process: the tutorial CNN (batch 16) and an MLP.
 
 For each model: compile time, simulated step wall time divided by the eager step time (training with
-SGD + momentum, and inference), simulated IPU cycles per step and peak RSS.
+SGD + momentum, and inference; median over interleaved rounds), simulated IPU cycles per step and peak RSS.
 """
 
 import copy
 import resource
+import statistics
 import sys
 import time
 
@@ -17,15 +18,26 @@ import poptorch
 sys.path.insert(0, "examples")
 from train_digits import ClassificationModel, ModelWithLoss  # noqa: E402
 
-STEPS = 30
+ROUNDS = 15
+STEPS_PER_ROUND = 8
 
 
-def _time_per_call(fn, steps=STEPS):
-    fn()
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - start) / steps
+def _interleaved(eager_fn, sim_fn):
+    """Median step times of ``eager_fn`` and ``sim_fn`` and the median of their per-round ratios.
+
+    The two alternate in short rounds, so a slow spell of this shared machine hits both alike instead of
+    skewing the ratio."""
+    eager_fn()
+    sim_fn()
+    eager, sim = [], []
+    for _ in range(ROUNDS):
+        for fn, times in ((eager_fn, eager), (sim_fn, sim)):
+            start = time.perf_counter()
+            for _ in range(STEPS_PER_ROUND):
+                fn()
+            times.append((time.perf_counter() - start) / STEPS_PER_ROUND)
+    ratios = [s / e for s, e in zip(sim, eager)]
+    return statistics.median(eager), statistics.median(sim), statistics.median(ratios)
 
 
 def _eager_train_step(model, optimizer, x, y):
@@ -42,31 +54,35 @@ def bench(name, make_model, x, y):
     model = make_model()
     eager = copy.deepcopy(model)
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
-    eager_train = _time_per_call(_eager_train_step(eager, eager_opt, x, y))
-    eager.eval()
-    with torch.no_grad():
-        eager_infer = _time_per_call(lambda: eager(x))
 
     opts = poptorch.Options().logCycleCount(True)
     training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     start = time.perf_counter()
     training.compile(x, y)
     compile_train = time.perf_counter() - start
-    sim_train = _time_per_call(lambda: training(x, y))
+    eager_train, sim_train, ratio_train = _interleaved(
+        _eager_train_step(eager, eager_opt, x, y), lambda: training(x, y)
+    )
     cycles = training.cycleCount()
     training.detachFromDevice()
 
     model.eval()
+    eager.eval()
     inference = poptorch.inferenceModel(model, poptorch.Options())
     start = time.perf_counter()
     inference.compile(x)
     compile_infer = time.perf_counter() - start
-    sim_infer = _time_per_call(lambda: inference(x))
+
+    def eager_infer_step():
+        with torch.no_grad():
+            eager(x)
+
+    eager_infer, sim_infer, ratio_infer = _interleaved(eager_infer_step, lambda: inference(x))
 
     print(
         f"{name:>14}: train {sim_train * 1e3:7.2f} ms/step vs eager {eager_train * 1e3:6.2f} ms "
-        f"(ratio {sim_train / eager_train:5.2f}); infer {sim_infer * 1e3:7.2f} ms vs eager "
-        f"{eager_infer * 1e3:6.2f} ms (ratio {sim_infer / eager_infer:5.2f}); compile train "
+        f"(ratio {ratio_train:5.2f}); infer {sim_infer * 1e3:7.2f} ms vs eager "
+        f"{eager_infer * 1e3:6.2f} ms (ratio {ratio_infer:5.2f}); compile train "
         f"{compile_train:5.2f} s, infer {compile_infer:5.2f} s; {cycles} simulated cycles/step"
     )
 

@@ -13,7 +13,12 @@ from popsim import _kernels
 
 def _expand(rows):
     """The (src, dst) byte offset of every element a list of copy_run rows moves."""
-    pairs = [(src + j * stride, dst + j * isz) for src, dst, count, stride, isz in rows for j in range(count)]
+    pairs = [
+        (src + k * outer + j * stride, dst + (k * count + j) * isz)
+        for src, dst, count, stride, isz, reps, outer in rows
+        for k in range(reps)
+        for j in range(count)
+    ]
     return np.array(pairs, np.int64).reshape(-1, 2)
 
 
@@ -30,12 +35,21 @@ def test_copy_runs_move_exactly_the_given_elements(segments):
     assert len(rows) <= max(len(segments), 0) + sum(c for _, _, c in segments) // 2 + 1
 
 
-def test_copy_runs_keep_whole_window_rows_in_one_run():
-    # A 3-wide window row taken from each of 4 image rows of pitch 10: one run per image row, no 1-element runs.
+def test_copy_runs_move_a_window_in_one_two_dimensional_row():
+    # A 3-wide window taken from 4 image rows of pitch 10: one row of 4 repetitions of a 3-element run.
     src = np.array([4 * (10 * r + c) for r in range(4) for c in range(3)], np.int64)
     dst = np.arange(12, dtype=np.int64) * 4
     rows = _kernels.copy_runs(src, dst, 4)
-    assert rows[:, 2].tolist() == [3, 3, 3, 3]
+    assert rows.tolist() == [[0, 0, 3, 4, 4, 4, 40]]
+
+
+def test_copy_runs_move_a_transposed_block_in_one_row():
+    # dst (3, 5) = src (5, 3).T: every destination row is a column of the source (stride 12 bytes).
+    src = (np.arange(15).reshape(5, 3).T.reshape(-1) * 4).astype(np.int64)
+    dst = np.arange(15, dtype=np.int64) * 4
+    rows = _kernels.copy_runs(src, dst, 4)
+    assert rows.tolist() == [[0, 0, 5, 12, 4, 3, 4]]
+    np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1))
 
 
 def _cnn_graph():

@@ -1,4 +1,4 @@
-"""Hand-built Poplar programs: Repeat, If, Sync and Copy steps run on the engine, cost what they run, and
+"""Hand-built Poplar programs: Repeat, If, Sync, Copy and StreamCopy steps run on the engine, cost what they run, and
 keep loop-carried tensors alive."""
 
 import numpy as np
@@ -170,3 +170,56 @@ def test_bad_control_steps_are_rejected():
     dg.program = [popsim.Repeat(2, [inc, x])]
     with pytest.raises(popsim.Error, match="not a program step"):
         popsim.compile_device_graph(dg, {"x": x}, {"x": x})
+
+
+def _stream_loop(x, inc, iterations):
+    """Each iteration streams a fresh slice into x, adds one on the device and streams x back out."""
+    return [popsim.Repeat(iterations, [popsim.StreamCopy("in", x), inc, popsim.StreamCopy("out", x, to_device=False)])]
+
+
+def test_stream_copies_inside_a_repeat_move_one_slice_per_iteration():
+    dg, x, inc, _ = _counter_graph()
+    dg.program = _stream_loop(x, inc, 3)
+    exe = popsim.compile_device_graph(dg)
+    slices = np.arange(3 * N, dtype=np.float32).reshape(3, N) * 10
+    out = exe.run({"in": slices})
+    np.testing.assert_array_equal(out["out"], slices + 1)
+
+    steps = {s["name"]: s["cycles"] for s in exe.profile.programs["main"]["steps"]}
+    stream = cost.host_cycles(TARGET, N * 4)
+    assert steps["stream-in in"] == steps["stream-out out"] == stream
+    per_iteration = 2 * (stream + TARGET.sync_cycles) + steps["inc"] + TARGET.sync_cycles + cost.CONTROL_CYCLES
+    assert exe.last_run_cycles == 3 * per_iteration + cost.CONTROL_CYCLES
+    prof = exe.profile.programs["main"]
+    assert prof["host_cycles"] == 6 * stream
+    assert prof["total_cycles"] == exe.last_run_cycles
+
+
+def test_a_device_to_host_stream_returns_only_the_slices_that_ran():
+    dg, x, inc, _ = _counter_graph()
+    n = _tensor(dg, "n", DType.int32, size=1, category="input")
+    dg.program = [inc, popsim.If(n, popsim.StreamCopy("out", x, to_device=False))]
+    exe = popsim.compile_device_graph(dg, {"x": x, "n": n})
+    taken = exe.run({"x": X, "n": np.array([1], np.int32)})["out"]
+    np.testing.assert_array_equal(taken, (X + 1)[None])
+    assert exe.run({"x": X, "n": np.array([0], np.int32)})["out"].shape == (0, N)
+
+
+def test_stream_errors_name_the_stream():
+    dg, x, inc, _ = _counter_graph()
+    dg.program = _stream_loop(x, inc, 3)
+    exe = popsim.compile_device_graph(dg)
+    with pytest.raises(popsim.Error, match="host stream 'in' ran dry after 2 slice"):
+        exe.run({"in": np.zeros((2, N), np.float32)})
+    with pytest.raises(popsim.Error, match="slices of shape"):
+        exe.run({"in": np.zeros(N, np.float32)})
+    with pytest.raises(popsim.Error, match=r"missing \['in'\]"):
+        exe.run({})
+
+    y = _tensor(dg, "y", DType.int32)
+    dg.program = [popsim.StreamCopy("in", x), popsim.StreamCopy("in", y)]
+    with pytest.raises(popsim.Error, match="'in' is used as host-to-device float32"):
+        popsim.compile_device_graph(dg)
+    dg.program = [popsim.StreamCopy("x", x)]
+    with pytest.raises(popsim.Error, match="names both a host stream and an input"):
+        popsim.compile_device_graph(dg, {"x": x})

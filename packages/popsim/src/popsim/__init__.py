@@ -6,7 +6,7 @@ movement is an exchange the engine performs and charges for.
     exe = popsim.compile(graph_or_programs, target="ipu2")
     outputs = exe.run(feeds, program=None)
 
-A hand-built DeviceGraph program (Sequence, Repeat, If, Sync, ...) compiles with
+A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy) compiles with
 ``popsim.compile_device_graph(dg, inputs, outputs)``.
 """
 
@@ -22,6 +22,7 @@ from popsim.device_graph import (
     Region,
     Repeat,
     Sequence,
+    StreamCopy,
     Sync,
     Tensor,
     Vertex,
@@ -48,6 +49,7 @@ __all__ = [
     "Region",
     "Repeat",
     "Sequence",
+    "StreamCopy",
     "Sync",
     "Target",
     "Tensor",

@@ -15,5 +15,6 @@ cdef enum:
     C_P0 = 10
     C_P1 = 11
     NCOLS = 12
+    COPY_COLS = 7  # columns of one exchange row: src, dst, count, stride, itemsize, reps, outer
 
 cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil

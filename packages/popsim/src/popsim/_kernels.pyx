@@ -17,9 +17,11 @@ from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm
 
 from popsim._arena cimport TileArena, copy_regions
-from popsim._types cimport byte_t, int32_t, offset_t, u32
+from popsim._types cimport byte_t, copy_t, int32_t, offset_t, u32
 
 cnp.import_array()
+
+COPY_ROW_COLUMNS = COPY_COLS
 
 cdef extern from *:
     """
@@ -488,20 +490,24 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
 
 
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
-                const offset_t[:, ::1] instructions, const double[::1] fparams, const offset_t[:, ::1] copies,
-                offset_t[::1] counters, int num_threads=1):
+                const offset_t[:, ::1] instructions, const double[::1] fparams, const copy_t[:, ::1] copies,
+                offset_t[::1] counters, const offset_t[:, ::1] stream_rows, offset_t[:, ::1] streams,
+                byte_t[::1] host, int num_threads=1):
     """Run a program's phases (see popsim/program.py for the row kinds): kind 0 runs instruction rows
     start..stop-1 (one compute set), kind 1 performs copy rows start..stop-1 (one exchange, see copy_run),
-    kinds 2-6 are control flow (branch on a tile-memory condition, jump, loop counters in ``counters``, sync).
+    kinds 2-6 are control flow (branch on a tile-memory condition, jump, loop counters in ``counters``, sync)
+    and kind 7 moves one slice of a host stream (see stream_copy).
 
     The rows of one compute or exchange phase are independent (BSP), so they are shared among
     ``num_threads`` threads; phases run one after another, with a barrier between them. Returns how many
-    dynamic gather/scatter indices were out of range, and the sum of ``phase_cycles`` of the phases run.
+    dynamic gather/scatter indices were out of range, the sum of ``phase_cycles`` of the phases run, and
+    the slot of a host stream that ran dry (the run stops there), else -1.
     """
     cdef Py_ssize_t p = 0, i, start, stop, kind
-    cdef Py_ssize_t bad = 0
+    cdef Py_ssize_t bad = 0, dry = -1
     cdef offset_t cycles = 0
     cdef byte_t* base = arena.base
+    cdef byte_t* host_base = &host[0] if host.shape[0] else NULL
     cdef bint zero
     with nogil:
         while p < phases.shape[0]:
@@ -527,12 +533,16 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
                     p = stop
             elif kind == 6:
                 pass
+            elif kind == 7:
+                if not stream_copy(base, host_base, &streams[start, 0], stream_rows, stop, phases[p - 1, 3]):
+                    dry = start
+                    break
             elif num_threads > 1 and stop - start > 1:
                 if kind == 0:
                     for i in prange(start, stop, schedule="dynamic", num_threads=num_threads):
                         bad += run_instruction(base, &instructions[i, 0], fparams[i])
                 else:
-                    for i in prange(start, stop, schedule="static", num_threads=num_threads):
+                    for i in prange(start, stop, schedule="guided", num_threads=num_threads):
                         copy_run(base, &copies[i, 0])
             elif kind == 0:
                 for i in range(start, stop):
@@ -540,16 +550,40 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
             else:
                 for i in range(start, stop):
                     copy_run(base, &copies[i, 0])
-    return bad, cycles
+    return bad, cycles, dry
+
+
+cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset_t[:, ::1] rows,
+                      Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    """One StreamCopy. ``stream`` is (to_device, host byte offset, capacity, cursor, slice bytes); rows
+    (offset in the slice, arena offset, bytes) place the slice's blocks. The cursor advances one slice;
+    False (nothing moved) when the stream holds no further slice."""
+    cdef offset_t at = stream[1] + stream[3]
+    cdef Py_ssize_t i
+    if stream[3] + stream[4] > stream[2]:
+        return False
+    for i in range(start, stop):
+        if stream[0]:
+            memcpy(base + rows[i, 1], host + at + rows[i, 0], rows[i, 2])
+        else:
+            memcpy(host + at + rows[i, 0], base + rows[i, 1], rows[i, 2])
+    stream[3] += stream[4]
+    return True
 
 
 def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsize):
-    """Coalesce element copies ``src[i] -> dst[i]`` (byte offsets) into copy_run rows, greedily: a run
-    grows while its destination stays contiguous and its source keeps the stride of its first step."""
-    cdef Py_ssize_t n = src.shape[0], i = 0, j, count = 0
-    cdef offset_t stride
-    rows = np.empty((n, 5), np.int64)
-    cdef offset_t[:, ::1] r = rows
+    """Coalesce element copies ``src[i] -> dst[i]`` (byte offsets) into copy_run rows, greedily.
+
+    A run grows while its destination stays contiguous and its source keeps the stride of its first step;
+    consecutive runs of one shape whose sources advance by one fixed step become the repetitions of a
+    two-dimensional row (a block of a matrix, a window of an image), so one row moves a whole block.
+    """
+    cdef Py_ssize_t n = src.shape[0], i = 0, j, count = 0, c
+    cdef offset_t stride, outer
+    if n and max(np.max(src), np.max(dst)) > np.iinfo(np.int32).max:
+        raise OverflowError("exchange offsets beyond 2 GiB do not fit an exchange row")
+    rows = np.empty((n, COPY_COLS), np.int32)
+    cdef copy_t[:, ::1] r = rows
     with nogil:
         while i < n:
             j = i + 1
@@ -558,31 +592,53 @@ def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsiz
                 stride = src[j] - src[i]
                 while j < n and dst[j] == dst[j - 1] + itemsize and src[j] - src[j - 1] == stride:
                     j += 1
+            c = j - i
+            if count > 0 and r[count - 1, 2] == c and r[count - 1, 3] == stride \
+                    and dst[i] == r[count - 1, 1] + r[count - 1, 5] * c * itemsize:
+                outer = src[i] - r[count - 1, 0]
+                if r[count - 1, 5] == 1:
+                    r[count - 1, 6] = outer
+                    r[count - 1, 5] = 2
+                    i = j
+                    continue
+                if outer == <offset_t> r[count - 1, 5] * r[count - 1, 6]:
+                    r[count - 1, 5] += 1
+                    i = j
+                    continue
             r[count, 0] = src[i]
             r[count, 1] = dst[i]
-            r[count, 2] = j - i
+            r[count, 2] = c
             r[count, 3] = stride
             r[count, 4] = itemsize
+            r[count, 5] = 1
+            r[count, 6] = 0
             count += 1
             i = j
     return rows[:count].copy()
 
 
-cdef inline void copy_run(byte_t* base, const offset_t* row) noexcept nogil:
-    """One exchange run: ``count`` elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes,
-    0 for a broadcast element) to contiguous dst. Row: (src, dst, count, stride, itemsize)."""
-    cdef offset_t src = row[0], dst = row[1], count = row[2], stride = row[3], isz = row[4], j
-    if stride == isz:
-        memcpy(base + dst, base + src, count * isz)
-    elif isz == 4:
-        for j in range(count):
-            (<int32_t*> (base + dst))[j] = (<int32_t*> (base + src + j * stride))[0]
-    elif isz == 2:
-        for j in range(count):
-            (<unsigned short*> (base + dst))[j] = (<unsigned short*> (base + src + j * stride))[0]
-    else:
-        for j in range(count):
-            memcpy(base + dst + j * isz, base + src + j * stride, isz)
+cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
+    """One exchange row: ``reps`` repetitions, the source advancing by ``outer`` bytes each, of ``count``
+    elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes, 0 for a broadcast element) to
+    contiguous dst. Row: (src, dst, count, stride, itemsize, reps, outer)."""
+    cdef offset_t src = row[0], dst = row[1], count = row[2], stride = row[3], isz = row[4], j, k
+    cdef offset_t reps = row[5], outer = row[6]
+    cdef byte_t* d
+    cdef const byte_t* s
+    for k in range(reps):
+        d = base + dst + k * count * isz
+        s = base + src + k * outer
+        if stride == isz:
+            memcpy(d, s, count * isz)
+        elif isz == 4:
+            for j in range(count):
+                (<int32_t*> d)[j] = (<const int32_t*> (s + j * stride))[0]
+        elif isz == 2:
+            for j in range(count):
+                (<unsigned short*> d)[j] = (<const unsigned short*> (s + j * stride))[0]
+        else:
+            for j in range(count):
+                memcpy(d + j * isz, s + j * stride, isz)
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,

@@ -222,6 +222,23 @@ class Sync:
     """An explicit BSP sync of all tiles: no data moves, it costs the target's sync cycles."""
 
 
+@dataclass
+class StreamCopy:
+    """Move one slice between host stream ``stream`` and device tensor ``tensor``, as a program step.
+
+    A host-to-device stream (``to_device=True``) is a FIFO fed by the host before the run: each execution
+    reads the next ``tensor.size`` elements into ``tensor``, so a StreamCopy inside a Repeat loads a new
+    slice every iteration. A device-to-host stream appends ``tensor`` each time it runs."""
+
+    stream: str
+    tensor: Tensor
+    to_device: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.tensor, Tensor):
+            raise Error(f"StreamCopy {self.stream!r} needs a device Tensor, got {self.tensor!r}")
+
+
 def children(step):
     """The sub-programs of a program step, in program order (none for ComputeSet, Copy, Execute, Sync)."""
     if isinstance(step, list):
@@ -232,16 +249,17 @@ def children(step):
         return [step.body]
     if isinstance(step, If):
         return [step.then_body] + ([step.else_body] if step.else_body is not None else [])
-    if isinstance(step, ComputeSet | Copy | Execute | Sync):
+    if isinstance(step, ComputeSet | Copy | Execute | Sync | StreamCopy):
         return []
     raise Error(f"not a program step: {step!r}")
 
 
 def leaves(program):
-    """The ComputeSet and Copy steps of ``program`` in program order (each If branch, each loop body once)."""
+    """The ComputeSet, Copy and StreamCopy steps of ``program`` in program order (each If branch, each loop
+    body once)."""
     if isinstance(program, Execute):
         yield program.compute_set
-    elif isinstance(program, (ComputeSet, Copy)):
+    elif isinstance(program, (ComputeSet, Copy, StreamCopy)):
         yield program
     else:
         for child in children(program):

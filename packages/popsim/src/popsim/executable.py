@@ -8,7 +8,7 @@ import popir
 from popsim import _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
-from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, children, leaves
+from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
 from popsim.errors import Error, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.planner import Lowerer
@@ -124,8 +124,10 @@ class Executable:
             allocator.check(relax_memory)
             per_program[name] = allocator
         base.check(relax_memory)
-        peak = max([target.tile_bytes] + [max(a.peak.values(), default=0) for a in per_program.values()])
-        self.arena = TileArena(target.num_tiles, -(-peak // 8) * 8)
+        # Each tile's slice of the arena holds only what that program set uses (capacity was checked above):
+        # the tiles' data lie densely, so a step touches few host pages.
+        peak = max(max(a.peak.values(), default=0) for a in [base, *per_program.values()])
+        self.arena = TileArena(target.num_tiles, max(64, -(-peak // 64) * 64))
         tile_size = self.arena.tile_bytes
         self._block_base = {}
         self._block_base_list = {}
@@ -146,10 +148,13 @@ class Executable:
             block_base(storage)
             return self._block_base_list[storage.id]
 
+        self._streams = _host_streams(lowered)
+        slots = {name: slot for slot, name in enumerate(self._streams)}
         self._programs = {}
         self.profile = Profile(target)
         for name, (program, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, program, block_base, block_base_list, tile_size)
+            flat = flatten_program(target, program, block_base, block_base_list, tile_size, slots)
+            flat.stream_uses = _stream_executions(program)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
             host_bytes = sum(t.size * t.itemsize for t in list(inputs.values()) + list(outputs.values()))
@@ -163,7 +168,7 @@ class Executable:
                 name,
                 flat.steps,
                 flat.totals,
-                host,
+                host + flat.totals["host"],
                 memory,
                 flat.tile_compute,
                 flat.tile_exchange,
@@ -193,7 +198,10 @@ class Executable:
         return out
 
     def run(self, feeds=None, program=None):
-        """Run one program: stream ``feeds`` in, execute, stream outputs out, apply state updates."""
+        """Run one program: stream ``feeds`` in, execute, stream outputs out, apply state updates.
+
+        A host-to-device stream of the program is fed like an input, with its slices stacked on a leading
+        axis; each device-to-host stream comes back the same way, one slice per StreamCopy that ran."""
         if program is None:
             if len(self._programs) != 1:
                 raise Error(f"several programs are compiled ({', '.join(self._programs)}); name one")
@@ -202,8 +210,9 @@ class Executable:
             raise Error(f"no program {program!r}; compiled programs: {', '.join(self._programs)}")
         flat, feed_blocks, out_blocks, inputs, outputs = self._programs[program]
         feeds = dict(feeds or {})
-        unknown = set(feeds) - set(inputs)
-        missing = set(inputs) - set(feeds)
+        stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device}
+        unknown = set(feeds) - set(inputs) - stream_feeds
+        missing = (set(inputs) | stream_feeds) - set(feeds)
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, tensor in inputs.items():
@@ -211,7 +220,8 @@ class Executable:
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
-        bad, cycles = _kernels.run_program(
+        table, host = self._stream_buffers(flat.stream_uses, feeds)
+        bad, cycles, dry = _kernels.run_program(
             self.arena,
             flat.phases,
             flat.phase_cycles,
@@ -219,16 +229,57 @@ class Executable:
             flat.fparams,
             flat.copies,
             np.zeros(flat.num_counters, np.int64),
+            flat.stream_rows,
+            table,
+            host,
             self.num_threads,
         )
         # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
-        self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"]
+        self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
+        if dry >= 0:
+            name = list(self._streams)[dry]
+            raise Error(
+                f"program {program!r}: host stream {name!r} ran dry after {table[dry, 3] // table[dry, 4]} "
+                "slice(s); feed one slice for every StreamCopy the program runs"
+            )
         if bad:
             raise Error(
                 f"program {program!r}: {bad} gather/scatter index(es) out of range (an input index or class label "
                 "beyond its dimension); the results of this run are invalid"
             )
-        return {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
+        results = {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
+        for slot, (name, stream) in enumerate(self._streams.items()):
+            if name in flat.stream_uses and not stream.to_device:
+                start, done = table[slot, 1], table[slot, 3]
+                t = stream.tensor
+                results[name] = host[start : start + done].view(t.dtype.numpy).reshape((-1, *t.shape)).copy()
+        return results
+
+    def _stream_buffers(self, uses, feeds):
+        """The engine's stream table (to_device, host offset, capacity, cursor, slice bytes) and one host
+        buffer holding every stream of a run: fed slices in, room for the most slices a stream can send out."""
+        table = np.zeros((max(len(self._streams), 1), 5), np.int64)
+        parts, at = [], 0
+        for slot, (name, stream) in enumerate(self._streams.items()):
+            if name not in uses:
+                continue
+            t = stream.tensor
+            slice_bytes = t.size * t.itemsize
+            if stream.to_device:
+                array = np.asarray(feeds[name])
+                if array.shape[1:] != t.shape or array.ndim == len(t.shape):
+                    raise Error(
+                        f"stream {name!r}: expected slices of shape {t.shape} stacked on a leading axis, "
+                        f"got {array.shape}"
+                    )
+                data = np.ascontiguousarray(array, t.dtype.numpy).reshape(-1).view(np.uint8)
+            else:
+                data = np.zeros(uses[name] * slice_bytes, np.uint8)
+            table[slot] = (stream.to_device, at, data.size, 0, slice_bytes)
+            parts.append(data)
+            at += data.size
+        host = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+        return table, host
 
     def read_variable(self, name):
         """A host copy of variable ``name``, gathered from its tiles."""
@@ -247,7 +298,51 @@ class Executable:
         self._write(t, self._var_blocks[name], array)
 
 
+def _host_streams(lowered):
+    """name -> the StreamCopy that defines each host stream of the programs; one direction and one slice
+    type per name, distinct from every input and output name."""
+    streams = {}
+    for name, (program, inputs, outputs) in lowered.items():
+        for step in leaves(program):
+            if not isinstance(step, StreamCopy):
+                continue
+            first = streams.setdefault(step.stream, step)
+            t, f = step.tensor, first.tensor
+            if (first.to_device, f.shape, f.dtype) != (step.to_device, t.shape, t.dtype):
+                raise Error(f"host stream {step.stream!r} is used as {_stream_kind(first)} and as {_stream_kind(step)}")
+            if step.stream in inputs or step.stream in outputs:
+                raise Error(f"program {name!r}: {step.stream!r} names both a host stream and an input or output")
+    return streams
+
+
+def _stream_kind(step):
+    direction = "host-to-device" if step.to_device else "device-to-host"
+    return f"{direction} {step.tensor.dtype}{list(step.tensor.shape)}"
+
+
+def _stream_executions(step):
+    """name -> the most times each host stream's StreamCopy steps can run in one execution of ``step``."""
+    if isinstance(step, StreamCopy):
+        return {step.stream: 1}
+    parts = [_stream_executions(child) for child in children(step)]
+    if isinstance(step, If):
+        merged = {}
+        for part in parts:
+            for name, count in part.items():
+                merged[name] = max(merged.get(name, 0), count)
+        return merged
+    total = {}
+    for part in parts:
+        for name, count in part.items():
+            total[name] = total.get(name, 0) + count
+    if isinstance(step, Repeat):
+        total = {name: count * step.count for name, count in total.items()}
+    return total
+
+
 def _storages_of(step):
+    if isinstance(step, StreamCopy):
+        return {step.tensor.storage}
     if isinstance(step, ComputeSet):
         return {r.tensor.storage for v in step.vertices for r in v.fields.values()}
     return {step.dst.storage} | {s.storage for s in step.srcs}
@@ -269,7 +364,7 @@ def _liveness(program, inputs, outputs):
         return set(storages)
 
     def walk(step):
-        if isinstance(step, ComputeSet | Copy):
+        if isinstance(step, ComputeSet | Copy | StreamCopy):
             return use(_storages_of(step))
         if isinstance(step, Execute):
             return use(_storages_of(step.compute_set))

@@ -9,6 +9,8 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
 - LOOP_INIT (4, slot, count): set loop counter ``slot`` to ``count``.
 - LOOP_BACK (5, slot, target): decrement counter ``slot``; go to phase ``target`` while it stays positive.
 - SYNC (6): an explicit sync; no work.
+- STREAM (7, slot, start, stop): a StreamCopy; stream rows start..stop-1 move one slice between host stream
+  ``slot`` and tile memory.
 """
 
 from types import SimpleNamespace
@@ -17,10 +19,10 @@ import numpy as np
 
 from popsim import _kernels, cost
 from popsim import _opcodes as oc
-from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, Sync, children
+from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
 
 NCOLS = 12
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC = range(7)
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = range(8)
 DT = oc.DTYPE_CODES
 
 
@@ -63,16 +65,16 @@ def _copy_rows(step, block_base):
     return rows, src_tile, dst_tile, src_addr
 
 
-def flatten_program(target, program, block_base, block_base_list, tile_size):
+def flatten_program(target, program, block_base, block_base_list, tile_size, streams):
     """The engine arrays of ``program`` (a step or a list of steps) and its cost: one phase per compute set,
-    one per Copy (consecutive independent copies are costed as one BSP exchange phase) and one per control
-    step.
+    one per Copy (consecutive independent copies are costed as one BSP exchange phase), one per StreamCopy
+    and one per control step. ``streams`` numbers the host streams (name -> slot).
 
-    ``totals`` holds static compute / exchange / sync / control cycles: exact for straight-line programs and
-    Repeats, and for an If the costlier branch (a worst case). ``steps``, the per-tile figures and ``flops``
-    count each compute set and exchange once, however often it runs.
+    ``totals`` holds static compute / exchange / sync / control / host cycles: exact for straight-line
+    programs and Repeats, and for an If the costlier branch (a worst case). ``steps``, the per-tile figures
+    and ``flops`` count each compute set and exchange once, however often it runs.
     """
-    f = _Flattener(target, block_base, block_base_list, tile_size)
+    f = _Flattener(target, block_base, block_base_list, tile_size, streams)
     totals = f.emit(program)
     return SimpleNamespace(
         phases=np.array(f.phases, np.int64).reshape(-1, 4),
@@ -80,22 +82,25 @@ def flatten_program(target, program, block_base, block_base_list, tile_size):
         num_counters=f.counters,
         instructions=np.array(f.rows, np.int64).reshape(-1, NCOLS),
         fparams=np.array(f.fparams, np.float64),
-        copies=np.concatenate(f.copies).astype(np.int64) if f.copies else np.zeros((0, 5), np.int64),
+        copies=np.concatenate(f.copies) if f.copies else np.zeros((0, _kernels.COPY_ROW_COLUMNS), np.int32),
+        stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, 3),
         steps=f.steps,
-        totals=dict(zip(("compute", "exchange", "sync", "control"), totals.tolist())),
+        totals=dict(zip(("compute", "exchange", "sync", "control", "host"), totals.tolist())),
         tile_compute=f.tile_compute,
         tile_exchange=f.tile_exchange,
         flops=f.flops,
     )
 
 
-def _totals(compute=0, exchange=0, sync=0, control=0):
-    return np.array([compute, exchange, sync, control], np.int64)
+def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
+    return np.array([compute, exchange, sync, control, host], np.int64)
 
 
 class _Flattener:
-    def __init__(self, target, block_base, block_base_list, tile_size):
+    def __init__(self, target, block_base, block_base_list, tile_size, streams):
         self.target = target
+        self.streams = streams
+        self.stream_rows = []
         self.block_base = block_base
         self.block_base_list = block_base_list
         self.tile_size = tile_size
@@ -125,6 +130,8 @@ class _Flattener:
         if isinstance(step, Sync):
             self.phase(SYNC, cycles=self.target.sync_cycles)
             return _totals(sync=self.target.sync_cycles)
+        if isinstance(step, StreamCopy):
+            return self.stream(step)
         if isinstance(step, Repeat):
             return self.repeat(step)
         if isinstance(step, If):
@@ -160,6 +167,19 @@ class _Flattener:
         # Both branches end here; an exchange after the If must not be costed as part of either.
         self.open = None
         return decide + (then if then.sum() >= otherwise.sum() else otherwise)
+
+    def stream(self, step):
+        """A host transfer: the tiles sync with the host, then the slice moves at the host link's rate."""
+        t = step.tensor
+        start = len(self.stream_rows)
+        host_offsets, arena_offsets, nbytes = host_blocks(t, self.block_base)
+        self.stream_rows += np.stack([host_offsets, arena_offsets, nbytes], axis=1).tolist()
+        host = cost.host_cycles(self.target, t.size * t.itemsize)
+        sync = self.target.sync_cycles
+        self.phase(STREAM, self.streams[step.stream], start, len(self.stream_rows), cycles=host + sync)
+        direction = "in" if step.to_device else "out"
+        self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
+        return _totals(sync=sync, host=host)
 
     def compute_set(self, step):
         if not step.vertices:
