@@ -1040,55 +1040,38 @@ def _rand(ctx, *args, **kwargs):
 _REDUCTION_ENUM = {0: "none", 1: "mean", 2: "sum"}
 
 
-def reduce_loss(x, reduction):
-    """Apply a loss reduction ("none", "mean", "sum", or torch's enum 0/1/2) to elementwise losses."""
-    reduction = _REDUCTION_ENUM.get(reduction, reduction)
-    if reduction == "none":
-        return x
-    total = _op("reduce_sum", x, axes=None, keepdims=False)
-    if reduction == "sum":
-        return total
-    return _op("div", total, _const(x.graph, max(x.type.size, 1), x.dtype))
+def _reduction(reduction):
+    """torch's loss reduction enum (0/1/2) as popir's name ("none", "mean", "sum")."""
+    return _REDUCTION_ENUM.get(reduction, reduction)
 
 
 @lowers(torch.ops.poptorch.identity_loss.default)
 def _identity_loss(ctx, x, reduction):
     if reduction not in REDUCTIONS:
         raise Error(f"identity_loss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return reduce_loss(x, reduction)
+    return popir.ops.reduce_loss(x, reduction)
 
 
+# The losses below are popir's composites (one definition of each formula); only the ATen argument order and
+# the reduction enum are translated here.
 @lowers(aten.mse_loss.default)
 def _mse_loss(ctx, a, b, reduction=1):
-    d = _op("sub", a, b)
-    return reduce_loss(_op("mul", d, d), reduction)
+    return popir.ops.mse_loss(a, b, _reduction(reduction))
 
 
 @lowers(aten.l1_loss.default)
 def _l1_loss(ctx, a, b, reduction=1):
-    return reduce_loss(_op("abs", _op("sub", a, b)), reduction)
-
-
-def _smooth(a, b, delta, scale_quadratic):
-    g = a.graph
-    d = _op("abs", _op("sub", a, b))
-    quad = _op("mul", _op("mul", d, d), _const(g, 0.5 / (delta if scale_quadratic else 1.0), a.dtype))
-    lin = _op("sub", d, _const(g, 0.5 * delta, a.dtype))
-    if not scale_quadratic:
-        lin = _op("mul", lin, _const(g, delta, a.dtype))
-    return _op("where", _op("lt", d, _const(g, delta, a.dtype)), quad, lin)
+    return popir.ops.l1_loss(a, b, _reduction(reduction))
 
 
 @lowers(aten.smooth_l1_loss.default)
 def _smooth_l1_loss(ctx, a, b, reduction=1, beta=1.0):
-    if beta == 0:
-        return _l1_loss(ctx, a, b, reduction)
-    return reduce_loss(_smooth(a, b, beta, True), reduction)
+    return popir.ops.smooth_l1_loss(a, b, _reduction(reduction), beta=beta)
 
 
 @lowers(aten.huber_loss.default)
 def _huber_loss(ctx, a, b, reduction=1, delta=1.0):
-    return reduce_loss(_smooth(a, b, delta, False), reduction)
+    return popir.ops.huber_loss(a, b, _reduction(reduction), delta=delta)
 
 
 def nll(logp, target, weight, reduction, ignore_index):
@@ -1106,7 +1089,7 @@ def nll(logp, target, weight, reduction, ignore_index):
     if weight is not None:
         w = _op("mul", w, _op("gather", weight, safe, axis=0))
     losses = _op("neg", _op("mul", picked, w))
-    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    reduction = _reduction(reduction)
     total_weight = _op("reduce_sum", w, axes=None, keepdims=False)
     if reduction == "none":
         return losses, total_weight
@@ -1116,7 +1099,7 @@ def nll(logp, target, weight, reduction, ignore_index):
 
 @lowers(aten.nll_loss.default, aten.nll_loss_nd.default, aten.nll_loss2d.default)
 def _nll_loss(ctx, logp, target, weight=None, reduction=1, ignore_index=-100):
-    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    reduction = _reduction(reduction)
     out = popir.ops.nll_loss(logp, _cast(target, "int32"), weight, reduction, ignore_index)
     return _reshaped(out, _out_shape(ctx))
 
@@ -1135,54 +1118,24 @@ def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
 def _cross_entropy(ctx, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     if not target.dtype.is_float:
         target = _cast(target, "int32")
-    reduction = _REDUCTION_ENUM.get(reduction, reduction)
+    reduction = _reduction(reduction)
     out = popir.ops.cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing)
     return _reshaped(out, _out_shape(ctx))
 
 
 @lowers(aten.binary_cross_entropy.default)
 def _bce(ctx, p, y, weight=None, reduction=1):
-    g = ctx.graph
-    floor = _const(g, -100.0, p.dtype)
-    log_p = _op("maximum", _op("log", p), floor)
-    log_1mp = _op("maximum", _op("log", _op("sub", _const(g, 1.0, p.dtype), p)), floor)
-    losses = _op("neg", _op("add", _op("mul", y, log_p), _op("mul", _op("sub", _const(g, 1.0, p.dtype), y), log_1mp)))
-    if weight is not None:
-        losses = _op("mul", losses, weight)
-    return reduce_loss(losses, reduction)
+    return popir.ops.binary_cross_entropy(p, y, weight, _reduction(reduction))
 
 
 @lowers(aten.binary_cross_entropy_with_logits.default)
 def _bce_logits(ctx, x, y, weight=None, pos_weight=None, reduction=1):
-    g = ctx.graph
-    one = _const(g, 1.0, x.dtype)
-    softplus_neg = _op(
-        "add",
-        _op("log", _op("add", one, _op("exp", _op("neg", _op("abs", x))))),
-        _op("maximum", _op("neg", x), _const(g, 0.0, x.dtype)),
-    )
-    if pos_weight is not None:
-        log_weight = _op("add", one, _op("mul", _op("sub", pos_weight, one), y))
-        losses = _op("add", _op("mul", _op("sub", one, y), x), _op("mul", log_weight, softplus_neg))
-    else:
-        losses = _op("add", _op("mul", _op("sub", one, y), x), softplus_neg)
-    if weight is not None:
-        losses = _op("mul", losses, weight)
-    return reduce_loss(losses, reduction)
+    return popir.ops.binary_cross_entropy_with_logits(x, y, weight, _reduction(reduction), pos_weight)
 
 
 @lowers(aten.kl_div.default)
 def _kl_div(ctx, logq, target, reduction=1, *, log_target=False):
-    g = ctx.graph
-    if log_target:
-        losses = _op("mul", _op("exp", target), _op("sub", target, logq))
-    else:
-        positive = _op("gt", target, _const(g, 0.0, target.dtype))
-        safe = _op("where", positive, target, _const(g, 1.0, target.dtype))
-        losses = _op(
-            "where", positive, _op("mul", target, _op("sub", _op("log", safe), logq)), _const(g, 0.0, target.dtype)
-        )
-    return reduce_loss(losses, reduction)
+    return popir.ops.kl_div(logq, target, _reduction(reduction), log_target)
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]
