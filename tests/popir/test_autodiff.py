@@ -145,6 +145,16 @@ def test_unconnected_gradient_is_zero():
     assert popir.interpreter.run(g, {"x": np.ones(2), "y": np.ones((2, 2))})["gy"].tolist() == [[0, 0], [0, 0]]
 
 
+def test_unreached_none_marks_values_no_gradient_reaches():
+    g = popir.Graph()
+    x, y, z = (g.add_input(n, (2,), "float32") for n in "xyz")
+    loss = ops.reduce_sum(x + ops.stop_gradient(y), axes=None, keepdims=False)
+    gx, gy, gz = popir.autodiff.grad(g, loss, [x, y, z], unreached="none")
+    assert gx is not None and gy is None and gz is None
+    with pytest.raises(popir.IRError, match="unreached must be"):
+        popir.autodiff.grad(g, loss, [x], unreached="skip")
+
+
 def test_integer_loss_is_rejected():
     g = popir.Graph()
     x = g.add_input("x", (2,), "int32")

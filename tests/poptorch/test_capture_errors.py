@@ -26,6 +26,19 @@ def test_all_unsupported_ops_are_listed_at_once_with_source_lines():
     assert len({line.split("test_capture_errors.py:")[1].split(":")[0] for line in lines}) == 2
 
 
+class UnsupportedInNoGrad(nn.Module):
+    def forward(self, x):
+        with torch.no_grad():
+            y = torch.linalg.det(x)  # line: det under no_grad
+        return y + x.sum()
+
+
+def test_ops_inside_a_no_grad_block_keep_the_users_line():
+    with pytest.raises(poptorch.errors.UnsupportedOpError) as info:
+        capture(UnsupportedInNoGrad(), (torch.randn(3, 3),))
+    assert "torch.linalg.det(x)  # line: det under no_grad" in str(info.value)
+
+
 def test_unsupported_error_is_a_poptorch_error():
     assert issubclass(poptorch.errors.UnsupportedOpError, poptorch.errors.Error)
 

@@ -209,3 +209,27 @@ class DetachedTarget(torch.nn.Module):
 
 def test_detach_cuts_gradients_like_eager():
     _compare(DetachedTarget, "sgd", width=8, depth=1, steps=2, batch=4, seed=0)
+
+
+class NoGradFeatures(torch.nn.Module):
+    """A frozen-by-no_grad feature layer whose result is both returned and trained on: eager torch gives the
+    feature layer no gradient, so it must not move."""
+
+    def __init__(self, width, depth):
+        super().__init__()
+        self.features = torch.nn.Linear(6, width)
+        self.head = torch.nn.Linear(width, 3)
+
+    def forward(self, x, y):
+        with torch.no_grad():
+            h = torch.tanh(self.features(x))
+        return h, torch.nn.functional.mse_loss(self.head(h), y)
+
+    @staticmethod
+    def data(batch):
+        return torch.randn(batch, 6), torch.randn(batch, 3)
+
+
+def test_no_grad_block_in_forward_stops_gradients_like_eager():
+    # With weight decay and momentum: torch's optimizer skips a parameter whose .grad is None entirely.
+    _compare(NoGradFeatures, "sgd_momentum", width=5, depth=1, steps=2, batch=4, seed=0)

@@ -9,12 +9,16 @@ from popir.errors import IRError
 from popir.registry import get_op
 
 
-def grad(graph, loss, wrt, seed=None):
+def grad(graph, loss, wrt, seed=None, unreached="zeros"):
     """Gradients of ``loss`` with respect to each Value in ``wrt`` (a list of Values, same order).
 
     ``seed`` is the cotangent of ``loss`` (default: ones). Nodes that do not lie on a path from
-    ``wrt`` to ``loss`` are skipped; a Value with no path gets a zero gradient.
+    ``wrt`` to ``loss`` are skipped. A Value no gradient reaches (no path, or only through
+    non-differentiable ops such as stop_gradient) gets a zero gradient, or None with
+    ``unreached="none"`` (torch's ``.grad is None``).
     """
+    if unreached not in ("zeros", "none"):
+        raise IRError(f"unreached must be 'zeros' or 'none', got {unreached!r}")
     if not loss.dtype.is_float:
         raise IRError(f"cannot differentiate a {loss.dtype} loss")
     needed = _on_path(graph, wrt, loss)
@@ -37,6 +41,8 @@ def grad(graph, loss, wrt, seed=None):
                 raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
             previous = cotangents.get(value.id)
             cotangents[value.id] = ct if previous is None else previous + ct
+    if unreached == "none":
+        return [cotangents.get(w.id) for w in wrt]
     return [cotangents[w.id] if w.id in cotangents else _full(graph, w, 0.0) for w in wrt]
 
 

@@ -91,11 +91,57 @@ def _export(model, args, kwargs):
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             program = torch.export.export(model, args, kwargs, strict=False)
+            _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
     except Error:
         raise
     except Exception as exc:
         raise Error(_export_failure(exc)) from exc
+
+
+def _detach_grad_disabled_regions(program):
+    """Inline every ``torch.no_grad()`` block of forward and detach its results, so no gradient flows back
+    through it (as in eager torch). Export keeps such a block as one ``wrap_with_set_grad_enabled(False, ...)``
+    node; the decompositions that follow would inline it themselves, dropping both the grad mode and the
+    user's source lines of the ops inside."""
+    gm = program.graph_module
+    graph = gm.graph
+    hop = torch.ops.higher_order.wrap_with_set_grad_enabled
+    for node in list(graph.nodes):
+        if node.target is not hop or node.args[0]:
+            continue
+        body = getattr(gm, node.args[1].target).graph
+        if any(b.op == "get_attr" for b in body.nodes):
+            # A nested block: detach the outer results and leave the inlining to the decompositions.
+            for user in list(node.users):
+                _detach_after(graph, user)
+            continue
+        env = dict(zip([b for b in body.nodes if b.op == "placeholder"], node.args[2:]))
+        with graph.inserting_before(node):
+            for b in body.nodes:
+                if b.op == "call_function":
+                    env[b] = graph.node_copy(b, env.__getitem__)
+                elif b.op == "output":
+                    results = [env[r] for r in b.args[0]]
+        for user in list(node.users):
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        for value in results:
+            _detach_after(graph, value)
+        submodule = node.args[1]
+        graph.erase_node(node)
+        if not submodule.users:
+            graph.erase_node(submodule)
+            delattr(gm, submodule.target)
+    gm.recompile()
+
+
+def _detach_after(graph, value):
+    """Route every use of ``value`` through a new ``aten.detach`` of it."""
+    with graph.inserting_after(value):
+        detached = graph.call_function(torch.ops.aten.detach.default, (value,))
+    detached.meta = dict(value.meta)
+    value.replace_all_uses_with(detached, delete_user_cb=lambda user: user is not detached)
 
 
 def _export_failure(exc):

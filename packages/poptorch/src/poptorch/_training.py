@@ -76,12 +76,17 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     """
     graph = captured.graph
     loss = the_loss(captured)
-    trained = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
-    params = {name: graph.input(name) for name in trained}
+    candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
     builder = OptimizerBuilder(spec)
     on_phase("autodiff")
-    grads = popir.autodiff.grad(graph, loss, list(params.values()), seed=builder.loss_seed(graph, loss))
-    grads = dict(zip(trained, grads))
+    grads = popir.autodiff.grad(
+        graph, loss, [graph.input(n) for n in candidates], seed=builder.loss_seed(graph, loss), unreached="none"
+    )
+    # As in torch, a parameter no gradient reaches (unused, or used only under torch.no_grad() or detach())
+    # has no .grad, so the optimizer leaves it and its state alone: no weight decay, no momentum step.
+    grads = {name: g for name, g in zip(candidates, grads) if g is not None}
+    trained = [name for name in candidates if name in grads]
+    params = {name: graph.input(name) for name in trained}
     _advance_rng(graph)
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
