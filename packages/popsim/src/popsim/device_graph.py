@@ -6,8 +6,9 @@ here, when the vertex is added, with a ``popsim.Error``. ``Copy`` is an exchange
 takes element ``index[i]`` of the concatenated sources, whatever tiles they live on.
 
 A program is a step or a list of steps (a list is a ``Sequence``). Steps: ``ComputeSet`` (or
-``Execute(compute_set)``), ``Copy``, ``Sequence``, ``Repeat``, ``If`` and ``Sync``. Host streams are not
-program steps: ``Executable.run`` streams inputs in before the program and outputs out after it.
+``Execute(compute_set)``), ``Copy``, ``Sequence``, ``Repeat``, ``If``, ``Sync`` and ``StreamCopy`` (host
+streams inside the program). ``Executable.run`` also streams a compiled graph's inputs in before its program
+and its outputs out after it.
 """
 
 from dataclasses import dataclass, field
