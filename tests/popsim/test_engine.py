@@ -1,5 +1,7 @@
 """The engine: coalesced exchange runs, threads sharing a phase's rows, and out-of-range dynamic indices."""
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -97,3 +99,14 @@ def test_an_out_of_range_gather_index_is_an_error_not_a_crash():
         exe.run({"table": values, "index": np.array([0, 5, 1, 2], np.int32)})
     with pytest.raises(popsim.Error, match="2 gather/scatter index"):
         exe.run({"table": values, "index": np.array([-6, 1000000, 1, 2], np.int32)})
+
+
+def test_an_executable_pickles_with_its_variables_and_runs_alike():
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((4, 3, 12, 12)).astype(np.float32)}
+    exe = popsim.compile(_cnn_graph(), "ipu2")
+    exe.write_variable("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    clone = pickle.loads(pickle.dumps(exe))
+    np.testing.assert_array_equal(clone.read_variable("w"), exe.read_variable("w"))
+    np.testing.assert_array_equal(clone.run(feeds)["y"], exe.run(feeds)["y"])
+    assert clone.profile.programs == exe.profile.programs

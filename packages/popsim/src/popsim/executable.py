@@ -100,6 +100,7 @@ class Executable:
     """A compiled set of programs on one simulated IPU; variables stay in tile memory between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
+    An Executable pickles with its programs, tile plans and variable values, so a cache can skip compiling.
     """
 
     def __init__(self, target, dg, variables, lowered, relax_memory):
@@ -178,10 +179,30 @@ class Executable:
             )
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
-        for t in pinned:
-            if t.category == "constant":
-                self._write(t, host_blocks(t, block_base), t.value)
+        self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]
+        self._write_constants()
         self.last_run_cycles = 0
+
+    def _write_constants(self):
+        for t, blocks in self._constants:
+            self._write(t, blocks, t.value)
+
+    def __getstate__(self):
+        """A pickle holds the compiled programs and the variables' current values, not the tile memory."""
+        state = {k: v for k, v in self.__dict__.items() if k != "arena"}
+        state["arena"] = (self.arena.num_tiles, self.arena.tile_bytes)
+        state["variable_values"] = {name: self.read_variable(name) for name in self._vars}
+        return state
+
+    def __setstate__(self, state):
+        num_tiles, tile_bytes = state.pop("arena")
+        values = state.pop("variable_values")
+        self.__dict__.update(state)
+        self.arena = TileArena(num_tiles, tile_bytes)
+        self.num_threads = default_threads()
+        self._write_constants()
+        for name, value in values.items():
+            self.write_variable(name, value)
 
     @property
     def programs(self):

@@ -1,9 +1,9 @@
 """The executable cache (``enableExecutableCaching(path)`` / POPTORCH_CACHE_DIR).
 
 Key: SHA-256 of the programs' popir graph hashes (before optimisation), the options that change
-compilation and the poptorch version. Entry: the compiled popsim executable, pickled, when it pickles;
-otherwise the *optimised* popir graphs' bytes, so a hit skips the popir passes and only popsim's
-lowering remains. Each entry file starts with a magic tag and the SHA-256 of its payload: a corrupt or
+compilation and the poptorch version. Entry: the compiled popsim executable, pickled (its programs and
+tile plans; weights are uploaded after loading), so a hit skips the popir passes and popsim's lowering.
+Each entry file starts with a magic tag and the SHA-256 of its payload: a corrupt or
 truncated entry is logged, deleted and recompiled, never raised. The cache is bounded
 (POPTORCH_CACHE_MAX_BYTES, default 1 GiB): hits refresh an entry's time and the least recently used
 entries are evicted first.
@@ -14,9 +14,7 @@ import os
 import pickle
 import tempfile
 
-import popir
 import poptorch
-from poptorch import _device
 from poptorch._logging import logger
 
 _MAGIC = b"POPTORCH-EXE-1\n"
@@ -37,9 +35,8 @@ def key(graphs, options):
 class ExecutableCache:
     """A directory of cache entries, one file per key."""
 
-    def __init__(self, directory, options, max_bytes=None):
+    def __init__(self, directory, max_bytes=None):
         self.directory = directory
-        self.options = options
         self.max_bytes = max_bytes or int(os.environ.get("POPTORCH_CACHE_MAX_BYTES", 1 << 30))
         os.makedirs(directory, exist_ok=True)
 
@@ -47,7 +44,7 @@ class ExecutableCache:
     def open(options):
         """The cache configured by ``options``, or None when caching is off."""
         directory = options.executable_cache_dir
-        return ExecutableCache(directory, options) if directory else None
+        return ExecutableCache(directory) if directory else None
 
     def _path(self, key):
         return os.path.join(self.directory, key + _SUFFIX)
@@ -64,8 +61,7 @@ class ExecutableCache:
         try:
             if payload is None:
                 raise ValueError("checksum mismatch")
-            kind, body = pickle.loads(payload)
-            exe = body if kind == "executable" else self._lower(body)
+            exe = pickle.loads(payload)
         except Exception as exc:  # noqa: BLE001 - any damage to an entry means: recompile
             logger.warning("Ignoring corrupt executable cache entry %s (%s); recompiling", path, exc)
             _remove(path)
@@ -73,17 +69,9 @@ class ExecutableCache:
         os.utime(path)
         return exe
 
-    def _lower(self, graph_bytes):
-        graphs = {name: popir.Graph.from_bytes(data) for name, data in graph_bytes.items()}
-        return _device.compile_programs(graphs, self.options)
-
-    def store(self, key, exe, graphs):
-        """Store ``exe`` (or, if it does not pickle, the optimised ``graphs``) under ``key``; then evict."""
-        try:
-            payload = pickle.dumps(("executable", exe), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - unpicklable executables fall back to the graphs
-            graph_bytes = {name: graph.to_bytes() for name, graph in graphs.items()}
-            payload = pickle.dumps(("graphs", graph_bytes), protocol=pickle.HIGHEST_PROTOCOL)
+    def store(self, key, exe):
+        """Store the compiled executable ``exe`` under ``key``; then evict the least recently used entries."""
+        payload = pickle.dumps(exe, protocol=pickle.HIGHEST_PROTOCOL)
         data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:

@@ -212,7 +212,7 @@ class PoplarExecutor:
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options)
                 if cache:
-                    cache.store(key, exe, programs.graphs)
+                    cache.store(key, exe)
             else:
                 logger.info("Loaded the executable from the cache (%s)", key[:16])
                 phase("compile")
