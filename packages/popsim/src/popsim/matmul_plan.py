@@ -4,6 +4,7 @@ import functools
 import math
 from typing import NamedTuple
 
+from popir import DType
 from popsim import cost
 
 
@@ -28,24 +29,25 @@ def _splits(size):
     return sorted({-(-size // (-(-size // g))) for g in counts})
 
 
-def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile):
-    """Estimated cycles of one split: operand exchange + AMP compute + partial reduction."""
+def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials):
+    """Estimated cycles of one split: operand exchange + AMP compute + reduction of the ``partials``."""
     operand_bytes = (mb * kb + kb * nb) * dtype.itemsize
     cycles = per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
     # Each contiguous operand row received is one exchange region with its own setup cycles.
     cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
     rows = math.ceil(batch * m * n / target.num_tiles)
-    if gk > 1 or dtype.itemsize != 4:
-        cycles += cost.exchange_cycles(target, rows * gk * 4) + cost.reduce_cycles(target, rows, gk, dtype)
+    if gk > 1 or dtype != partials:
+        cycles += cost.exchange_cycles(target, rows * gk * partials.itemsize)
+        cycles += cost.reduce_cycles(target, rows, gk, partials)
     else:
         cycles += cost.exchange_cycles(target, rows * 4)
     return cycles
 
 
 @functools.lru_cache(maxsize=512)
-def plan_matmul(target, batch, m, n, k, dtype):
+def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32):
     """The split with the fewest estimated cycles whose per-tile operands fit in half a tile (else the
-    smallest split by memory).
+    smallest split by memory). ``partials`` is the dtype the AMP accumulates in and the K-split reduces.
 
     Each task (b, i, j, kk) computes an (mb x kb) @ (kb x nb) partial on one tile; tasks beyond the tile
     count share tiles round-robin.
@@ -60,17 +62,18 @@ def plan_matmul(target, batch, m, n, k, dtype):
                     continue
                 mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
                 per_tile = math.ceil(tasks / tiles)
-                memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * 4)
+                memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * partials.itemsize)
                 split = (gm, gn, gk, mb, nb, kb, per_tile)
                 if smallest is None or memory < smallest[0]:
                     smallest = (memory, split)
                 if memory > target.tile_bytes // 2:
                     continue
-                cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile)
+                cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials)
                 if best is None or cycles < best.cycles:
                     best = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)
     if best is not None:
         return best
     # Nothing fits: take the plan needing the least memory and let the allocator report the overflow.
     gm, gn, gk, mb, nb, kb, per_tile = smallest[1]
-    return MatmulPlan(gm, gn, gk, mb, nb, kb, _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile))
+    cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials)
+    return MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)

@@ -188,7 +188,8 @@ class Lowerer:
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced."""
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
-        plan = plan_matmul(self.target, nb_, m, n, k, dtype)
+        partial = self.partials_type if dtype == DType.float16 else DType.float32
+        plan = plan_matmul(self.target, nb_, m, n, k, dtype, partial)
         gm, gn, gk, mb, nb, kb = plan.gm, plan.gn, plan.gk, plan.mb, plan.nb, plan.kb
         tasks = nb_ * gm * gn * gk
         pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)
@@ -217,7 +218,6 @@ class Lowerer:
             TileMapping.on_tiles(np.full(tasks, kb * nb), tiles),
             name="matmul-rhs",
         )
-        partial = self.partials_type if dtype == DType.float16 else DType.float32
         p = self.new((tasks, mb, nb), partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
