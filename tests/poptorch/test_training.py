@@ -233,3 +233,24 @@ class NoGradFeatures(torch.nn.Module):
 def test_no_grad_block_in_forward_stops_gradients_like_eager():
     # With weight decay and momentum: torch's optimizer skips a parameter whose .grad is None entirely.
     _compare(NoGradFeatures, "sgd_momentum", width=5, depth=1, steps=2, batch=4, seed=0)
+
+
+class LargeEmbedding(torch.nn.Module):
+    """An embedding table of 640 KB, more than one tile's memory: its lookup and gradient are sliced."""
+
+    def __init__(self, width, depth):
+        super().__init__()
+        self.emb = torch.nn.Embedding(5000, 32)
+        self.head = torch.nn.Linear(32, 3)
+
+    def forward(self, ids, y):
+        out = self.head(self.emb(ids).mean(1))
+        return out, torch.nn.functional.cross_entropy(out, y)
+
+    @staticmethod
+    def data(batch):
+        return torch.randint(0, 5000, (batch, 6)), torch.randint(0, 3, (batch,))
+
+
+def test_embedding_larger_than_a_tile_trains_like_eager():
+    _compare(LargeEmbedding, "sgd_momentum", width=0, depth=0, steps=3, batch=8, seed=0)

@@ -181,34 +181,66 @@ def _random_uniform(lw, node, seed, shape, dtype):
     return out
 
 
-# -- dynamic indexing: gathered onto one tile ------------------------------------------------------
+# -- dynamic indexing ------------------------------------------------------------------------------
+# A runtime-index gather or scatter runs where its table is. A table that fits a quarter of a tile goes
+# whole to one tile; a larger one is cut along the indexed axis into slices, one tile each: every slice
+# tile receives all the indices, serves those that fall in its slice and contributes zeros for the rest.
 def _on_one_tile(lw, tensors, salt):
     tile = (salt * 2654435761) % lw.target.num_tiles
     placed = [lw.relayout(t, t.shape, TileMapping.on_tiles([t.size], [tile])) for t in tensors]
     return tile, placed
 
 
+def _axis_slices(lw, nbytes, size):
+    """[lo, hi) ranges of an indexed axis of ``size`` cutting a ``nbytes`` table into tile-sized slices."""
+    count = min(size, max(1, -(-nbytes // (lw.target.tile_bytes // 4))))
+    per = -(-size // count)
+    return [(lo, min(lo + per, size)) for lo in range(0, size, per)]
+
+
+def _int_constant(lw, value):
+    return lw.constant(np.array(value, np.int32), DType.int32)
+
+
+def _wrap_negative(lw, indices, size):
+    """``indices`` with negative entries counted from the end of an axis of ``size`` (numpy's rule)."""
+    neg = lw.elementwise("lt", [indices, _int_constant(lw, 0)], indices.shape, DType.bool)
+    wrapped = lw.elementwise("add", [indices, _int_constant(lw, size)], indices.shape, DType.int32)
+    return lw.elementwise("where", [neg, wrapped, indices], indices.shape, DType.int32)
+
+
+def _in_slice(lw, indices, lo, hi):
+    """(mask of ``indices`` in [lo, hi), indices made slice-local with 0 where outside)."""
+    shape = indices.shape
+    above = lw.elementwise("ge", [indices, _int_constant(lw, lo)], shape, DType.bool)
+    below = lw.elementwise("lt", [indices, _int_constant(lw, hi)], shape, DType.bool)
+    inside = lw.elementwise("logical_and", [above, below], shape, DType.bool)
+    local = lw.elementwise("sub", [indices, _int_constant(lw, lo)], shape, DType.int32)
+    return inside, lw.elementwise("where", [inside, local, _int_constant(lw, 0)], shape, DType.int32)
+
+
+def _bounds_check(lw, indices, size, salt):
+    """Count out-of-range ``indices`` (after negative wrap) into the run's error, as a whole-table gather
+    does: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
+    tile, (it,) = _on_one_tile(lw, [indices], salt)
+    dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
+    _gather_vertex(lw, oc.GATHER, tile, dummy, it, dummy, 1, 0, size)
+
+
 def _flat_indices(lw, x, indices, axis):
     """Flat element indices into ``x`` for take_along_axis-style ``indices`` (computed on the device)."""
-    size = x.shape[axis]
-    neg = lw.elementwise("lt", [indices, lw.constant(np.array(0, np.int32), DType.int32)], indices.shape, DType.bool)
-    wrapped = lw.elementwise(
-        "add", [indices, lw.constant(np.array(size, np.int32), DType.int32)], indices.shape, DType.int32
-    )
-    idx = lw.elementwise("where", [neg, wrapped, indices], indices.shape, DType.int32)
+    idx = _wrap_negative(lw, indices, x.shape[axis])
     stride = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
     base = np.arange(x.size).reshape(x.shape)
     sel = [slice(0, d) for d in indices.shape]
     sel[axis] = slice(0, 1)
     base = np.broadcast_to(base[tuple(sel)], indices.shape).astype(np.int32)
-    scaled = lw.elementwise(
-        "mul", [idx, lw.constant(np.array(stride, np.int32), DType.int32)], indices.shape, DType.int32
-    )
+    scaled = lw.elementwise("mul", [idx, _int_constant(lw, stride)], indices.shape, DType.int32)
     return lw.elementwise("add", [scaled, lw.constant(base, DType.int32)], indices.shape, DType.int32)
 
 
 def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None):
-    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, out.size)}
+    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, max(out.size, 1))}
     if upd is not None:
         fields["c"] = upd.region(0, upd.size)
     cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
@@ -216,15 +248,40 @@ def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None):
     lw.dg.add_vertex(cs, kind, 0, tile, idx.size, fields, cycles, p0=rows, p1=inner, fparam=size)
 
 
-def _gather_rows(lw, x, flat_idx, axis, out_shape, salt):
-    if flat_idx.size == 0 or x.size == 0:
+def _gather_rows(lw, x, idx, axis, out_shape, salt):
+    """out[..., i, ...] = x[..., idx[i], ...] along ``axis`` (x viewed as rows x size x inner)."""
+    if idx.size == 0 or x.size == 0:
         return lw.fill(out_shape, x.dtype, 0.0)
-    tile, (xt, it) = _on_one_tile(lw, [x, flat_idx], salt)
-    out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([int(np.prod(out_shape, dtype=np.int64))], [tile]))
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    size = x.shape[axis]
     inner = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
-    _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, x.shape[axis])
-    return lw.relayout(out, out_shape, TileMapping.linear(out.size, out.itemsize, lw.target))
+    out_size = int(np.prod(out_shape, dtype=np.int64))
+    linear = TileMapping.linear(out_size, x.itemsize, lw.target)
+    slices = _axis_slices(lw, x.size * x.itemsize, size)
+    if len(slices) == 1:
+        tile, (xt, it) = _on_one_tile(lw, [x, idx], salt)
+        out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([out_size], [tile]))
+        _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, size)
+        return lw.relayout(out, out_shape, linear)
+    _bounds_check(lw, idx, size, salt)
+    wrapped = _wrap_negative(lw, idx, size)
+    # The mask of an index, shaped to broadcast over the output's leading and trailing axes.
+    mask_shape = (1,) * axis + idx.shape + (1,) * (len(x.shape) - axis - 1)
+    table = np.arange(x.size).reshape(rows, size, inner)
+    zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
+    total = None
+    for k, (lo, hi) in enumerate(slices):
+        tile = (salt * 2654435761 + k + 1) % lw.target.num_tiles
+        place = TileMapping.on_tiles([rows * (hi - lo) * inner], [tile])
+        xs = lw.gather((rows, hi - lo, inner), x.dtype, [x], table[:, lo:hi, :], place, name="gather-slice")
+        inside, local = _in_slice(lw, wrapped, lo, hi)
+        it = lw.relayout(local, local.shape, TileMapping.on_tiles([local.size], [tile]))
+        out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([out_size], [tile]))
+        _gather_vertex(lw, oc.GATHER, tile, xs, it, out, rows, inner, hi - lo)
+        out = lw.relayout(out, out_shape, linear)
+        part = lw.elementwise("where", [lw.reshape(inside, mask_shape), out, zero], out_shape, x.dtype)
+        total = part if total is None else lw.elementwise("add", [total, part], out_shape, x.dtype)
+    return total
 
 
 @lowering("gather")
@@ -246,12 +303,29 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     if indices.size == 0 or x.size == 0:
         return lw.relayout(x, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target)) if x.size else x
     flat = _flat_indices(lw, x, indices, axis)
-    tile, (it, ut) = _on_one_tile(lw, [flat, updates], x.size + 5 * indices.size)
-    out = lw.gather(
-        x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
-    )
-    _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut)
-    return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
+    salt = x.size + 5 * indices.size
+    slices = _axis_slices(lw, x.size * x.itemsize, x.size)
+    if len(slices) == 1:
+        tile, (it, ut) = _on_one_tile(lw, [flat, updates], salt)
+        out = lw.gather(
+            x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
+        )
+        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut)
+        return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
+    _bounds_check(lw, flat, x.size, salt)
+    zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
+    parts = []
+    for k, (lo, hi) in enumerate(slices):
+        tile = (salt * 2654435761 + k + 1) % lw.target.num_tiles
+        inside, local = _in_slice(lw, flat, lo, hi)
+        # An update outside this slice lands on the slice's first element as a zero.
+        kept = lw.elementwise("where", [inside, updates, zero], updates.shape, x.dtype)
+        it, ut = (lw.relayout(t, t.shape, TileMapping.on_tiles([t.size], [tile])) for t in (local, kept))
+        place = TileMapping.on_tiles([hi - lo], [tile])
+        out = lw.gather((hi - lo,), x.dtype, [x], np.arange(lo, hi), place, name="scatter-init")
+        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, hi - lo, upd=ut)
+        parts.append(out)
+    return lw.gather(x.shape, x.dtype, parts, np.arange(x.size), name="scatter-slices")
 
 
 # -- convolution and pooling: index maps feeding the matmul and reduction planners ----------------
