@@ -101,6 +101,26 @@ def test_an_out_of_range_gather_index_is_an_error_not_a_crash():
         exe.run({"table": values, "index": np.array([-6, 1000000, 1, 2], np.int32)})
 
 
+@pytest.mark.parametrize("op", ["take_along_axis", "scatter_add"])
+def test_an_index_beyond_its_axis_is_an_error_even_when_its_flat_position_exists(op):
+    # Index 5 on an axis of 4 would address row 1's second element through the flat offset 0 * 4 + 5.
+    g = popir.Graph("g")
+    x = g.add_input("x", (3, 4), "float32")
+    index = g.add_input("index", (3, 1), "int32")
+    upd = g.add_input("upd", (3, 1), "float32")
+    if op == "take_along_axis":
+        g.output("y", ops.take_along_axis(x, index, axis=1) + upd)
+    else:
+        g.output("y", ops.scatter_add(x, index, upd, axis=1))
+    exe = popsim.compile(g, popsim.Target.small())
+    feeds = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "upd": np.ones((3, 1), np.float32)}
+    exe.run({**feeds, "index": np.array([[3], [0], [-4]], np.int32)})
+    with pytest.raises(popsim.Error, match="1 gather/scatter index"):
+        exe.run({**feeds, "index": np.array([[5], [0], [1]], np.int32)})
+    with pytest.raises(popsim.Error, match="2 gather/scatter index"):
+        exe.run({**feeds, "index": np.array([[100], [-5], [1]], np.int32)})
+
+
 def test_an_executable_pickles_with_its_variables_and_runs_alike():
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((4, 3, 12, 12)).astype(np.float32)}

@@ -497,8 +497,9 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
                     if idx < 0:
                         idx += size
                     if idx < 0 or idx >= size:
-                        # Never read outside the tile: the slice becomes zeros and the run reports an error.
-                        bad += 1
+                        # Never read outside the tile: the slice becomes zeros and the run reports an error
+                        # (sub 1: a check vertex beside this one counts the user's own indices instead).
+                        bad += sub == 0
                         memset(base + row[C_OUT] + ((j * n + i) * inner) * itemsize, 0, inner * itemsize)
                         continue
                     memcpy(base + row[C_OUT] + ((j * n + i) * inner) * itemsize,
@@ -510,7 +511,7 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
                     if idx < 0:
                         idx += size
                     if idx < 0 or idx >= size:
-                        bad += 1
+                        bad += sub == 0
                         continue
                     load(base + row[C_C], dta, (j * n + i) * inner, inner, bufb)
                     load(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)

@@ -220,11 +220,18 @@ def _in_slice(lw, indices, lo, hi):
 
 
 def _bounds_check(lw, indices, size, salt):
-    """Count out-of-range ``indices`` (after negative wrap) into the run's error, as a whole-table gather
-    does: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
+    """A compute set that counts out-of-range ``indices`` into the run's error (see _check_vertex)."""
     tile, (it,) = _on_one_tile(lw, [indices], salt)
+    _check_vertex(lw, lw.dg.add_compute_set("bounds-check"), tile, it, size)
+
+
+def _check_vertex(lw, cs, tile, indices, size):
+    """Count ``indices`` (on ``tile``) outside an axis of ``size``, after negative wrap, into the run's
+    error: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
     dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
-    _gather_vertex(lw, oc.GATHER, tile, dummy, it, dummy, 1, 0, size)
+    fields = {"a": dummy.region(0, 1), "b": indices.region(0, indices.size), "out": dummy.region(0, 1)}
+    cycles = cost.gather_cycles(lw.target, 1, indices.size, 0, 4)
+    lw.dg.add_vertex(cs, oc.GATHER, 0, tile, indices.size, fields, cycles, p0=1, p1=0, fparam=size)
 
 
 def _flat_indices(lw, x, indices, axis):
@@ -239,17 +246,24 @@ def _flat_indices(lw, x, indices, axis):
     return lw.elementwise("add", [scaled, lw.constant(base, DType.int32)], indices.shape, DType.int32)
 
 
-def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None):
-    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, max(out.size, 1))}
+def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None, check=None):
+    """One GATHER or SCATTER_ADD vertex in a compute set of its own. ``check`` (indices on ``tile``, axis
+    size) adds a bounds check of the caller's own indices to the same compute set: flat indices computed
+    from them can be in range although an index is not."""
+    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, out.size)}
     if upd is not None:
         fields["c"] = upd.region(0, upd.size)
     cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
     cycles = cost.gather_cycles(lw.target, rows, idx.size, inner, x.itemsize)
-    lw.dg.add_vertex(cs, kind, 0, tile, idx.size, fields, cycles, p0=rows, p1=inner, fparam=size)
+    sub = 0 if check is None else 1  # 1: the check vertex, not this one, counts bad indices
+    lw.dg.add_vertex(cs, kind, sub, tile, idx.size, fields, cycles, p0=rows, p1=inner, fparam=size)
+    if check is not None:
+        _check_vertex(lw, cs, tile, *check)
 
 
-def _gather_rows(lw, x, idx, axis, out_shape, salt):
-    """out[..., i, ...] = x[..., idx[i], ...] along ``axis`` (x viewed as rows x size x inner)."""
+def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
+    """out[..., i, ...] = x[..., idx[i], ...] along ``axis`` (x viewed as rows x size x inner). ``check``:
+    (the user's indices, their axis size) when ``idx`` was computed from them."""
     if idx.size == 0 or x.size == 0:
         return lw.fill(out_shape, x.dtype, 0.0)
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
@@ -259,11 +273,11 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt):
     linear = TileMapping.linear(out_size, x.itemsize, lw.target)
     slices = _axis_slices(lw, x.size * x.itemsize, size)
     if len(slices) == 1:
-        tile, (xt, it) = _on_one_tile(lw, [x, idx], salt)
+        tile, (xt, it, *ct) = _on_one_tile(lw, [x, idx] + ([check[0]] if check else []), salt)
         out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([out_size], [tile]))
-        _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, size)
+        _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, size, check=(ct[0], check[1]) if ct else None)
         return lw.relayout(out, out_shape, linear)
-    _bounds_check(lw, idx, size, salt)
+    _bounds_check(lw, *(check or (idx, size)), salt)
     wrapped = _wrap_negative(lw, idx, size)
     # The mask of an index, shaped to broadcast over the output's leading and trailing axes.
     mask_shape = (1,) * axis + idx.shape + (1,) * (len(x.shape) - axis - 1)
@@ -294,7 +308,9 @@ def _gather(lw, node, x, indices, axis):
 def _take_along_axis(lw, node, x, indices, axis):
     axis %= len(x.shape)
     flat = _flat_indices(lw, x, indices, axis)
-    return _gather_rows(lw, lw.reshape(x, (x.size,)), flat, 0, node.outputs[0].shape, x.size + 3 * indices.size)
+    salt = x.size + 3 * indices.size
+    check = (indices, x.shape[axis])
+    return _gather_rows(lw, lw.reshape(x, (x.size,)), flat, 0, node.outputs[0].shape, salt, check)
 
 
 @lowering("scatter_add")
@@ -306,13 +322,13 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     salt = x.size + 5 * indices.size
     slices = _axis_slices(lw, x.size * x.itemsize, x.size)
     if len(slices) == 1:
-        tile, (it, ut) = _on_one_tile(lw, [flat, updates], salt)
+        tile, (it, ut, ct) = _on_one_tile(lw, [flat, updates, indices], salt)
         out = lw.gather(
             x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
         )
-        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut)
+        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut, check=(ct, x.shape[axis]))
         return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
-    _bounds_check(lw, flat, x.size, salt)
+    _bounds_check(lw, indices, x.shape[axis], salt)
     zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
     parts = []
     for k, (lo, hi) in enumerate(slices):
