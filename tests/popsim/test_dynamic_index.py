@@ -55,3 +55,33 @@ def test_out_of_range_index_into_a_sliced_table_is_an_error():
     feeds = {"table": np.zeros((ROWS, DIM), np.float32), "idx": np.array([0, 1, ROWS, 2], np.int32)}
     with pytest.raises(popsim.Error, match="1 gather/scatter index"):
         exe.run(feeds)
+
+
+@pytest.mark.parametrize("rows", [1000, ROWS])
+def test_a_lookup_whose_output_is_larger_than_a_tile_is_cut_into_chunks(rows):
+    # 64 x 48 lookups of 64 floats: a 786 KB result, from a table that fits one tile and from one that does not.
+    g = popir.Graph("emb")
+    table = g.add_input("table", (rows, DIM), "float32")
+    idx = g.add_input("idx", (64, 48), "int32")
+    g.output("y", ops.gather(table, idx, axis=0))
+    rng = np.random.default_rng(2)
+    feeds = {
+        "table": rng.standard_normal((rows, DIM)).astype(np.float32),
+        "idx": rng.integers(-rows, rows, (64, 48)).astype(np.int32),
+    }
+    got, want = _run(g, feeds)
+    np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_a_gather_along_an_inner_axis_of_a_large_table():
+    g = popir.Graph("cols")
+    table = g.add_input("table", (DIM, ROWS), "float32")
+    idx = g.add_input("idx", (5,), "int32")
+    g.output("y", ops.gather(table, idx, axis=1))
+    rng = np.random.default_rng(3)
+    feeds = {
+        "table": rng.standard_normal((DIM, ROWS)).astype(np.float32),
+        "idx": np.array([0, 3999, -1, 7, 2000], np.int32),
+    }
+    got, want = _run(g, feeds)
+    np.testing.assert_array_equal(got["y"], want["y"])

@@ -272,7 +272,9 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
     out_size = int(np.prod(out_shape, dtype=np.int64))
     linear = TileMapping.linear(out_size, x.itemsize, lw.target)
     slices = _axis_slices(lw, x.size * x.itemsize, size)
-    if len(slices) == 1:
+    # A large output of a single-row table is cut into chunks of indices, one tile each.
+    chunks = _axis_slices(lw, out_size * x.itemsize, idx.size) if rows == 1 else [(0, idx.size)]
+    if len(slices) == 1 and len(chunks) == 1:
         tile, (xt, it, *ct) = _on_one_tile(lw, [x, idx] + ([check[0]] if check else []), salt)
         out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([out_size], [tile]))
         _gather_vertex(lw, oc.GATHER, tile, xt, it, out, rows, inner, size, check=(ct[0], check[1]) if ct else None)
@@ -285,14 +287,32 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
     zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
     total = None
     for k, (lo, hi) in enumerate(slices):
-        tile = (salt * 2654435761 + k + 1) % lw.target.num_tiles
-        place = TileMapping.on_tiles([rows * (hi - lo) * inner], [tile])
-        xs = lw.gather((rows, hi - lo, inner), x.dtype, [x], table[:, lo:hi, :], place, name="gather-slice")
+        tiles = [(salt * 2654435761 + k * len(chunks) + c + 1) % lw.target.num_tiles for c in range(len(chunks))]
         inside, local = _in_slice(lw, wrapped, lo, hi)
-        it = lw.relayout(local, local.shape, TileMapping.on_tiles([local.size], [tile]))
-        out = lw.new(out_shape, x.dtype, TileMapping.on_tiles([out_size], [tile]))
-        _gather_vertex(lw, oc.GATHER, tile, xs, it, out, rows, inner, hi - lo)
-        out = lw.relayout(out, out_shape, linear)
+        counts = [c1 - c0 for c0, c1 in chunks]
+        it = lw.relayout(local, (local.size,), TileMapping.on_tiles(counts, tiles))
+        out = lw.new((out_size,), x.dtype, TileMapping.on_tiles([rows * n * inner for n in counts], tiles))
+        copies = [
+            lw.gather(
+                (rows, hi - lo, inner),
+                x.dtype,
+                [x],
+                table[:, lo:hi, :],
+                TileMapping.on_tiles([rows * (hi - lo) * inner], [tile]),
+                name="gather-slice",
+            )
+            for tile in tiles
+        ]
+        cs = lw.dg.add_compute_set("gather")  # after the copies it reads, in program order
+        for tile, xs, (c0, c1) in zip(tiles, copies, chunks):
+            fields = {
+                "a": xs.region(0, xs.size),
+                "b": it.region(c0, c1),
+                "out": out.region(rows * c0 * inner, rows * c1 * inner),  # chunks only when rows == 1
+            }
+            cycles = cost.gather_cycles(lw.target, rows, c1 - c0, inner, x.itemsize)
+            lw.dg.add_vertex(cs, oc.GATHER, 0, tile, c1 - c0, fields, cycles, p0=rows, p1=inner, fparam=hi - lo)
+        out = lw.relayout(lw.reshape(out, out_shape), out_shape, linear)
         part = lw.elementwise("where", [lw.reshape(inside, mask_shape), out, zero], out_shape, x.dtype)
         total = part if total is None else lw.elementwise("add", [total, part], out_shape, x.dtype)
     return total
