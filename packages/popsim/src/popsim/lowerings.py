@@ -185,8 +185,14 @@ def _random_uniform(lw, node, seed, shape, dtype):
 # A runtime-index gather or scatter runs where its table is. A table that fits a quarter of a tile goes
 # whole to one tile; a larger one is cut along the indexed axis into slices, one tile each: every slice
 # tile receives all the indices, serves those that fall in its slice and contributes zeros for the rest.
+def _spread_tile(lw, salt, offset=0):
+    """The tile of a dynamic-index piece: a hash of ``salt`` spreads unrelated ops over the IPU, and
+    ``offset`` steps to the neighbouring tiles for the further slices of one op."""
+    return (salt * 2654435761 + offset) % lw.target.num_tiles
+
+
 def _on_one_tile(lw, tensors, salt):
-    tile = (salt * 2654435761) % lw.target.num_tiles
+    tile = _spread_tile(lw, salt)
     placed = [lw.relayout(t, t.shape, TileMapping.on_tiles([t.size], [tile])) for t in tensors]
     return tile, placed
 
@@ -287,7 +293,7 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
     zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
     total = None
     for k, (lo, hi) in enumerate(slices):
-        tiles = [(salt * 2654435761 + k * len(chunks) + c + 1) % lw.target.num_tiles for c in range(len(chunks))]
+        tiles = [_spread_tile(lw, salt, k * len(chunks) + c + 1) for c in range(len(chunks))]
         inside, local = _in_slice(lw, wrapped, lo, hi)
         counts = [c1 - c0 for c0, c1 in chunks]
         it = lw.relayout(local, (local.size,), TileMapping.on_tiles(counts, tiles))
@@ -352,7 +358,7 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
     parts = []
     for k, (lo, hi) in enumerate(slices):
-        tile = (salt * 2654435761 + k + 1) % lw.target.num_tiles
+        tile = _spread_tile(lw, salt, k + 1)
         inside, local = _in_slice(lw, flat, lo, hi)
         # An update outside this slice lands on the slice's first element as a zero.
         kept = lw.elementwise("where", [inside, updates, zero], updates.shape, x.dtype)

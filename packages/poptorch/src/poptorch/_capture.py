@@ -110,38 +110,38 @@ def _detach_grad_disabled_regions(program):
     for node in list(graph.nodes):
         if node.target is not hop or node.args[0]:
             continue
-        body = getattr(gm, node.args[1].target).graph
-        if any(b.op == "get_attr" for b in body.nodes):
-            # A nested block: detach the outer results and leave the inlining to the decompositions.
-            for user in list(node.users):
-                _detach_after(graph, user)
-            continue
-        env = dict(zip([b for b in body.nodes if b.op == "placeholder"], node.args[2:]))
-        with graph.inserting_before(node):
-            for b in body.nodes:
-                if b.op == "call_function":
-                    env[b] = graph.node_copy(b, env.__getitem__)
-                elif b.op == "output":
-                    results = [env[r] for r in b.args[0]]
+        results = _inline_body(gm, node)
+        # Each result the block hands out (a getitem of the block node) reaches its users detached.
         for user in list(node.users):
-            user.replace_all_uses_with(results[user.args[1]])
-            graph.erase_node(user)
-        for value in results:
-            _detach_after(graph, value)
-        submodule = node.args[1]
-        graph.erase_node(node)
-        if not submodule.users:
-            graph.erase_node(submodule)
-            delattr(gm, submodule.target)
+            source = user if results is None else results[user.args[1]]
+            with graph.inserting_after(user):
+                detached = graph.call_function(torch.ops.aten.detach.default, (source,))
+            detached.meta = dict(user.meta)
+            user.replace_all_uses_with(detached, delete_user_cb=lambda use, d=detached: use is not d)
+            if results is not None:
+                graph.erase_node(user)
+        if results is not None:
+            submodule = node.args[1]
+            graph.erase_node(node)
+            if not submodule.users:
+                graph.erase_node(submodule)
+                delattr(gm, submodule.target)
     gm.recompile()
 
 
-def _detach_after(graph, value):
-    """Route every use of ``value`` through a new ``aten.detach`` of it."""
-    with graph.inserting_after(value):
-        detached = graph.call_function(torch.ops.aten.detach.default, (value,))
-    detached.meta = dict(value.meta)
-    value.replace_all_uses_with(detached, delete_user_cb=lambda user: user is not detached)
+def _inline_body(gm, node):
+    """Copy the ops of a grad-mode block's body in front of ``node``, keeping their source lines; returns
+    the copies of its results. A block holding a nested block (a get_attr) is left whole: None."""
+    body = getattr(gm, node.args[1].target).graph
+    if any(b.op == "get_attr" for b in body.nodes):
+        return None
+    env = dict(zip([b for b in body.nodes if b.op == "placeholder"], node.args[2:]))
+    with gm.graph.inserting_before(node):
+        for b in body.nodes:
+            if b.op == "call_function":
+                env[b] = gm.graph.node_copy(b, env.__getitem__)
+            elif b.op == "output":
+                return [env[r] for r in b.args[0]]
 
 
 def _export_failure(exc):
