@@ -36,47 +36,72 @@ cdef extern from *:
 
 cdef extern from *:
     """
-    /* out (m, n) = a (m, k) @ b (k, n) for the tiny per-tile blocks most plans produce (n <= 256), where a
-       BLAS call costs more than the work. Four rows of a share each row of b, and each output row
-       accumulates in a local buffer so the loop over n vectorises. On x86-64 GCC also builds an AVX2 clone,
-       picked at load time on CPUs that have it; without FMA contraction both clones round alike. */
     #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
     #define PS_CLONES __attribute__((target_clones("avx2", "default")))
     #else
     #define PS_CLONES
     #endif
-    PS_CLONES static void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) {
-        float acc[4][256];
-        int i = 0, j, kk;
-        for (; i + 4 <= m; i += 4) {
-            const float *a0 = a + (long)i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;
-            for (j = 0; j < n; j++)
-                acc[0][j] = acc[1][j] = acc[2][j] = acc[3][j] = 0.0f;
-            for (kk = 0; kk < k; kk++) {
-                const float* row = b + (long)kk * n;
-                float x0 = a0[kk], x1 = a1[kk], x2 = a2[kk], x3 = a3[kk];
-                for (j = 0; j < n; j++) {
-                    float r = row[j];
-                    acc[0][j] += x0 * r;
-                    acc[1][j] += x1 * r;
-                    acc[2][j] += x2 * r;
-                    acc[3][j] += x3 * r;
-                }
-            }
-            for (j = 0; j < 4; j++)
-                memcpy(out + (long)(i + j) * n, acc[j], n * sizeof(float));
+    /* out (m, n) = a (m, k) @ b (k, n) for the tiny per-tile blocks most plans produce, where a BLAS call
+       costs more than the work. Outputs are computed in strips of up to 4 rows by 8, 4 or 1-3 columns whose
+       accumulators stay in registers over the whole of k (GCC vector types). On x86-64 GCC also builds an
+       AVX2 clone, picked at load time; without FMA contraction both clones round alike. */
+    typedef float ps_v8 __attribute__((vector_size(32)));
+    typedef float ps_v4 __attribute__((vector_size(16)));
+
+    /* R rows of out, columns j..j+W-1 as one vector of W; every element sums its products in ascending k
+       from zero, whichever strip computes it. */
+    #define PS_STRIP(R, W, T)                                                                         \
+        static inline void ps_strip_##R##_##W(const float* a, const float* b, float* out, int k, int n, int j) { \
+            T c[R];                                                                                    \
+            int r, kk;                                                                                 \
+            for (r = 0; r < R; r++) c[r] = (T){0};                                                     \
+            for (kk = 0; kk < k; kk++) {                                                               \
+                T v;                                                                                   \
+                memcpy(&v, b + (long)kk * n + j, sizeof v);                                            \
+                for (r = 0; r < R; r++) c[r] += a[(long)r * k + kk] * v;                               \
+            }                                                                                          \
+            for (r = 0; r < R; r++) memcpy(out + (long)r * n + j, &c[r], sizeof c[r]);                \
         }
-        for (; i < m; i++) {
-            const float* ai = a + (long)i * k;
-            for (j = 0; j < n; j++)
-                acc[0][j] = 0.0f;
-            for (kk = 0; kk < k; kk++) {
-                const float* row = b + (long)kk * n;
-                float x = ai[kk];
-                for (j = 0; j < n; j++)
-                    acc[0][j] += x * row[j];
-            }
-            memcpy(out + (long)i * n, acc[0], n * sizeof(float));
+    /* The last 1-3 columns: R x W scalar accumulators, again held in registers over k. */
+    #define PS_SCALARS(R, W)                                                                           \
+        static inline void ps_strip_##R##_s##W(const float* a, const float* b, float* out, int k, int n, int j) { \
+            float c[R][W];                                                                             \
+            int r, w, kk;                                                                              \
+            for (r = 0; r < R; r++) for (w = 0; w < W; w++) c[r][w] = 0.0f;                            \
+            for (kk = 0; kk < k; kk++) {                                                               \
+                const float* row = b + (long)kk * n + j;                                               \
+                for (r = 0; r < R; r++) for (w = 0; w < W; w++) c[r][w] += a[(long)r * k + kk] * row[w]; \
+            }                                                                                          \
+            for (r = 0; r < R; r++) for (w = 0; w < W; w++) out[(long)r * n + j + w] = c[r][w];        \
+        }
+    #define PS_KERNELS(R) PS_STRIP(R, 8, ps_v8) PS_STRIP(R, 4, ps_v4) PS_SCALARS(R, 1) PS_SCALARS(R, 2) PS_SCALARS(R, 3)
+    PS_KERNELS(1)
+    PS_KERNELS(2)
+    PS_KERNELS(3)
+    PS_KERNELS(4)
+
+    #define PS_ROWS(R)                                                                                 \
+        for (j = 0; j + 8 <= n; j += 8) ps_strip_##R##_8(ai, b, oi, k, n, j);                          \
+        if (j + 4 <= n) { ps_strip_##R##_4(ai, b, oi, k, n, j); j += 4; }                              \
+        if (n - j == 3) ps_strip_##R##_s3(ai, b, oi, k, n, j);                                         \
+        else if (n - j == 2) ps_strip_##R##_s2(ai, b, oi, k, n, j);                                    \
+        else if (n - j == 1) ps_strip_##R##_s1(ai, b, oi, k, n, j);
+
+    PS_CLONES static void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) {
+        int i = 0, j;
+        const float* ai;
+        float* oi;
+        for (; i + 4 <= m; i += 4) {
+            ai = a + (long)i * k;
+            oi = out + (long)i * n;
+            PS_ROWS(4)
+        }
+        ai = a + (long)i * k;
+        oi = out + (long)i * n;
+        switch (m - i) {
+        case 3: { PS_ROWS(3) } break;
+        case 2: { PS_ROWS(2) } break;
+        case 1: { PS_ROWS(1) } break;
         }
     }
     """
@@ -649,20 +674,41 @@ def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsiz
     return rows[:count].copy()
 
 
+cdef inline void small_copy(byte_t* d, const byte_t* s, offset_t n) noexcept nogil:
+    """memcpy for the few-byte runs most exchange rows move: fixed-size moves (two of them, overlapping
+    when ``n`` is not a power of two) instead of a library call."""
+    if n >= 32:
+        memcpy(d, s, n)
+    elif n >= 16:
+        memcpy(d, s, 16)
+        memcpy(d + n - 16, s + n - 16, 16)
+    elif n >= 8:
+        memcpy(d, s, 8)
+        memcpy(d + n - 8, s + n - 8, 8)
+    elif n >= 4:
+        memcpy(d, s, 4)
+        memcpy(d + n - 4, s + n - 4, 4)
+    elif n >= 2:
+        memcpy(d, s, 2)
+        memcpy(d + n - 2, s + n - 2, 2)
+    elif n == 1:
+        d[0] = s[0]
+
+
 cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
     """One exchange row: ``reps`` repetitions, the source advancing by ``outer`` bytes each, of ``count``
     elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes, 0 for a broadcast element) to
     contiguous dst. Row: (src, dst, count, stride, itemsize, reps, outer)."""
     cdef offset_t src = row[0], dst = row[1], count = row[2], stride = row[3], isz = row[4], j, k
-    cdef offset_t reps = row[5], outer = row[6]
-    cdef byte_t* d
-    cdef const byte_t* s
+    cdef offset_t reps = row[5], outer = row[6], nbytes = count * isz
+    cdef byte_t* d = base + dst
+    cdef const byte_t* s = base + src
+    if stride == isz:
+        for k in range(reps):
+            small_copy(d + k * nbytes, s + k * outer, nbytes)
+        return
     for k in range(reps):
-        d = base + dst + k * count * isz
-        s = base + src + k * outer
-        if stride == isz:
-            memcpy(d, s, count * isz)
-        elif isz == 4:
+        if isz == 4:
             for j in range(count):
                 (<int32_t*> d)[j] = (<const int32_t*> (s + j * stride))[0]
         elif isz == 2:
@@ -671,6 +717,8 @@ cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
         else:
             for j in range(count):
                 memcpy(d + j * isz, s + j * stride, isz)
+        d += nbytes
+        s += outer
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,
