@@ -18,6 +18,22 @@ from popsim.matmul_plan import plan_matmul
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
 
 
+def _runs(srcs, index):
+    """Exchange rows needed to read a (B, rows, cols) operand index map row by row: a run of the concatenated
+    ``srcs`` continues while the next element is the next one of the same source tile block."""
+    if index.size == 0:
+        return 0
+    block = np.full(index.shape, -1, np.int64)
+    start = base = 0
+    for src in srcs:
+        inside = (index >= start) & (index < start + src.size)
+        block[inside] = src.mapping.block_of(index[inside] - start) + base
+        start += src.size
+        base += len(src.mapping.tiles)
+    breaks = (np.diff(index, axis=-1) != 1) | (np.diff(block, axis=-1) != 0)
+    return int(index.shape[0] * index.shape[1] + breaks.sum())
+
+
 class Lowerer:
     """Builds device tensors and programs on a DeviceGraph for one popir graph."""
 
@@ -186,6 +202,14 @@ class Lowerer:
         """R (B, M, N) = A @ B per batch, with A given as a (B, M, K) index map into ``a_srcs`` and B as a
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced."""
+        a_t, b_t = a_index.transpose(0, 2, 1), b_index.transpose(0, 2, 1)
+        if _runs(b_srcs, b_t) + _runs(a_srcs, a_t) < _runs(a_srcs, a_index) + _runs(b_srcs, b_index):
+            # R^T = B^T @ A^T reads both operands in longer contiguous runs (fewer, larger exchange rows);
+            # the partials are read back transposed, so the result's layout is the same.
+            return self._matmul(b_srcs, b_t, a_srcs, a_t, dtype, True)
+        return self._matmul(a_srcs, a_index, b_srcs, b_index, dtype, False)
+
+    def _matmul(self, a_srcs, a_index, b_srcs, b_index, dtype, transposed):
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
         partial = self.partials_type if dtype == DType.float16 else DType.float32
@@ -232,7 +256,8 @@ class Lowerer:
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
         q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
-        q = q.reshape(nb_ * m * n, gk)
+        shape = (nb_, n, m) if transposed else (nb_, m, n)
+        q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
         if gk == 1 and dtype == partial:
-            return self.gather((nb_, m, n), dtype, [p], q)
-        return self.reduce_index("sum", [p], q, (nb_, m, n), dtype, partial)
+            return self.gather(shape, dtype, [p], q)
+        return self.reduce_index("sum", [p], q, shape, dtype, partial)
