@@ -47,15 +47,15 @@ class TileAllocator:
             offsets[tile] = offset
         return offsets
 
-    def check(self, relax):
-        """Raise OutOfMemoryError for the most over-subscribed tile unless ``relax``."""
+    def check(self, relax, target):
+        """Raise OutOfMemoryError for the most over-subscribed tile of ``target`` unless ``relax``."""
         if relax or not self.overflow:
             return
         tile, (needed, blocks) = max(self.overflow.items(), key=lambda kv: kv[1][0] - self.budget[kv[0]])
         largest = sorted(blocks, key=lambda b: b[0] - b[1])[:3]
         names = ", ".join(f"{s.name} {s.dtype}{list(s.shape)} ({e - b} bytes)" for b, e, _, s in largest)
         raise OutOfMemoryError(
-            f"out of memory on tile {tile}: {needed} bytes needed, {self.budget[tile]} available "
+            f"out of memory on {target.describe_tile(tile)}: {needed} bytes needed, {self.budget[tile]} available "
             f"({len(self.overflow)} tiles over budget); largest tensors there: {names}. "
             "Compile with relax_memory=True to compile anyway and see the profile."
         )

@@ -54,6 +54,14 @@ def exchange_cycles(target, busiest_tile_bytes):
     return math.ceil(busiest_tile_bytes / target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
 
 
+def link_cycles(target, busiest_ipu_bytes):
+    """Cycles for the busiest IPU's traffic over its IPU-Links in one exchange phase (0 when none)."""
+    if busiest_ipu_bytes == 0:
+        return 0
+    per_cycle = target.ipu_link_bytes_per_second / target.clock_hz
+    return math.ceil(busiest_ipu_bytes / per_cycle) + target.exchange_fixed_cycles
+
+
 def host_cycles(target, nbytes):
     """Cycles to stream ``nbytes`` between host and device."""
     return math.ceil(nbytes / target.host_bytes_per_second * target.clock_hz)
@@ -64,4 +72,4 @@ CONTROL_CYCLES = 10  # supervisor cycles to set or step a loop counter, or to ju
 
 def branch_cycles(target):
     """Cycles of an If's decision: the condition word is broadcast to every tile (an exchange), then a sync."""
-    return exchange_cycles(target, 4) + target.sync_cycles
+    return exchange_cycles(target, 4) + target.bsp_sync_cycles

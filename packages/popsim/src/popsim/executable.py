@@ -44,7 +44,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
         graphs = {graphs.name: graphs}
     if not graphs:
         raise Error("compile needs at least one graph")
-    target = target.target if isinstance(target, Device) else Target.named(target)
+    target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
@@ -97,7 +97,8 @@ def default_threads():
 
 
 class Executable:
-    """A compiled set of programs on one simulated IPU; variables stay in tile memory between runs.
+    """A compiled set of programs on one simulated IPU or several (a Device); variables stay in tile memory
+    between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
     An Executable pickles with its programs, tile plans and variable values, so a cache can skip compiling.
@@ -122,9 +123,9 @@ class Executable:
             allocator = base.copy()
             for storage, first, last in _liveness(program, inputs, outputs):
                 alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
-            allocator.check(relax_memory)
+            allocator.check(relax_memory, target)
             per_program[name] = allocator
-        base.check(relax_memory)
+        base.check(relax_memory, target)
         # Each tile's slice of the arena holds only what that program set uses (capacity was checked above):
         # the tiles' data lie densely, so a step touches few host pages.
         peak = max(max(a.peak.values(), default=0) for a in [base, *per_program.values()])

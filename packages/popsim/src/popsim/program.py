@@ -65,6 +65,21 @@ def _copy_rows(step, block_base):
     return rows, src_tile, dst_tile, src_addr
 
 
+def _link_load(target, src_addr, src_tile, dst_tile, isz):
+    """Bytes each IPU sends or receives over its IPU-Links (the larger of the two) for cross-tile copies:
+    a source element crosses once per IPU it is sent to."""
+    n = target.num_ipus
+    if n == 1:
+        return np.zeros(1, np.int64)
+    src_ipu, dst_ipu = src_tile // target.tiles_per_ipu, dst_tile // target.tiles_per_ipu
+    over = src_ipu != dst_ipu
+    # The source IPU follows from the source address, so unique (address, destination IPU) pairs count
+    # each element once per IPU it reaches.
+    _, src_ipu, dst_ipu = np.unique(np.stack([src_addr[over], src_ipu[over], dst_ipu[over]]), axis=1)
+    sent, received = np.bincount(src_ipu, minlength=n), np.bincount(dst_ipu, minlength=n)
+    return np.maximum(sent, received) * isz
+
+
 def flatten_program(target, program, block_base, block_base_list, tile_size, streams):
     """The engine arrays of ``program`` (a step or a list of steps) and its cost: one phase per compute set,
     one per Copy (consecutive independent copies are costed as one BSP exchange phase), one per StreamCopy
@@ -128,8 +143,8 @@ class _Flattener:
         if isinstance(step, Copy):
             return self.copy(step)
         if isinstance(step, Sync):
-            self.phase(SYNC, cycles=self.target.sync_cycles)
-            return _totals(sync=self.target.sync_cycles)
+            self.phase(SYNC, cycles=self.target.bsp_sync_cycles)
+            return _totals(sync=self.target.bsp_sync_cycles)
         if isinstance(step, StreamCopy):
             return self.stream(step)
         if isinstance(step, Repeat):
@@ -151,7 +166,7 @@ class _Flattener:
 
     def branch(self, step):
         c = step.condition
-        sync = self.target.sync_cycles
+        sync = self.target.bsp_sync_cycles
         decide = _totals(exchange=cost.branch_cycles(self.target) - sync, sync=sync)
         test = self.phase(BRANCH_IF_ZERO, _address(c, self.block_base_list), c.tensor.itemsize, 0, decide.sum())
         then = self.emit(step.then_body)
@@ -175,7 +190,7 @@ class _Flattener:
         host_offsets, arena_offsets, nbytes = host_blocks(t, self.block_base)
         self.stream_rows += np.stack([host_offsets, arena_offsets, nbytes], axis=1).tolist()
         host = cost.host_cycles(self.target, t.size * t.itemsize)
-        sync = self.target.sync_cycles
+        sync = self.target.bsp_sync_cycles
         self.phase(STREAM, self.streams[step.stream], start, len(self.stream_rows), cycles=host + sync)
         direction = "in" if step.to_device else "out"
         self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
@@ -203,7 +218,7 @@ class _Flattener:
                 self.flops += 2 * v.p0 * v.p1 * v.n
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
-        self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.sync_cycles)
+        self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.bsp_sync_cycles)
         self.steps.append(
             {
                 "name": step.name,
@@ -213,7 +228,7 @@ class _Flattener:
                 "tiles": int((per_tile > 0).sum()),
             }
         )
-        return _totals(compute=cycles, sync=target.sync_cycles)
+        return _totals(compute=cycles, sync=target.bsp_sync_cycles)
 
     def copy(self, step):
         target = self.target
@@ -228,29 +243,33 @@ class _Flattener:
         sent = np.bincount(unique_src // self.tile_size, minlength=target.num_tiles) * isz
         local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
         load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
+        link = _link_load(target, src_addr[cross], src_tile[cross], dst_tile[cross], isz)
         self.tile_exchange += load
         sources = {x.storage for x in step.srcs}
         if self.open is not None and not (sources & self.open[1]):
             # No data dependence on the open exchange: both run in one BSP exchange phase, so this copy is
             # charged only what it adds to that phase.
-            open_load, dsts, merged = self.open
+            open_load, dsts, merged, open_link = self.open
             open_load += load
+            open_link += link
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
             merged["bytes"] += int(recv.sum())
             before, sync = merged["cycles"], 0
         else:
-            open_load, dsts = load, {step.dst.storage}
+            open_load, dsts, open_link = load, {step.dst.storage}, link
             merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
             self.steps.append(merged)
-            before, sync = 0, target.sync_cycles
+            before, sync = 0, target.bsp_sync_cycles
         busiest = int(open_load.max())
-        merged["cycles"] = cost.exchange_cycles(target, busiest)
+        merged["cycles"] = max(cost.exchange_cycles(target, busiest), cost.link_cycles(target, int(open_link.max())))
         merged["busiest_tile_bytes"] = busiest
+        if target.num_ipus > 1:
+            merged["busiest_link_bytes"] = int(open_link.max())
         # The engine runs each copy on its own: the rows of one copy are independent of each other and
         # can be shared among threads, while two merged copies may reuse each other's memory.
         self.phase(EXCHANGE, self.ncopies, self.ncopies + len(block), cycles=merged["cycles"] - before + sync)
-        self.open = (open_load, dsts, merged)
+        self.open = (open_load, dsts, merged, open_link)
         self.copies.append(block)
         self.ncopies += len(block)
         return _totals(exchange=merged["cycles"] - before, sync=sync)

@@ -25,6 +25,8 @@ class Target:
     sync_cycles: int = 150
     sync_cycles_across_ipus: int = 600
     host_bytes_per_second: float = 16e9
+    num_ipus: int = 1
+    ipu_link_bytes_per_second: float = 320e9
     min_bytes_per_tile: int = 128
     code_bytes_per_codelet: int = 512
 
@@ -67,6 +69,22 @@ class Target:
         return self.amp_macs_fp16 if str(dtype) == "float16" else self.amp_macs_fp32
 
     @property
+    def tiles_per_ipu(self):
+        """Tiles of one IPU; tile t of a multi-IPU target is tile t % tiles_per_ipu of IPU t // tiles_per_ipu."""
+        return self.num_tiles // self.num_ipus
+
+    @property
+    def bsp_sync_cycles(self):
+        """Cycles of one BSP sync: every tile of every IPU joins it."""
+        return self.sync_cycles_across_ipus if self.num_ipus > 1 else self.sync_cycles
+
+    def describe_tile(self, tile):
+        """``tile 5`` on one IPU, ``tile 1500 (IPU 1, tile 28)`` on several."""
+        if self.num_ipus == 1:
+            return f"tile {tile}"
+        return f"tile {tile} (IPU {tile // self.tiles_per_ipu}, tile {tile % self.tiles_per_ipu})"
+
+    @property
     def peak_flops(self):
         """Peak fp16 FLOP/s of the whole IPU (2 FLOPs per MAC)."""
         return 2 * self.amp_macs_fp16 * self.num_tiles * self.clock_hz
@@ -74,7 +92,9 @@ class Target:
 
 @dataclass(frozen=True)
 class Device:
-    """``num_ipus`` IPUs of one target. Programs are compiled onto the first IPU."""
+    """``num_ipus`` IPUs of one target, programmed as one graph (as Poplar does for a multi-IPU device):
+    its ``graph_target`` has the tiles of every IPU, numbered IPU by IPU. Exchanges between IPUs also pay
+    for the IPU-Links, and every sync spans all IPUs."""
 
     target: Target
     num_ipus: int = 1
@@ -82,3 +102,15 @@ class Device:
     def __post_init__(self):
         if self.num_ipus < 1:
             raise Error(f"a Device needs at least one IPU, got {self.num_ipus}")
+        if self.target.num_ipus != 1:
+            raise Error(f"a Device is built from a one-IPU target, got {self.target.name}")
+
+    @property
+    def graph_target(self):
+        """The target a graph for this device is compiled for: all tiles of all its IPUs."""
+        if self.num_ipus == 1:
+            return self.target
+        t = self.target
+        return replace(
+            t, name=f"{t.name}x{self.num_ipus}", num_tiles=t.num_tiles * self.num_ipus, num_ipus=self.num_ipus
+        )

@@ -1,0 +1,84 @@
+"""A Device of several IPUs is one graph over all their tiles: results are unchanged, every IPU works,
+exchanges between IPUs pay for the IPU-Links and every sync spans the IPUs."""
+
+import numpy as np
+import pytest
+
+import popir
+import popsim
+from popir import DType, ops
+
+SMALL = popsim.Target.small(num_tiles=8)
+
+
+def test_graph_target_holds_the_tiles_of_every_ipu():
+    device = popsim.Device(popsim.Target.ipu2(), 2)
+    t = device.graph_target
+    assert (t.name, t.num_tiles, t.tiles_per_ipu, t.num_ipus) == ("ipu2x2", 2944, 1472, 2)
+    assert t.peak_flops == 2 * popsim.Target.ipu2().peak_flops
+    assert t.bsp_sync_cycles == t.sync_cycles_across_ipus
+    assert popsim.Device(popsim.Target.ipu2()).graph_target == popsim.Target.ipu2()
+    assert t.describe_tile(1500) == "tile 1500 (IPU 1, tile 28)"
+    with pytest.raises(popsim.Error, match="at least one IPU"):
+        popsim.Device(popsim.Target.ipu2(), 0)
+    with pytest.raises(popsim.Error, match="one-IPU target"):
+        popsim.Device(t, 2)
+
+
+def _mlp_graph():
+    g = popir.Graph("mlp")
+    x = g.add_input("x", (32, 64), DType.float32)
+    w = g.add_input("w", (64, 48), DType.float32, kind="parameter")
+    g.output("y", ops.reduce_sum(ops.relu(x @ w), axes=(1,), keepdims=False))
+    return g
+
+
+def test_two_ipus_give_the_interpreters_results_using_both():
+    g = _mlp_graph()
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((32, 64)).astype(np.float32)}
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    expected = popir.interpreter.run(g, {**feeds, "w": w})["y"]
+    exe = popsim.compile(g, popsim.Device(SMALL, 2))
+    exe.write_variable("w", w)
+    np.testing.assert_allclose(exe.run(feeds)["y"], expected, rtol=1e-5, atol=1e-5)
+    busy = np.array(exe.profile.programs["mlp"]["tile_compute_cycles"]) > 0
+    assert busy.size == 16 and busy[:8].any() and busy[8:].any()
+    one = popsim.compile(g, SMALL).profile.programs["mlp"]
+    two = exe.profile.programs["mlp"]
+    # Every sync of the two-IPU program spans both IPUs.
+    assert two["sync_cycles"] % SMALL.sync_cycles_across_ipus == 0
+    assert one["sync_cycles"] % SMALL.sync_cycles == 0
+
+
+def _copy_between(dst_tiles, link_bytes_per_second):
+    """Copy a 4 KiB tensor from tiles 0-1 (IPU 0) to ``dst_tiles`` on a two-IPU device of 4-tile IPUs."""
+    target = popsim.Device(popsim.Target.small(num_tiles=4, ipu_link_bytes_per_second=link_bytes_per_second), 2)
+    dg = popsim.DeviceGraph(target.graph_target)
+    src = dg.add_tensor((1024,), DType.float32, popsim.TileMapping.on_tiles([512, 512], [0, 1]), "src", "input")
+    dst = dg.add_tensor((1024,), DType.float32, popsim.TileMapping.on_tiles([512, 512], dst_tiles), "dst")
+    dg.program = [popsim.Copy("move", dst, [src], np.arange(1024))]
+    exe = popsim.compile_device_graph(dg, {"src": src}, {"dst": dst})
+    data = np.arange(1024, dtype=np.float32)
+    np.testing.assert_array_equal(exe.run({"src": data})["dst"], data)
+    return exe.profile.programs["main"]
+
+
+def test_exchange_between_ipus_is_bounded_by_the_links():
+    slow_link = 1e9  # bytes/s: far below the tiles' own exchange rate
+    within = _copy_between([2, 3], slow_link)
+    across = _copy_between([4, 5], slow_link)
+    assert sorted(within["tile_exchange_bytes"]) == sorted(across["tile_exchange_bytes"])
+    target = popsim.Device(popsim.Target.small(num_tiles=4, ipu_link_bytes_per_second=slow_link), 2).graph_target
+    assert within["exchange_cycles"] == popsim.cost.exchange_cycles(target, 2048)
+    assert across["exchange_cycles"] == popsim.cost.link_cycles(target, 4096) > within["exchange_cycles"]
+    # With Mk2's 320 GB/s of IPU-Links, moving 4 KiB is bounded by the receiving tiles, not the links.
+    assert _copy_between([4, 5], 320e9)["exchange_cycles"] == within["exchange_cycles"]
+
+
+def test_out_of_memory_names_the_ipu_of_the_tile():
+    device = popsim.Device(popsim.Target.small(num_tiles=4, tile_bytes=4096), 2)
+    dg = popsim.DeviceGraph(device.graph_target)
+    dg.add_tensor((2048,), DType.float32, popsim.TileMapping.on_tiles([2048], [6]), "big", "variable")
+    with pytest.raises(popsim.OutOfMemoryError, match=r"tile 6 \(IPU 1, tile 2\).*big"):
+        popsim.compile_device_graph(dg)
