@@ -505,9 +505,12 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     elif op == COPY:
         memcpy(base + row[C_OUT], base + row[C_A], n)
     elif op == FILL:
-        bufa[0] = fparam
-        for i in range(n):
-            store(base + row[C_OUT], dto, i, 1, bufa)
+        for i in range(min(n, BLOCK)):
+            bufa[i] = fparam
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
     elif op == GATHER or op == SCATTER_ADD:
         # x viewed as (outer, size, inner) with C_A; int32 indices at C_B, n of them; rows/inner in P0/P1.
         # GATHER: out (outer, n, inner) = x[:, idx, :].  SCATTER_ADD: out (outer, size, inner) += upd at idx.
