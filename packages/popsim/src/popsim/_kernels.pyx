@@ -10,9 +10,9 @@ cimport numpy as cnp
 
 import numpy as np
 from libc.math cimport (INFINITY, acos, acosh, asin, asinh, atan, atan2, atanh, ceil, cos, cosh, erf, exp, expm1, fabs,
-                        floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
+                        fabsf, floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm
 
@@ -336,6 +336,35 @@ cdef inline bint binary_float32(int op, const float* a, const float* b, float* o
     return True
 
 
+cdef inline bint unary_float32(int op, const float* x, float* out, Py_ssize_t n) noexcept nogil:
+    """copy, neg, abs and relu of float32 directly (exact, so the same as the double path). Returns False
+    for ops left to the general path."""
+    cdef Py_ssize_t i
+    cdef float v
+    if op == 0:
+        memmove(out, x, n * sizeof(float))
+    elif op == 1:
+        for i in range(n):
+            out[i] = -x[i]
+    elif op == 9:
+        for i in range(n):
+            out[i] = fabsf(x[i])
+    elif op == 12:
+        for i in range(n):
+            v = x[i]
+            out[i] = v if v > 0 else (v if v != v else 0.0)
+    else:
+        return False
+    return True
+
+
+cdef inline void where32(const byte_t* cond, const int32_t* a, const int32_t* b, int32_t* out,
+                         Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i] = a[i] if cond[i] != 0 else b[i]
+
+
 cdef inline double remainder(double a, double b, bint integer) noexcept nogil:
     """np.remainder: the result takes the divisor's sign (0 for an integer division by zero)."""
     cdef double r
@@ -351,11 +380,22 @@ cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, 
                              Py_ssize_t rows, Py_ssize_t group) noexcept nogil:
     """dst[r] = reduce(src[r * group : (r + 1) * group]) in double, in index order (NaN propagates for max/min)."""
     cdef double buf[BLOCK]
-    cdef double acc
+    cdef double acc, v
     cdef Py_ssize_t r, s, n, i
+    cdef const float* f
     for r in range(rows):
         acc = 0.0 if op == 0 else (-INFINITY if op == 1 else (INFINITY if op == 2 else 1.0))
         s = 0
+        if dt_in == 0 and op != 3:
+            # float32 rows read in place: the same double accumulation without the staging buffer.
+            f = <const float*> src + r * group
+            for i in range(group):
+                v = f[i]
+                if op == 0:
+                    acc += v
+                elif (v > acc if op == 1 else v < acc) or isnan(v):
+                    acc = v if not isnan(acc) else acc
+            s = group
         while s < group:
             n = min(BLOCK, group - s)
             load(src, dt_in, r * group + s, n, buf)
@@ -456,6 +496,10 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     cdef float* partial
     cdef Py_ssize_t bad = 0
     if op == UNARY:
+        if dta == 0 and dto == 0 and unary_float32(
+            sub, <const float*> (base + row[C_A]), <float*> (base + row[C_OUT]), n
+        ):
+            return 0
         while s < n:
             cnt = min(BLOCK, n - s)
             load(base + row[C_A], dta, s, cnt, bufa)
@@ -475,6 +519,11 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == WHERE:
+        if dtb == dto and dto in (0, 2):
+            # 4-byte results are bit copies of one of the two operands.
+            where32(base + row[C_A], <const int32_t*> (base + row[C_B]), <const int32_t*> (base + row[C_C]),
+                    <int32_t*> (base + row[C_OUT]), n)
+            return 0
         while s < n:
             cnt = min(BLOCK, n - s)
             load(base + row[C_A], 3, s, cnt, bufc)
