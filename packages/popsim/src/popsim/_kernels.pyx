@@ -13,7 +13,7 @@ from libc.math cimport (INFINITY, acos, acosh, asin, asinh, atan, atan2, atanh, 
                         fabsf, floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memmove, memset
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, threadid
 from scipy.linalg.cython_blas cimport sgemm
 
 from popsim._arena cimport TileArena, copy_regions
@@ -598,6 +598,162 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     return bad
 
 
+cdef extern from *:
+    """
+    /* The engine's team: thread 0 walks the program and publishes each compute or exchange phase; helper
+       threads claim chunks of its rows while they are running. Nobody waits for a helper that claimed
+       nothing, so a helper thread the OS has descheduled (a busy machine) costs no barrier; thread 0 then
+       simply does the rows itself. A claim is a compare-and-swap on (generation << 32 | next row offset),
+       so a late helper can never take rows of a later phase for an earlier one. */
+    typedef struct {
+        long long ticket, done, gen, helper_bad;
+        long long kind, start, stop, chunk;
+        int quit;
+    } ps_team;
+    static inline long long ps_load(long long* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void ps_store(long long* p, long long v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline void ps_add(long long* p, long long v) { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+    static inline int ps_quitting(ps_team* t) { return __atomic_load_n(&t->quit, __ATOMIC_ACQUIRE); }
+    static inline void ps_quit(ps_team* t) { __atomic_store_n(&t->quit, 1, __ATOMIC_RELEASE); }
+    static inline long long ps_claim(ps_team* t, long long gen, long long* first) {
+        long long total = t->stop - t->start, ticket = __atomic_load_n(&t->ticket, __ATOMIC_ACQUIRE);
+        for (;;) {
+            long long off = ticket & 0xffffffffLL, next;
+            if ((ticket >> 32) != gen || off >= total) return 0;
+            next = off + t->chunk < total ? off + t->chunk : total;
+            if (__atomic_compare_exchange_n(&t->ticket, &ticket, (gen << 32) | next, 1, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                *first = t->start + off;
+                return next - off;
+            }
+        }
+    }
+    static inline void ps_pause(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #endif
+    }
+    """
+    ctypedef struct ps_team:
+        long long ticket, done, gen, helper_bad, kind, start, stop, chunk
+        int quit
+    long long ps_load(long long* p) noexcept nogil
+    void ps_store(long long* p, long long v) noexcept nogil
+    void ps_add(long long* p, long long v) noexcept nogil
+    int ps_quitting(ps_team* t) noexcept nogil
+    void ps_quit(ps_team* t) noexcept nogil
+    long long ps_claim(ps_team* t, long long gen, long long* first) noexcept nogil
+    void ps_pause() noexcept nogil
+
+
+cdef struct Engine:
+    byte_t* base
+    byte_t* host
+    const offset_t* phases
+    Py_ssize_t num_phases
+    const offset_t* phase_cycles
+    const offset_t* instructions
+    const double* fparams
+    const copy_t* copies
+    offset_t* counters
+    const offset_t* stream_rows
+    offset_t* streams
+
+
+# Rows claimed at a time: vertices cost hundreds of cycles each, exchange rows tens.
+DEF COMPUTE_CHUNK = 4
+DEF EXCHANGE_CHUNK = 64
+
+
+cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    cdef Py_ssize_t i, bad = 0
+    if kind == 0:
+        for i in range(start, stop):
+            bad += run_instruction(e.base, e.instructions + i * NCOLS, e.fparams[i])
+    else:
+        for i in range(start, stop):
+            copy_run(e.base, e.copies + i * COPY_COLS)
+    return bad
+
+
+cdef Py_ssize_t work_on(Engine* e, ps_team* team, long long gen) noexcept nogil:
+    """Claim and run chunks of the published phase ``gen`` until none is left."""
+    cdef long long first, n
+    cdef Py_ssize_t bad = 0
+    while True:
+        n = ps_claim(team, gen, &first)
+        if n == 0:
+            return bad
+        bad += run_rows(e, team.kind, first, first + n)
+        ps_add(&team.done, n)
+
+
+cdef void helper_loop(Engine* e, ps_team* team) noexcept nogil:
+    cdef long long seen = 0, gen
+    cdef Py_ssize_t bad = 0
+    while True:
+        gen = ps_load(&team.gen)
+        if gen != seen:
+            seen = gen
+            bad += work_on(e, team, gen)
+        elif ps_quitting(team):
+            break
+        else:
+            ps_pause()
+    ps_add(&team.helper_bad, bad)
+
+
+cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) noexcept nogil:
+    """Thread 0: walk the phases (control flow included); with ``shared``, publish each compute or exchange
+    phase to the helpers, work on it too, and wait only for the rows claimed. result: bad, cycles, dry."""
+    cdef Py_ssize_t p = 0, i, start, stop, kind, bad = 0, dry = -1
+    cdef offset_t cycles = 0
+    cdef long long gen = 0
+    cdef const offset_t* ph
+    cdef bint zero
+    while p < e.num_phases:
+        ph = e.phases + 4 * p
+        kind, start, stop = ph[0], ph[1], ph[2]
+        cycles += e.phase_cycles[p]
+        p += 1
+        if kind == 2:
+            zero = True
+            for i in range(stop):
+                if e.base[start + i] != 0:
+                    zero = False
+            if zero:
+                p = ph[3]
+        elif kind == 3:
+            p = start
+        elif kind == 4:
+            e.counters[start] = stop
+        elif kind == 5:
+            e.counters[start] -= 1
+            if e.counters[start] > 0:
+                p = stop
+        elif kind == 6:
+            pass
+        elif kind == 7:
+            if not stream_copy(e.base, e.host, e.streams + 5 * start, e.stream_rows, stop, ph[3]):
+                dry = start
+                break
+        elif shared and stop - start > 1:
+            team.kind, team.start, team.stop = kind, start, stop
+            team.chunk = COMPUTE_CHUNK if kind == 0 else EXCHANGE_CHUNK
+            team.done = 0
+            gen += 1
+            ps_store(&team.ticket, gen << 32)
+            ps_store(&team.gen, gen)
+            bad += work_on(e, team, gen)
+            while ps_load(&team.done) < stop - start:
+                ps_pause()
+        else:
+            bad += run_rows(e, kind, start, stop)
+    if shared:
+        ps_quit(team)
+    result[0], result[1], result[2] = bad, cycles, dry
+
+
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
                 const offset_t[:, ::1] instructions, const double[::1] fparams, const copy_t[:, ::1] copies,
                 offset_t[::1] counters, const offset_t[:, ::1] stream_rows, offset_t[:, ::1] streams,
@@ -607,62 +763,39 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
     kinds 2-6 are control flow (branch on a tile-memory condition, jump, loop counters in ``counters``, sync)
     and kind 7 moves one slice of a host stream (see stream_copy).
 
-    The rows of one compute or exchange phase are independent (BSP), so they are shared among
-    ``num_threads`` threads; phases run one after another, with a barrier between them. Returns how many
-    dynamic gather/scatter indices were out of range, the sum of ``phase_cycles`` of the phases run, and
+    The rows of one compute or exchange phase are independent (BSP), so ``num_threads - 1`` helper threads
+    claim chunks of them while thread 0 works too (see ps_team); phases run one after another. Returns how
+    many dynamic gather/scatter indices were out of range, the sum of ``phase_cycles`` of the phases run, and
     the slot of a host stream that ran dry (the run stops there), else -1.
     """
-    cdef Py_ssize_t p = 0, i, start, stop, kind
-    cdef Py_ssize_t bad = 0, dry = -1
-    cdef offset_t cycles = 0
-    cdef byte_t* base = arena.base
-    cdef byte_t* host_base = &host[0] if host.shape[0] else NULL
-    cdef bint zero
-    with nogil:
-        while p < phases.shape[0]:
-            kind = phases[p, 0]
-            start = phases[p, 1]
-            stop = phases[p, 2]
-            cycles += phase_cycles[p]
-            p += 1
-            if kind == 2:
-                zero = True
-                for i in range(stop):
-                    if base[start + i] != 0:
-                        zero = False
-                if zero:
-                    p = phases[p - 1, 3]
-            elif kind == 3:
-                p = start
-            elif kind == 4:
-                counters[start] = stop
-            elif kind == 5:
-                counters[start] -= 1
-                if counters[start] > 0:
-                    p = stop
-            elif kind == 6:
-                pass
-            elif kind == 7:
-                if not stream_copy(base, host_base, &streams[start, 0], stream_rows, stop, phases[p - 1, 3]):
-                    dry = start
-                    break
-            elif num_threads > 1 and stop - start > 1:
-                if kind == 0:
-                    for i in prange(start, stop, schedule="dynamic", num_threads=num_threads):
-                        bad += run_instruction(base, &instructions[i, 0], fparams[i])
-                else:
-                    for i in prange(start, stop, schedule="guided", num_threads=num_threads):
-                        copy_run(base, &copies[i, 0])
-            elif kind == 0:
-                for i in range(start, stop):
-                    bad += run_instruction(base, &instructions[i, 0], fparams[i])
+    cdef Engine e
+    cdef ps_team team
+    cdef offset_t result[3]
+    memset(&team, 0, sizeof(team))
+    e.base = arena.base
+    e.host = &host[0] if host.shape[0] else NULL
+    e.phases = &phases[0, 0] if phases.shape[0] else NULL
+    e.num_phases = phases.shape[0]
+    e.phase_cycles = &phase_cycles[0] if phase_cycles.shape[0] else NULL
+    e.instructions = &instructions[0, 0] if instructions.shape[0] else NULL
+    e.fparams = &fparams[0] if fparams.shape[0] else NULL
+    e.copies = &copies[0, 0] if copies.shape[0] else NULL
+    e.counters = &counters[0] if counters.shape[0] else NULL
+    e.stream_rows = &stream_rows[0, 0] if stream_rows.shape[0] else NULL
+    e.streams = &streams[0, 0] if streams.shape[0] else NULL
+    if num_threads > 1:
+        with nogil, parallel(num_threads=num_threads):
+            if threadid() == 0:
+                run_phases(&e, &team, True, result)
             else:
-                for i in range(start, stop):
-                    copy_run(base, &copies[i, 0])
-    return bad, cycles, dry
+                helper_loop(&e, &team)
+    else:
+        with nogil:
+            run_phases(&e, &team, False, result)
+    return result[0] + team.helper_bad, result[1], result[2]
 
 
-cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset_t[:, ::1] rows,
+cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset_t* rows,
                       Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
     """One StreamCopy. ``stream`` is (to_device, host byte offset, capacity, cursor, slice bytes); rows
     (offset in the slice, arena offset, bytes) place the slice's blocks. The cursor advances one slice;
@@ -673,9 +806,9 @@ cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset
         return False
     for i in range(start, stop):
         if stream[0]:
-            memcpy(base + rows[i, 1], host + at + rows[i, 0], rows[i, 2])
+            memcpy(base + rows[3 * i + 1], host + at + rows[3 * i], rows[3 * i + 2])
         else:
-            memcpy(host + at + rows[i, 0], base + rows[i, 1], rows[i, 2])
+            memcpy(host + at + rows[3 * i], base + rows[3 * i + 1], rows[3 * i + 2])
     stream[3] += stream[4]
     return True
 
