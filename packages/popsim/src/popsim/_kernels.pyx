@@ -615,6 +615,11 @@ cdef extern from *:
     static inline void ps_add(long long* p, long long v) { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
     static inline int ps_quitting(ps_team* t) { return __atomic_load_n(&t->quit, __ATOMIC_ACQUIRE); }
     static inline void ps_quit(ps_team* t) { __atomic_store_n(&t->quit, 1, __ATOMIC_RELEASE); }
+    /* Close the ticket to claims before a new phase's fields are written: a helper still holding the old
+       generation then fails its compare-and-swap instead of claiming rows of the new phase. */
+    static inline void ps_close(ps_team* t, long long gen) {
+        __atomic_exchange_n(&t->ticket, (gen << 32) | 0xffffffffLL, __ATOMIC_ACQ_REL);
+    }
     static inline long long ps_claim(ps_team* t, long long gen, long long* first) {
         long long total = t->stop - t->start, ticket = __atomic_load_n(&t->ticket, __ATOMIC_ACQUIRE);
         for (;;) {
@@ -642,6 +647,7 @@ cdef extern from *:
     void ps_add(long long* p, long long v) noexcept nogil
     int ps_quitting(ps_team* t) noexcept nogil
     void ps_quit(ps_team* t) noexcept nogil
+    void ps_close(ps_team* t, long long gen) noexcept nogil
     long long ps_claim(ps_team* t, long long gen, long long* first) noexcept nogil
     void ps_pause() noexcept nogil
 
@@ -738,10 +744,11 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
                 dry = start
                 break
         elif shared and stop - start > 1:
+            gen += 1
+            ps_close(team, gen)
             team.kind, team.start, team.stop = kind, start, stop
             team.chunk = COMPUTE_CHUNK if kind == 0 else EXCHANGE_CHUNK
             team.done = 0
-            gen += 1
             ps_store(&team.ticket, gen << 32)
             ps_store(&team.gen, gen)
             bad += work_on(e, team, gen)
