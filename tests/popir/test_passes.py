@@ -299,6 +299,32 @@ def test_transposes_compose_and_identity_transposes_vanish():
     _same_results(g, out, _feeds(g))
 
 
+def _transposed_elements(graph):
+    return sum(int(np.prod(n.inputs[0].shape)) for n in graph.nodes if n.op == "transpose")
+
+
+def test_matrix_transposes_move_to_the_smaller_side_of_a_matmul():
+    # A linear layer's pattern: y = x W^T, and the gradient dW = (x^T g)^T as autodiff writes it.
+    g, (x, w, grad) = _graph((4, 64), (32, 64), (4, 32))
+    g.output("y", _apply("matmul", x, _apply("transpose", w, perm=(1, 0))))
+    g.output("dw", _apply("transpose", _apply("matmul", _apply("transpose", x, perm=(1, 0)), grad), perm=(1, 0)))
+    out = passes.eliminate_dead_code(passes.simplify(g))
+    assert all(n.inputs[0].name != "x1" for n in out.nodes if n.op == "transpose"), "W itself is never transposed"
+    assert _transposed_elements(out) < _transposed_elements(g) // 4
+    _same_results(g, out, _feeds(g))
+
+
+def test_matmul_transposes_stay_when_moving_them_would_copy_more():
+    g, (a, b) = _graph((64, 48), (8, 48))
+    g.output("y", _apply("matmul", a, _apply("transpose", b, perm=(1, 0))))
+    g.output("z", _apply("transpose", _apply("matmul", a, _apply("transpose", b, perm=(1, 0))), perm=(1, 0)))
+    out = passes.eliminate_dead_code(passes.optimize(g))
+    # b^T (8 x 48) is smaller than a^T plus the result would be, and z = b a^T would transpose all of a
+    # (64 x 48) to save a 64 x 8 transpose: both stay, and z is the transpose of y.
+    assert _transposed_elements(out) == 8 * 48 + 64 * 8
+    _same_results(g, out, _feeds(g))
+
+
 @_needs("cast")
 def test_cast_to_the_same_dtype_vanishes():
     g, (x,) = _graph((3,))

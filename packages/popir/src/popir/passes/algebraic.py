@@ -8,7 +8,12 @@
 - an explicit broadcast_to of an operand of a broadcasting elementwise op when the other operands
   already give the result its shape.
 
-The one inexact rewrite is x+0 -> x: it keeps a -0.0 that x+0 would have made +0.0 (the two compare equal).
+Matrix transposes move to where they are smallest: (A B)^T -> B^T A^T and A W^T -> (W A^T)^T (and
+W^T B -> (B^T W)^T) whenever the transposes left to materialise hold fewer elements than the ones removed,
+so a linear layer's large weight is never transposed, only its small activations and gradients.
+
+The inexact rewrites: x+0 -> x keeps a -0.0 that x+0 would have made +0.0 (the two compare equal), and a
+transposed matmul may sum its K products in another grouping on a device that splits K differently.
 """
 
 import numpy as np
@@ -64,6 +69,8 @@ def _div(builder, a, b, attrs):
 
 def _transpose(builder, x, attrs):
     perm = attrs["perm"]
+    if perm == (1, 0) and (swapped := _transposed_matmul(builder, x)) is not None:
+        return swapped
     if producer_op(x) == "transpose":
         inner = x.producer
         perm = tuple(inner.attrs["perm"][p] for p in perm)
@@ -73,6 +80,46 @@ def _transpose(builder, x, attrs):
     if perm == tuple(range(len(perm))):
         return [x]
     return builder.apply("transpose", [x], {"perm": perm})
+
+
+def _is_matrix_transpose(x):
+    return producer_op(x) == "transpose" and x.ndim == 2 and x.producer.attrs["perm"] == (1, 0)
+
+
+def _transposed(builder, x):
+    """x^T of a matrix: the source of a transpose, else a new transpose."""
+    if _is_matrix_transpose(x):
+        return x.producer.inputs[0]
+    return builder.apply("transpose", [x], {"perm": (1, 0)})[0]
+
+
+def _new_transpose_elements(*values):
+    """Elements that transposing ``values`` would materialise (a transpose's source comes free)."""
+    return sum(int(np.prod(v.shape)) for v in values if not _is_matrix_transpose(v))
+
+
+def _transposed_matmul(builder, x):
+    """(A B)^T -> B^T A^T when the new transposes are smaller than the result."""
+    if producer_op(x) != "matmul" or x.ndim != 2:
+        return None
+    a, b = x.producer.inputs
+    if a.ndim != 2 or b.ndim != 2 or _new_transpose_elements(a, b) >= int(np.prod(x.shape)):
+        return None
+    return builder.apply("matmul", [_transposed(builder, b), _transposed(builder, a)], {})
+
+
+def _matmul(builder, a, b, attrs):
+    """A W^T -> (W A^T)^T and W^T B -> (B^T W)^T when W outweighs the transposes that replace its own."""
+    if a.ndim != 2 or b.ndim != 2:
+        return None
+    out = a.shape[0] * b.shape[1]
+    for wt, other in ((b, a), (a, b)):
+        if _is_matrix_transpose(wt) and _new_transpose_elements(other) + out < int(np.prod(wt.shape)):
+            w = wt.producer.inputs[0]
+            inner = [w, _transposed(builder, other)] if wt is b else [_transposed(builder, other), w]
+            product = builder.apply("matmul", inner, {})[0]
+            return builder.apply("transpose", [product], {"perm": (1, 0)})
+    return None
 
 
 def _reshape(builder, x, attrs):
@@ -156,6 +203,8 @@ def simplify_rule(builder, op, inputs, attrs, types):
         result = _UNARY[op](builder, inputs[0], attrs)
     elif op == "concat" and len(inputs) == 1:
         result = [inputs[0]]
+    elif op == "matmul":
+        result = _matmul(builder, inputs[0], inputs[1], attrs)
     elif op in BROADCASTING:
         if op in _BINARY and inputs[0].dtype is not DType.bool:
             result = _BINARY[op](builder, inputs[0], inputs[1], attrs)
