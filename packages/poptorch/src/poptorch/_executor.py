@@ -257,8 +257,7 @@ class PoplarExecutor:
 
     # -- arguments ------------------------------------------------------------------------------
     def _check_arguments(self, args, kwargs):
-        signature = inspect.signature(self._model.forward)
-        params = signature.parameters
+        params = _forward_parameters(self._model)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         unexpected = [k for k in kwargs if k not in params and not takes_kwargs]
         if unexpected:
@@ -278,7 +277,7 @@ class PoplarExecutor:
             if isinstance(value, torch.Tensor) and value.numel() == 0:
                 raise Error(f"Zero-sized tensors are unsupported (Got shape {list(value.shape)})")
 
-    def _check_compiled_inputs(self, names, leaves, spec):
+    def _check_compiled_inputs(self, args, kwargs, leaves, spec):
         compiled_spec, signatures = self._compiled_inputs
         if spec != compiled_spec:
             missing, unexpected = _dict_key_changes(compiled_spec, spec)
@@ -287,7 +286,15 @@ class PoplarExecutor:
             if unexpected:
                 raise Error(f"Unexpected arguments: {', '.join(unexpected)}.")
             raise Error(f"The structure of the inputs changed since compilation: expected {compiled_spec}, got {spec}")
-        for index, leaf, expected in zip(names, leaves, signatures):
+        for position, (leaf, expected) in enumerate(zip(leaves, signatures)):
+            if isinstance(leaf, torch.Tensor) and (
+                not leaf.requires_grad and leaf.dtype == expected[1] and leaf.shape == expected[0]
+            ):
+                continue
+            if not isinstance(leaf, torch.Tensor) and leaf == expected:
+                continue
+            # Names are only needed to report a mismatch.
+            index = _leaf_names(self._model, args, kwargs)[position]
             if isinstance(leaf, torch.Tensor):
                 shape, dtype = expected
                 if leaf.requires_grad:
@@ -311,7 +318,7 @@ class PoplarExecutor:
         if self._exe is None:
             self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        self._check_compiled_inputs(_leaf_names(self._model, args, kwargs), leaves, spec)
+        self._check_compiled_inputs(args, kwargs, leaves, spec)
         if not self._attached:
             self.attachToDevice()
         self._refresh_device_weights()
@@ -571,9 +578,22 @@ def _run_on_device(exe, feeds, program):
         raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
 
 
+def _forward_parameters(model):
+    """The parameters of ``model.forward``'s signature, computed once per forward function."""
+    forward = model.forward
+    key = getattr(forward, "__func__", forward)
+    cached = _SIGNATURES.get(key)
+    if cached is None:
+        cached = _SIGNATURES[key] = inspect.signature(forward).parameters
+    return cached
+
+
+_SIGNATURES = weakref.WeakKeyDictionary()
+
+
 def _leaf_names(model, args, kwargs):
     """A readable name per flattened input leaf: the forward argument's name plus its path inside it."""
-    positional = list(inspect.signature(model.forward).parameters)
+    positional = list(_forward_parameters(model))
     names = []
     for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
         head, rest = path[1], pytree.keystr(path[2:])
