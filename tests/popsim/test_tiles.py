@@ -82,6 +82,40 @@ def test_out_of_memory_names_tile_and_tensors_and_relax_compiles():
     np.testing.assert_allclose(exe.run({"x": xv})["y"], np.full((64, 1024), 512.0))
 
 
+def test_elementwise_updates_write_their_variable_in_place_unless_the_old_value_is_still_needed():
+    g = popir.Graph("sgd")
+    w = g.add_input("w", (300,), "float32", kind="parameter")
+    m = g.add_input("m", (300,), "float32", kind="optimizer_state")
+    prev = g.add_input("prev", (300,), "float32", kind="buffer")
+    grad = g.add_input("grad", (300,), "float32")
+    new_m = m * 0.9 + grad
+    g.update(m, new_m)
+    g.update(w, w - new_m * 0.1)
+    g.update(prev, w)  # prev takes the old w after every node has run: w cannot be overwritten early
+    g.output("old_m_doubled", m * 2.0)  # a node after new_m reads the old m: m cannot be either
+    exe = popsim.compile(g, "small")
+    names = " ".join(step["name"] for step in exe.profile.programs["sgd"]["steps"])
+    assert "update w" in names and "update m" in names and "update prev" in names
+    values = {"w": np.arange(300, dtype=np.float32), "m": np.ones(300, np.float32), "prev": np.zeros(300, np.float32)}
+    feeds = {"grad": np.full(300, 0.5, np.float32)}
+    for name, value in values.items():
+        exe.write_variable(name, value)
+    outputs, updates = popir.interpreter.step(g, {**values, **feeds})
+    np.testing.assert_array_equal(exe.run(feeds)["old_m_doubled"], outputs["old_m_doubled"])
+    for name, value in updates.items():
+        np.testing.assert_array_equal(exe.read_variable(name), value)
+
+    # Alone, the same update of w is written in place, with no copy into the variable.
+    g2 = popir.Graph("sgd")
+    w = g2.add_input("w", (300,), "float32", kind="parameter")
+    g2.update(w, w - g2.add_input("grad", (300,), "float32") * 0.1)
+    exe = popsim.compile(g2, "small")
+    assert not any(s["name"].startswith("update") for s in exe.profile.programs["sgd"]["steps"])
+    exe.write_variable("w", values["w"])
+    exe.run(feeds)
+    np.testing.assert_array_equal(exe.read_variable("w"), values["w"] - np.float32(0.5) * np.float32(0.1))
+
+
 def test_programs_share_variables_by_name():
     train = popir.Graph("train")
     w = train.add_input("w", (300,), "float32", kind="parameter")

@@ -30,6 +30,7 @@ def _norm_axes(axes, ndim):
 def lower_graph(lw, graph, variables):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor})."""
     env, inputs = {}, {}
+    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph).items()}
     for v in graph.inputs:
         if v.kind == "input":
             env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, None, v.name, "input")
@@ -67,6 +68,24 @@ def lower_graph(lw, graph, variables):
     return inputs, outputs
 
 
+def _in_place_updates(graph):
+    """{value id: state name} for state updates an elementwise node can write straight into the variable, as
+    an optimizer's in-place update on the IPU: nothing reads the old value after that node, and the old
+    value is neither an output nor another state's new value (both are read after every node has run)."""
+    elementwise = {"where", "cast", *UNARY, *BINARY}
+    producer = {v.id: (i, node) for i, node in enumerate(graph.nodes) for v in node.outputs}
+    last_read = {v.id: i for i, node in enumerate(graph.nodes) for v in node.inputs}
+    read_at_end = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    found = {}
+    for state, value in graph.updates.items():
+        if value.id not in producer or value.id in found or state.id in read_at_end:
+            continue
+        i, node = producer[value.id]
+        if node.op in elementwise and len(node.outputs) == 1 and last_read.get(state.id, -1) <= i:
+            found[value.id] = state.name
+    return found
+
+
 # -- constants, elementwise ------------------------------------------------------------------------
 @lowering("constant")
 def _constant(lw, node, value):
@@ -80,7 +99,7 @@ BINARY = tuple(oc.BINARY_OPS)
 @lowering(*UNARY, *BINARY, "where", "cast")
 def _elementwise(lw, node, *args, **attrs):
     out = node.outputs[0]
-    return lw.elementwise(node.op, args, out.shape, out.dtype)
+    return lw.elementwise(node.op, args, out.shape, out.dtype, out=lw.in_place.get(out.id))
 
 
 @lowering("stop_gradient")

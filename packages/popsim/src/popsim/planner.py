@@ -42,6 +42,7 @@ class Lowerer:
         self.target = dg.target
         self.partials_type = partials_type
         self._constants = {}
+        self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
@@ -95,9 +96,10 @@ class Lowerer:
         return self.dg.alias(x, shape) if x.shape != tuple(shape) else x
 
     # -- elementwise ------------------------------------------------------------------------------
-    def elementwise(self, codelet, inputs, shape, dtype, fparam=0.0):
-        """One vertex per block of the output; inputs are exchanged into the output's placement."""
-        out = self.new(shape, dtype)
+    def elementwise(self, codelet, inputs, shape, dtype, fparam=0.0, out=None):
+        """One vertex per block of the output (a new tensor, or ``out`` written in place); inputs are
+        exchanged into the output's placement."""
+        out = self.new(shape, dtype) if out is None else out
         ins = [self.broadcast_like(x, shape, out.mapping) for x in inputs]
         if codelet == "where":
             kind, sub = oc.WHERE, 0
