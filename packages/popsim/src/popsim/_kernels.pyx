@@ -652,6 +652,8 @@ cdef extern from *:
     void ps_pause() noexcept nogil
 
 
+# One run's arrays as raw pointers, shared by the team's threads. Rows are NCOLS wide (instructions),
+# COPY_COLS (copies), 4 (phases), 3 (stream rows) and 5 (streams).
 cdef struct Engine:
     byte_t* base
     byte_t* host
@@ -695,6 +697,7 @@ cdef Py_ssize_t work_on(Engine* e, ps_team* team, long long gen) noexcept nogil:
 
 
 cdef void helper_loop(Engine* e, ps_team* team) noexcept nogil:
+    """A helper thread: work on each newly published phase until thread 0 says the program is done."""
     cdef long long seen = 0, gen
     cdef Py_ssize_t bad = 0
     while True:
