@@ -376,44 +376,39 @@ cdef inline double remainder(double a, double b, bint integer) noexcept nogil:
     return r
 
 
+cdef inline double reduce_step(int op, double acc, double v) noexcept nogil:
+    """One element into a running sum (0), max (1), min (2) or product (3); NaN propagates for max and min."""
+    if op == 0:
+        return acc + v
+    if op == 3:
+        return acc * v
+    if not isnan(acc) and (isnan(v) or (v > acc if op == 1 else v < acc)):
+        return v
+    return acc
+
+
 cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, int dt_out,
                              Py_ssize_t rows, Py_ssize_t group) noexcept nogil:
-    """dst[r] = reduce(src[r * group : (r + 1) * group]) in double, in index order (NaN propagates for max/min)."""
+    """dst[r] = reduce(src[r * group : (r + 1) * group]) in double, in index order (NaN propagates for max/min).
+    float32 rows are read in place; other dtypes go through a staging buffer of doubles."""
     cdef double buf[BLOCK]
-    cdef double acc, v
+    cdef double acc
     cdef Py_ssize_t r, s, n, i
     cdef const float* f
     for r in range(rows):
         acc = 0.0 if op == 0 else (-INFINITY if op == 1 else (INFINITY if op == 2 else 1.0))
-        s = 0
-        if dt_in == 0 and op != 3:
-            # float32 rows read in place: the same double accumulation without the staging buffer.
+        if dt_in == 0:
             f = <const float*> src + r * group
             for i in range(group):
-                v = f[i]
-                if op == 0:
-                    acc += v
-                elif (v > acc if op == 1 else v < acc) or isnan(v):
-                    acc = v if not isnan(acc) else acc
-            s = group
-        while s < group:
-            n = min(BLOCK, group - s)
-            load(src, dt_in, r * group + s, n, buf)
-            if op == 0:
+                acc = reduce_step(op, acc, f[i])
+        else:
+            s = 0
+            while s < group:
+                n = min(BLOCK, group - s)
+                load(src, dt_in, r * group + s, n, buf)
                 for i in range(n):
-                    acc += buf[i]
-            elif op == 3:
-                for i in range(n):
-                    acc *= buf[i]
-            elif op == 1:
-                for i in range(n):
-                    if buf[i] > acc or isnan(buf[i]):
-                        acc = buf[i] if not isnan(acc) else acc
-            else:
-                for i in range(n):
-                    if buf[i] < acc or isnan(buf[i]):
-                        acc = buf[i] if not isnan(acc) else acc
-            s += n
+                    acc = reduce_step(op, acc, buf[i])
+                s += n
         store(dst, dt_out, r, 1, &acc)
 
 

@@ -72,7 +72,6 @@ def _in_place_updates(graph):
     """{value id: state name} for state updates an elementwise node can write straight into the variable, as
     an optimizer's in-place update on the IPU: nothing reads the old value after that node, and the old
     value is neither an output nor another state's new value (both are read after every node has run)."""
-    elementwise = {"where", "cast", *UNARY, *BINARY}
     producer = {v.id: (i, node) for i, node in enumerate(graph.nodes) for v in node.outputs}
     last_read = {v.id: i for i, node in enumerate(graph.nodes) for v in node.inputs}
     read_at_end = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
@@ -81,7 +80,7 @@ def _in_place_updates(graph):
         if value.id not in producer or value.id in found or state.id in read_at_end:
             continue
         i, node = producer[value.id]
-        if node.op in elementwise and len(node.outputs) == 1 and last_read.get(state.id, -1) <= i:
+        if LOWERINGS.get(node.op) is _elementwise and last_read.get(state.id, -1) <= i:
             found[value.id] = state.name
     return found
 

@@ -261,11 +261,11 @@ class _Flattener:
             merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
             self.steps.append(merged)
             before, sync = 0, target.bsp_sync_cycles
-        busiest = int(open_load.max())
-        merged["cycles"] = max(cost.exchange_cycles(target, busiest), cost.link_cycles(target, int(open_link.max())))
+        busiest, busiest_link = int(open_load.max()), int(open_link.max())
+        merged["cycles"] = max(cost.exchange_cycles(target, busiest), cost.link_cycles(target, busiest_link))
         merged["busiest_tile_bytes"] = busiest
         if target.num_ipus > 1:
-            merged["busiest_link_bytes"] = int(open_link.max())
+            merged["busiest_link_bytes"] = busiest_link
         # The engine runs each copy on its own: the rows of one copy are independent of each other and
         # can be shared among threads, while two merged copies may reuse each other's memory.
         self.phase(EXCHANGE, self.ncopies, self.ncopies + len(block), cycles=merged["cycles"] - before + sync)

@@ -286,29 +286,26 @@ class PoplarExecutor:
             if unexpected:
                 raise Error(f"Unexpected arguments: {', '.join(unexpected)}.")
             raise Error(f"The structure of the inputs changed since compilation: expected {compiled_spec}, got {spec}")
-        for position, (leaf, expected) in enumerate(zip(leaves, signatures)):
-            if isinstance(leaf, torch.Tensor) and (
-                not leaf.requires_grad and leaf.dtype == expected[1] and leaf.shape == expected[0]
-            ):
-                continue
-            if not isinstance(leaf, torch.Tensor) and leaf == expected:
-                continue
-            # Names are only needed to report a mismatch.
-            index = _leaf_names(self._model, args, kwargs)[position]
+
+        def name(position):
+            # Built only to report a mismatch: naming every leaf costs more than checking it.
+            return _leaf_names(self._model, args, kwargs)[position]
+
+        for i, (leaf, expected) in enumerate(zip(leaves, signatures)):
             if isinstance(leaf, torch.Tensor):
                 shape, dtype = expected
                 if leaf.requires_grad:
                     raise Error(
-                        f"Input {index} requires grad: the device computes gradients itself. "
+                        f"Input {name(i)} requires grad: the device computes gradients itself. "
                         "Pass tensor.detach() instead."
                     )
                 if leaf.dtype != dtype:
-                    raise Error(f"Input {index}: expected {dtype} but got {leaf.dtype}. Call destroy() to recompile.")
+                    raise Error(f"Input {name(i)}: expected {dtype} but got {leaf.dtype}. Call destroy() to recompile.")
                 if leaf.shape != shape:
-                    raise Error(f"Input {index}: expected {shape} but got {leaf.shape}. Call destroy() to recompile.")
+                    raise Error(f"Input {name(i)}: expected {shape} but got {leaf.shape}. Call destroy() to recompile.")
             elif leaf != expected:
                 raise Error(
-                    f"Argument {index} is not a tensor, so its value was compiled into the model: expected "
+                    f"Argument {name(i)} is not a tensor, so its value was compiled into the model: expected "
                     f"{expected!r} but got {leaf!r}. Call destroy() to recompile."
                 )
 
@@ -578,6 +575,9 @@ def _run_on_device(exe, feeds, program):
         raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
 
 
+_SIGNATURES = weakref.WeakKeyDictionary()
+
+
 def _forward_parameters(model):
     """The parameters of ``model.forward``'s signature, computed once per forward function."""
     forward = model.forward
@@ -586,9 +586,6 @@ def _forward_parameters(model):
     if cached is None:
         cached = _SIGNATURES[key] = inspect.signature(forward).parameters
     return cached
-
-
-_SIGNATURES = weakref.WeakKeyDictionary()
 
 
 def _leaf_names(model, args, kwargs):

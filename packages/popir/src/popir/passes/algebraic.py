@@ -95,7 +95,7 @@ def _transposed(builder, x):
 
 def _new_transpose_elements(*values):
     """Elements that transposing ``values`` would materialise (a transpose's source comes free)."""
-    return sum(int(np.prod(v.shape)) for v in values if not _is_matrix_transpose(v))
+    return sum(v.type.size for v in values if not _is_matrix_transpose(v))
 
 
 def _transposed_matmul(builder, x):
@@ -103,7 +103,7 @@ def _transposed_matmul(builder, x):
     if producer_op(x) != "matmul" or x.ndim != 2:
         return None
     a, b = x.producer.inputs
-    if a.ndim != 2 or b.ndim != 2 or _new_transpose_elements(a, b) >= int(np.prod(x.shape)):
+    if a.ndim != 2 or b.ndim != 2 or _new_transpose_elements(a, b) >= x.type.size:
         return None
     return builder.apply("matmul", [_transposed(builder, b), _transposed(builder, a)], {})
 
@@ -114,7 +114,7 @@ def _matmul(builder, a, b, attrs):
         return None
     out = a.shape[0] * b.shape[1]
     for wt, other in ((b, a), (a, b)):
-        if _is_matrix_transpose(wt) and _new_transpose_elements(other) + out < int(np.prod(wt.shape)):
+        if _is_matrix_transpose(wt) and _new_transpose_elements(other) + out < wt.type.size:
             w = wt.producer.inputs[0]
             inner = [w, _transposed(builder, other)] if wt is b else [_transposed(builder, other), w]
             product = builder.apply("matmul", inner, {})[0]
