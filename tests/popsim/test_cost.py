@@ -31,6 +31,16 @@ def test_amp_estimate_runs_at_the_amp_rate():
     assert IPU2.peak_flops == pytest.approx(250e12, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    "name,fp16,fp32",
+    [("ipu1", 124.5e12, 31.1e12), ("ipu2", 249.6e12, 62.4e12), ("ipu21", 348.6e12, 87.1e12)],
+)
+def test_presets_have_the_published_peaks(name, fp16, fp32):
+    t = popsim.Target.named(name)
+    assert t.peak_flops == pytest.approx(fp16, rel=0.002)
+    assert 2 * t.amp_macs(DType.float32) * t.num_tiles * t.clock_hz == pytest.approx(fp32, rel=0.002)
+
+
 def test_exchange_estimate_is_busiest_tile_bytes_over_four():
     assert cost.exchange_cycles(IPU2, 4000) == 1000 + IPU2.exchange_fixed_cycles
     assert cost.exchange_cycles(IPU2, 0) == 0
