@@ -7,6 +7,7 @@ import popir
 import popsim
 from popir import DType, ops
 from popsim import _opcodes as oc
+from popsim.planner import Lowerer
 
 
 def _graph_with_tensor(target, mapping):
@@ -134,3 +135,34 @@ def test_programs_share_variables_by_name():
     bad.add_input("w", (3,), "float32", kind="parameter")
     with pytest.raises(popsim.Error, match="variable 'w'"):
         popsim.compile({"train": train, "bad": bad}, "small")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])
+def test_scalar_operands_reach_each_tile_once_and_vertices_broadcast_them(dtype):
+    g = popir.Graph("scalars")
+    x = g.add_input("x", (40, 30), dtype)
+    s = g.add_input("s", (), dtype)
+    flag = g.add_input("flag", (), "bool")
+    g.output("x_times_s", x * s)
+    g.output("s_minus_x", s - x)
+    g.output("s_max_x", ops.maximum(s, x))
+    g.output("pick_s", ops.where(ops.gt(x, s), x, s))
+    g.output("pick_by_flag", ops.where(flag, x, s))
+    exe = popsim.compile(g, popsim.Target.small(num_tiles=8, tile_bytes=65536))
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.integers(-9, 9, (40, 30)).astype(dtype), "s": np.array(3, dtype), "flag": np.array(False)}
+    got, want = exe.run(feeds), popir.interpreter.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    steps = exe.profile.programs["scalars"]["steps"]
+    scalar_steps = [st for st in steps if set(st["name"].split("+")) == {"broadcast-scalar"}]
+    assert len(scalar_steps) >= 4
+    # Only the scalars travel, a few bytes per tile (a tensor-sized broadcast would be 150 elements per tile).
+    assert all(st["busiest_tile_bytes"] <= 8 for st in scalar_steps), scalar_steps
+
+    # A unary vertex broadcasts a scalar operand too (the planner's elementwise takes any size-1 input so).
+    dg = popsim.DeviceGraph(popsim.Target.small(num_tiles=8, tile_bytes=65536))
+    scalar = dg.add_tensor((), DType(dtype), popsim.TileMapping.on_tiles([1], [5]), "s", "input")
+    out = Lowerer(dg).elementwise("neg", [scalar], (40, 30), DType(dtype))
+    exe = popsim.compile_device_graph(dg, {"s": scalar}, {"out": out})
+    np.testing.assert_array_equal(exe.run({"s": np.array(3, dtype)})["out"], np.full((40, 30), -3, dtype))

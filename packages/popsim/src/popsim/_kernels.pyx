@@ -140,6 +140,25 @@ cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, d
             buf[i] = (<const byte_t*> p)[start + i] != 0
 
 
+cdef inline double scalar(const byte_t* p, int dt) noexcept nogil:
+    """The one element of a scalar operand, as a double."""
+    cdef double v
+    load(p, dt, 0, 1, &v)
+    return v
+
+
+cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf, bint is_scalar,
+                       double value) noexcept nogil:
+    """Elements start..start+n-1 of an operand into ``buf``; a scalar operand (one element the vertex
+    broadcasts, see SCALAR_OPERANDS in _opcodes.py) gives ``value`` in every slot."""
+    cdef Py_ssize_t i
+    if is_scalar:
+        for i in range(n):
+            buf[i] = value
+    else:
+        load(p, dt, start, n, buf)
+
+
 cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const double* buf) noexcept nogil:
     cdef Py_ssize_t i
     cdef double v
@@ -315,9 +334,12 @@ cdef inline void binary(int op, double* a, const double* b, Py_ssize_t n, bint i
             a[i] = <int32_t> a[i] ^ <int32_t> b[i]
 
 
-cdef inline bint binary_float32(int op, const float* a, const float* b, float* out, Py_ssize_t n) noexcept nogil:
-    """The common float32 arithmetic without the trip through doubles (which rounds to the same float for
-    + - * /). Returns False for ops left to the general path."""
+# Binary ops 0..BINARY_FLOAT32_LAST (add, sub, mul, div) have a float32 path of their own.
+DEF BINARY_FLOAT32_LAST = 3
+
+
+cdef inline void binary_float32(int op, const float* a, const float* b, float* out, Py_ssize_t n) noexcept nogil:
+    """add, sub, mul and div of float32 without the trip through doubles (which rounds to the same float)."""
     cdef Py_ssize_t i
     if op == 0:
         for i in range(n):
@@ -328,12 +350,9 @@ cdef inline bint binary_float32(int op, const float* a, const float* b, float* o
     elif op == 2:
         for i in range(n):
             out[i] = a[i] * b[i]
-    elif op == 3:
+    else:
         for i in range(n):
             out[i] = a[i] / b[i]
-    else:
-        return False
-    return True
 
 
 cdef inline bint unary_float32(int op, const float* x, float* out, Py_ssize_t n) noexcept nogil:
@@ -490,40 +509,65 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     cdef int itemsize
     cdef float* partial
     cdef Py_ssize_t bad = 0
+    # Elementwise vertices: bit i of P0 marks operand i (a, b, c) as a scalar the vertex broadcasts.
+    cdef int scalars = <int> row[C_P0] if op == UNARY or op == BINARY or op == WHERE else 0
+    cdef double va, vb, vc
+    cdef float splat[BLOCK]
+    cdef const float* fa
+    cdef const float* fb
+    cdef const float* fs
     if op == UNARY:
-        if dta == 0 and dto == 0 and unary_float32(
+        if scalars == 0 and dta == 0 and dto == 0 and unary_float32(
             sub, <const float*> (base + row[C_A]), <float*> (base + row[C_OUT]), n
         ):
             return 0
+        va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
         while s < n:
             cnt = min(BLOCK, n - s)
-            load(base + row[C_A], dta, s, cnt, bufa)
+            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
             unary(sub, bufa, cnt)
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == BINARY:
-        if dta == 0 and dtb == 0 and dto == 0 and binary_float32(
-            sub, <const float*> (base + row[C_A]), <const float*> (base + row[C_B]), <float*> (base + row[C_OUT]), n
-        ):
+        if dta == 0 and dtb == 0 and dto == 0 and sub <= BINARY_FLOAT32_LAST and scalars != 3:
+            fa = <const float*> (base + row[C_A])
+            fb = <const float*> (base + row[C_B])
+            if scalars == 0:
+                binary_float32(sub, fa, fb, <float*> (base + row[C_OUT]), n)
+                return 0
+            # One scalar operand: repeat it over a block of floats and run the same loops block by block.
+            for i in range(BLOCK):
+                splat[i] = fa[0] if scalars & 1 else fb[0]
+            fs = splat
+            while s < n:
+                cnt = min(BLOCK, n - s)
+                binary_float32(sub, fs if scalars & 1 else fa + s, fs if scalars & 2 else fb + s,
+                               <float*> (base + row[C_OUT]) + s, cnt)
+                s += cnt
             return 0
+        va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
+        vb = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
         while s < n:
             cnt = min(BLOCK, n - s)
-            load(base + row[C_A], dta, s, cnt, bufa)
-            load(base + row[C_B], dtb, s, cnt, bufb)
+            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
+            fetch(base + row[C_B], dtb, s, cnt, bufb, scalars & 2, vb)
             binary(sub, bufa, bufb, cnt, dta == 2)
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == WHERE:
-        if dtb == dto and dto in (0, 2):
+        if scalars == 0 and dtb == dto and dto in (0, 2):
             # 4-byte results are bit copies of one of the two operands.
             where32(base + row[C_A], <const int32_t*> (base + row[C_B]), <const int32_t*> (base + row[C_C]),
                     <int32_t*> (base + row[C_OUT]), n)
             return 0
+        vc = scalar(base + row[C_A], 3) if scalars & 1 else 0.0
+        va = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
+        vb = scalar(base + row[C_C], dtb) if scalars & 4 else 0.0
         while s < n:
             cnt = min(BLOCK, n - s)
-            load(base + row[C_A], 3, s, cnt, bufc)
-            load(base + row[C_B], dtb, s, cnt, bufa)
-            load(base + row[C_C], dtb, s, cnt, bufb)
+            fetch(base + row[C_A], 3, s, cnt, bufc, scalars & 1, vc)
+            fetch(base + row[C_B], dtb, s, cnt, bufa, scalars & 2, va)
+            fetch(base + row[C_C], dtb, s, cnt, bufb, scalars & 4, vb)
             for i in range(cnt):
                 if bufc[i] == 0:
                     bufa[i] = bufb[i]

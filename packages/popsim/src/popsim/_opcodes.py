@@ -72,3 +72,7 @@ BINARY_OPS = {
     )
 }
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2, "prod": 3}
+
+# Elementwise vertices (UNARY, BINARY, WHERE): P0 has the bit of each field that holds one element the vertex
+# broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per tile.
+SCALAR_OPERANDS = {"a": 1, "b": 2, "c": 4}

@@ -100,7 +100,25 @@ class Lowerer:
         """One vertex per block of the output (a new tensor, or ``out`` written in place); inputs are
         exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
-        ins = [self.broadcast_like(x, shape, out.mapping) for x in inputs]
+        m = out.mapping
+        tiles, slot = np.unique(m.tiles, return_inverse=True)
+        ins, scalars = [], 0
+        for name, x in zip("abc", inputs):
+            if x.size == 1 and out.size > 1:
+                # A scalar operand goes to each tile once and the vertices broadcast it.
+                ins.append(
+                    self.gather(
+                        (tiles.size,),
+                        x.dtype,
+                        [x],
+                        np.zeros(tiles.size),
+                        TileMapping.on_tiles(np.ones(tiles.size), tiles),
+                        name="broadcast-scalar",
+                    )
+                )
+                scalars |= oc.SCALAR_OPERANDS[name]
+            else:
+                ins.append(self.broadcast_like(x, shape, m))
         if codelet == "where":
             kind, sub = oc.WHERE, 0
         elif codelet in oc.BINARY_OPS:
@@ -108,14 +126,13 @@ class Lowerer:
         else:
             kind, sub = oc.UNARY, oc.UNARY_OPS[codelet]
         cs = self.dg.add_compute_set(codelet)
-        m = out.mapping
         work_dtype = inputs[-1].dtype if inputs else dtype
-        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
+        for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
             fields = {"out": out.region(a, b)}
             for name, x in zip("abc", ins):
-                fields[name] = x.region(a, b)
+                fields[name] = x.region(k, k + 1) if scalars & oc.SCALAR_OPERANDS[name] else x.region(a, b)
             cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
-            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, fparam=fparam)
+            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, p0=scalars, fparam=fparam)
         return out
 
     def fill(self, shape, dtype, value):
