@@ -30,9 +30,12 @@ def _splits(size):
 
 
 def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials):
-    """Estimated cycles of one split: operand exchange + AMP compute + reduction of the ``partials``."""
+    """Estimated cycles of one split: operand exchange + AMP compute + reduction of the ``partials``, each
+    BSP phase with its sync (a K-split or a cast of the partials adds a compute phase to the result's
+    exchange)."""
     operand_bytes = (mb * kb + kb * nb) * dtype.itemsize
-    cycles = per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
+    phases = 4 if gk > 1 or dtype != partials else 3
+    cycles = phases * target.bsp_sync_cycles + per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
     # Each contiguous operand row received is one exchange region with its own setup cycles.
     cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
     rows = math.ceil(batch * m * n / target.num_tiles)
