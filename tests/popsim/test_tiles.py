@@ -166,3 +166,11 @@ def test_scalar_operands_reach_each_tile_once_and_vertices_broadcast_them(dtype)
     out = Lowerer(dg).elementwise("neg", [scalar], (40, 30), DType(dtype))
     exe = popsim.compile_device_graph(dg, {"s": scalar}, {"out": out})
     np.testing.assert_array_equal(exe.run({"s": np.array(3, dtype)})["out"], np.full((40, 30), -3, dtype))
+
+
+def test_an_arena_beyond_what_exchange_rows_address_is_a_clear_error(monkeypatch):
+    g = popir.Graph("g")
+    g.output("y", g.add_input("x", (4096,), "float32") * 2.0)
+    monkeypatch.setattr(popsim.executable, "MAX_ARENA_BYTES", 1000)
+    with pytest.raises(popsim.Error, match=r"at most 1,000 bytes of tile memory.*busiest tile over 16 tiles"):
+        popsim.compile(g, "small")

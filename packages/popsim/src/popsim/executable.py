@@ -16,6 +16,9 @@ from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
 from popsim.target import Device, Target
 
+# Exchange rows hold 32-bit byte offsets into the arena (see _types.pxd), so the arena must fit below 2 GiB.
+MAX_ARENA_BYTES = 2**31 - 1
+
 
 def supported_ops():
     """popir op names that popsim can lower onto tiles."""
@@ -129,8 +132,14 @@ class Executable:
         # Each tile's slice of the arena holds only what that program set uses (capacity was checked above):
         # the tiles' data lie densely, so a step touches few host pages.
         peak = max(max(a.peak.values(), default=0) for a in [base, *per_program.values()])
-        self.arena = TileArena(target.num_tiles, max(64, -(-peak // 64) * 64))
-        tile_size = self.arena.tile_bytes
+        tile_size = max(64, -(-peak // 64) * 64)
+        if target.num_tiles * tile_size > MAX_ARENA_BYTES:
+            raise Error(
+                f"the simulator addresses at most {MAX_ARENA_BYTES:,} bytes of tile memory, and this program set "
+                f"needs {peak:,} bytes on its busiest tile over {target.num_tiles:,} tiles "
+                f"({target.num_tiles * tile_size:,} bytes); use fewer IPUs or less memory per tile"
+            )
+        self.arena = TileArena(target.num_tiles, tile_size)
         self._block_base = {}
         self._block_base_list = {}
 
