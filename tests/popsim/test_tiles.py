@@ -174,3 +174,13 @@ def test_an_arena_beyond_what_exchange_rows_address_is_a_clear_error(monkeypatch
     monkeypatch.setattr(popsim.executable, "MAX_ARENA_BYTES", 1000)
     with pytest.raises(popsim.Error, match=r"at most 1,000 bytes of tile memory.*busiest tile over 16 tiles"):
         popsim.compile(g, "small")
+
+
+def test_a_scalar_constant_is_placed_on_each_tile_at_load_time_not_exchanged():
+    g = popir.Graph("affine")
+    x = g.add_input("x", (40, 30), "float32")
+    g.output("y", x * 2.5 + 1.0)
+    exe = popsim.compile(g, popsim.Target.small(num_tiles=8, tile_bytes=65536))
+    assert not [st for st in exe.profile.programs["affine"]["steps"] if st["kind"] == "exchange"]
+    xv = np.random.default_rng(2).standard_normal((40, 30)).astype(np.float32)
+    np.testing.assert_array_equal(exe.run({"x": xv})["y"], popir.interpreter.run(g, {"x": xv})["y"])

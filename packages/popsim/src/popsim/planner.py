@@ -105,17 +105,7 @@ class Lowerer:
         ins, scalars = [], 0
         for name, x in zip("abc", inputs):
             if x.size == 1 and out.size > 1:
-                # A scalar operand goes to each tile once and the vertices broadcast it.
-                ins.append(
-                    self.gather(
-                        (tiles.size,),
-                        x.dtype,
-                        [x],
-                        np.zeros(tiles.size),
-                        TileMapping.on_tiles(np.ones(tiles.size), tiles),
-                        name="broadcast-scalar",
-                    )
-                )
+                ins.append(self._scalar_on_tiles(x, tiles))
                 scalars |= oc.SCALAR_OPERANDS[name]
             else:
                 ins.append(self.broadcast_like(x, shape, m))
@@ -134,6 +124,21 @@ class Lowerer:
             cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
             self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, p0=scalars, fparam=fparam)
         return out
+
+    def _scalar_on_tiles(self, x, tiles):
+        """One copy of the scalar ``x`` on each of ``tiles``, for vertices that broadcast it. A constant is
+        placed there when the program is loaded, as Poplar places constants; anything else is exchanged."""
+        mapping = TileMapping.on_tiles(np.ones(tiles.size), tiles)
+        if x.storage.category != "constant":
+            return self.gather((tiles.size,), x.dtype, [x], np.zeros(tiles.size), mapping, name="broadcast-scalar")
+        value = np.asarray(x.storage.value).reshape(-1)[:1]
+        key = (x.dtype, value.tobytes(), tiles.tobytes())
+        if key not in self._constants:
+            array = np.repeat(value.astype(x.dtype.numpy), tiles.size)
+            self._constants[key] = self.dg.add_tensor(
+                array.shape, x.dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array
+            )
+        return self._constants[key]
 
     def fill(self, shape, dtype, value):
         """A tensor of ``shape`` holding ``value`` everywhere, written by Fill vertices on its tiles."""
