@@ -17,4 +17,5 @@ cdef enum:
     NCOLS = 12
     COPY_COLS = 7  # columns of one exchange row: src, dst, count, stride, itemsize, reps, outer
 
-cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil
+cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam,
+                                const offset_t* table) noexcept nogil

@@ -122,6 +122,7 @@ cdef enum:
     GATHER = 8
     SCATTER_ADD = 9
     FILL = 10
+    EXPR = 11
 
 
 cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
@@ -150,7 +151,7 @@ cdef inline double scalar(const byte_t* p, int dt) noexcept nogil:
 cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf, bint is_scalar,
                        double value) noexcept nogil:
     """Elements start..start+n-1 of an operand into ``buf``; a scalar operand (one element the vertex
-    broadcasts, see SCALAR_OPERANDS in _opcodes.py) gives ``value`` in every slot."""
+    broadcasts, see _opcodes.py) gives ``value`` in every slot."""
     cdef Py_ssize_t i
     if is_scalar:
         for i in range(n):
@@ -159,9 +160,15 @@ cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, 
         load(p, dt, start, n, buf)
 
 
+cdef inline int32_t to_int32(double v) noexcept nogil:
+    """float -> int truncates toward zero; NaN and out-of-range values become INT_MIN, like x86."""
+    if isnan(v) or v >= 2147483648.0 or v < -2147483648.0:
+        return -2147483648
+    return <int32_t> v
+
+
 cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const double* buf) noexcept nogil:
     cdef Py_ssize_t i
-    cdef double v
     if dt == 0:
         for i in range(n):
             (<float*> p)[start + i] = <float> buf[i]
@@ -170,12 +177,7 @@ cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const 
             (<unsigned short*> p)[start + i] = ps_d2h(buf[i])
     elif dt == 2:
         for i in range(n):
-            v = buf[i]
-            # float -> int truncates toward zero; NaN and out-of-range values become INT_MIN like x86.
-            if isnan(v) or v >= 2147483648.0 or v < -2147483648.0:
-                (<int32_t*> p)[start + i] = -2147483648
-            else:
-                (<int32_t*> p)[start + i] = <int32_t> v
+            (<int32_t*> p)[start + i] = to_int32(buf[i])
     else:
         for i in range(n):
             (<byte_t*> p)[start + i] = buf[i] != 0
@@ -496,8 +498,82 @@ cdef inline void random_uniform(const int32_t* seed, byte_t* out, int dt, Py_ssi
         s += cnt
 
 
-cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam) noexcept nogil:
-    """Run one vertex; returns how many of its dynamic indices were out of range (those rows are skipped)."""
+cdef inline void settle(int dt, double* buf, Py_ssize_t n) noexcept nogil:
+    """Round ``buf`` to what storing it as ``dt`` and loading it back gives (see store and load), so a fused
+    expression's intermediates are exactly those of the separate vertices it replaces."""
+    cdef Py_ssize_t i
+    if dt == 0:
+        for i in range(n):
+            buf[i] = <float> buf[i]
+    elif dt == 1:
+        for i in range(n):
+            buf[i] = ps_h2d(ps_d2h(buf[i]))
+    elif dt == 2:
+        for i in range(n):
+            buf[i] = to_int32(buf[i])
+    else:
+        for i in range(n):
+            buf[i] = buf[i] != 0
+
+
+DEF EXPR_BLOCK = 64
+DEF EXPR_REGS = 16
+
+
+cdef inline offset_t leaf_address(const offset_t* row, int leaf) noexcept nogil:
+    """Arena address of a fused expression's leaf: fields a, b, c, d, e, f sit in these columns."""
+    if leaf < 3:
+        return row[C_A + leaf]
+    return row[C_DTA + leaf - 3]
+
+
+cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
+    """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, see
+    Lowerer.expression) holds a header [leaves, ops, result register, out dtype, leaf dtypes x6, scalar
+    leaves mask] and one row per op [kind, sub, dst, src0, src1, src2, dtype, integer]. Leaves load into
+    registers 0.., each op writes its own register and is rounded to its dtype, block by block."""
+    cdef double regs[EXPR_REGS * EXPR_BLOCK]
+    cdef double values[6]
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef int leaves = <int> prog[0], ops = <int> prog[1], leaf, j
+    cdef int scalars = <int> prog[10]
+    cdef const offset_t* o
+    cdef double* d
+    cdef double* a
+    cdef double* b
+    cdef double* c
+    for leaf in range(leaves):
+        if scalars & (1 << leaf):
+            values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[4 + leaf])
+    while s < n:
+        cnt = min(EXPR_BLOCK, n - s)
+        for leaf in range(leaves):
+            fetch(base + leaf_address(row, leaf), <int> prog[4 + leaf], s, cnt, regs + leaf * EXPR_BLOCK,
+                  scalars & (1 << leaf), values[leaf])
+        for j in range(ops):
+            o = prog + (1 + j) * NCOLS
+            d = regs + o[2] * EXPR_BLOCK
+            a = regs + o[3] * EXPR_BLOCK
+            b = regs + o[4] * EXPR_BLOCK
+            c = regs + o[5] * EXPR_BLOCK
+            if o[0] == WHERE:
+                for i in range(cnt):
+                    d[i] = b[i] if a[i] != 0 else c[i]
+            else:
+                memcpy(d, a, cnt * sizeof(double))
+                if o[0] == UNARY:
+                    unary(<int> o[1], d, cnt)
+                else:
+                    binary(<int> o[1], d, b, cnt, <bint> o[7])
+            settle(<int> o[6], d, cnt)
+        store(base + row[C_OUT], <int> prog[3], s, cnt, regs + prog[2] * EXPR_BLOCK)
+        s += cnt
+
+
+cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam,
+                                const offset_t* table) noexcept nogil:
+    """Run one vertex (``table``: the instruction table, where EXPR programs sit); returns how many of its
+    dynamic indices were out of range (those rows are skipped)."""
     cdef int op = <int> row[C_OP]
     cdef int sub = <int> row[C_SUB]
     cdef Py_ssize_t n = row[C_N]
@@ -573,6 +649,8 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
                     bufa[i] = bufb[i]
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
+    elif op == EXPR:
+        run_expression(base, row, table + row[C_P0] * NCOLS)
     elif op == REDUCE:
         reduce_rows(sub, base + row[C_A], dta, base + row[C_OUT], dto, row[C_P0], row[C_P1])
     elif op == MATMUL:
@@ -716,7 +794,7 @@ cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py
     cdef Py_ssize_t i, bad = 0
     if kind == 0:
         for i in range(start, stop):
-            bad += run_instruction(e.base, e.instructions + i * NCOLS, e.fparams[i])
+            bad += run_instruction(e.base, e.instructions + i * NCOLS, e.fparams[i], e.instructions)
     else:
         for i in range(start, stop):
             copy_run(e.base, e.copies + i * COPY_COLS)

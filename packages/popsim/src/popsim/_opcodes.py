@@ -1,7 +1,9 @@
 """Opcode and sub-op numbers shared by the planners and the Cython engine (one place per number)."""
 
+NCOLS = 12  # columns of one instruction row (C_OP .. C_P1 in _kernels.pxd)
+
 # Instruction kinds (column C_OP).
-UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL = range(1, 11)
+UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR = range(1, 12)
 
 # Element types in tile memory (columns C_DTA/C_DTB/C_DTOUT).
 DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
@@ -73,6 +75,11 @@ BINARY_OPS = {
 }
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2, "prod": 3}
 
-# Elementwise vertices (UNARY, BINARY, WHERE): P0 has the bit of each field that holds one element the vertex
-# broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per tile.
-SCALAR_OPERANDS = {"a": 1, "b": 2, "c": 4}
+# Elementwise vertices (UNARY, BINARY, WHERE): bit i of P0 is set when field i (a, b, c) holds one element the
+# vertex broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per
+# tile. An EXPR program's header has the same mask for its leaves a..f.
+
+# A fused elementwise vertex (EXPR) reads at most this many leaf fields (a..f) and runs at most this many
+# ops, each into its own register (see run_expression in _kernels.pyx).
+EXPR_FIELDS = "abcdef"
+EXPR_MAX_OPS = 10

@@ -23,9 +23,15 @@ AMP_OVERHEAD = 50  # tile cycles to load AMP weights and drain partials per matm
 
 def elementwise_cycles(target, n, dtype, codelet):
     """Cycles of an elementwise vertex over ``n`` elements: n split over the workers, vector-wide."""
+    return expression_cycles(target, n, [(codelet, dtype)])
+
+
+def expression_cycles(target, n, ops):
+    """Cycles of a fused elementwise vertex (a popops map expression) over ``n`` elements: each of its
+    (codelet, operand dtype) ``ops`` at its vector rate, one vertex start-up."""
     per_worker = math.ceil(n / target.workers)
-    vectors = math.ceil(per_worker / target.vector_width(dtype))
-    return target.workers * (vectors * CYCLES_PER_VECTOR[codelet] + WORKER_OVERHEAD)
+    vectors = sum(math.ceil(per_worker / target.vector_width(dtype)) * CYCLES_PER_VECTOR[c] for c, dtype in ops)
+    return target.workers * (vectors + WORKER_OVERHEAD)
 
 
 def reduce_cycles(target, rows, group, dtype):

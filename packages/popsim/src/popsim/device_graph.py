@@ -83,6 +83,7 @@ class Vertex:
     p0: int = 0
     p1: int = 0
     fparam: float = 0.0
+    program: object = None  # an EXPR vertex's program rows (see Lowerer.expression), shared by its compute set
 
 
 @dataclass
@@ -155,7 +156,7 @@ class DeviceGraph:
         self.program.append(cs)
         return cs
 
-    def add_vertex(self, cs, kind, sub, tile, n, fields, cycles, p0=0, p1=0, fparam=0.0):
+    def add_vertex(self, cs, kind, sub, tile, n, fields, cycles, p0=0, p1=0, fparam=0.0, program=None):
         """Add a vertex on ``tile``; every field Region must lie in that tile's memory."""
         for name, region in fields.items():
             where = region.tile()
@@ -165,7 +166,7 @@ class DeviceGraph:
                     f"[{region.start}, {region.stop}) of {region.tensor!r}) lives on tile {where}; a vertex "
                     "may only touch its own tile's memory"
                 )
-        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), int(p0), int(p1), float(fparam))
+        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), int(p0), int(p1), float(fparam), program)
         cs.vertices.append(v)
         return v
 

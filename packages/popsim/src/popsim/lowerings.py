@@ -30,7 +30,8 @@ def _norm_axes(axes, ndim):
 def lower_graph(lw, graph, variables):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor})."""
     env, inputs = {}, {}
-    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph).items()}
+    deferred, at = _fusion(graph)
+    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
     for v in graph.inputs:
         if v.kind == "input":
             env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, None, v.name, "input")
@@ -38,8 +39,14 @@ def lower_graph(lw, graph, variables):
             env[v.id] = variables[v.name]
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
+        if node.outputs[0].id in deferred:
+            env[node.outputs[0].id] = _Deferred(node, args)
+            continue
         try:
-            result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
+            if any(isinstance(a, _Deferred) for a in args):
+                result = _fused(lw, node, args, lw.in_place.get(node.outputs[0].id))
+            else:
+                result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
         results = result if isinstance(result, (list, tuple)) else [result]
@@ -68,12 +75,16 @@ def lower_graph(lw, graph, variables):
     return inputs, outputs
 
 
-def _in_place_updates(graph):
+def _in_place_updates(graph, at):
     """{value id: state name} for state updates an elementwise node can write straight into the variable, as
     an optimizer's in-place update on the IPU: nothing reads the old value after that node, and the old
-    value is neither an output nor another state's new value (both are read after every node has run)."""
+    value is neither an output nor another state's new value (both are read after every node has run).
+    ``at[i]`` is where node i is computed (a fused node reads its inputs where its reader runs)."""
     producer = {v.id: (i, node) for i, node in enumerate(graph.nodes) for v in node.outputs}
-    last_read = {v.id: i for i, node in enumerate(graph.nodes) for v in node.inputs}
+    last_read = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_read[v.id] = max(last_read.get(v.id, -1), at[i])
     read_at_end = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
     found = {}
     for state, value in graph.updates.items():
@@ -83,6 +94,71 @@ def _in_place_updates(graph):
         if LOWERINGS.get(node.op) is _elementwise and last_read.get(state.id, -1) <= i:
             found[value.id] = state.name
     return found
+
+
+# -- fusion: chains of elementwise nodes run as one vertex per block (popops map expressions) --------
+class _Deferred:
+    """An elementwise node computed inside its reader's fused vertex; ``args`` are its lowered inputs."""
+
+    __slots__ = ("node", "args")
+
+    def __init__(self, node, args):
+        self.node, self.args = node, args
+
+
+def _fusion(graph):
+    """(ids of values computed inside their reader's vertex, for each node the index of the node whose vertex
+    computes it). A value fuses when an elementwise node makes it, its only use is one input of another
+    elementwise node of the same shape, and it is neither an output nor a state's new value."""
+    uses = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            uses.setdefault(v.id, []).append(i)
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    reader = {}
+    for i, node in enumerate(graph.nodes):
+        out = node.outputs[0]
+        readers = uses.get(out.id, [])
+        if LOWERINGS.get(node.op) is not _elementwise or out.id in kept or len(readers) != 1:
+            continue
+        consumer = graph.nodes[readers[0]]
+        if LOWERINGS.get(consumer.op) is _elementwise and consumer.outputs[0].shape == out.shape:
+            reader[i] = readers[0]
+    at = list(range(len(graph.nodes)))
+    for i in reversed(range(len(graph.nodes))):
+        if i in reader:
+            at[i] = at[reader[i]]
+    return {graph.nodes[i].outputs[0].id for i in reader}, at
+
+
+def _fused(lw, node, args, out=None):
+    """Lower ``node`` with the deferred nodes among its inputs (recursively) as one fused vertex; when that
+    would need more leaves or ops than a fused vertex holds, the deferred inputs are lowered first."""
+    if not any(isinstance(a, _Deferred) for a in args):
+        return _elementwise(lw, node, *args)
+    leaves, steps = [], []
+
+    def visit(node, args):
+        regs = [visit(a.node, a.args) if isinstance(a, _Deferred) else _leaf(leaves, a) for a in args]
+        steps.append((node.op, regs, node.outputs[0].dtype, node.inputs[-1].dtype))
+        return -len(steps)
+
+    visit(node, args)
+    if len(leaves) > len(oc.EXPR_FIELDS) or len(steps) > oc.EXPR_MAX_OPS:
+        args = [_fused(lw, a.node, a.args) if isinstance(a, _Deferred) else a for a in args]
+        return _elementwise(lw, node, *args)
+    # Registers: the leaves, then one per step (a step's result was numbered -1, -2, ... as it was added).
+    steps = [(op, [r if r >= 0 else len(leaves) - r - 1 for r in regs], dt, operand) for op, regs, dt, operand in steps]
+    result = node.outputs[0]
+    return lw.expression(steps, leaves, result.shape, result.dtype, out=out)
+
+
+def _leaf(leaves, tensor):
+    for i, t in enumerate(leaves):
+        if t is tensor:
+            return i
+    leaves.append(tensor)
+    return len(leaves) - 1
 
 
 # -- constants, elementwise ------------------------------------------------------------------------

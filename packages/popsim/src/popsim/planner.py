@@ -34,6 +34,15 @@ def _runs(srcs, index):
     return int(index.shape[0] * index.shape[1] + breaks.sum())
 
 
+def _codelet(name):
+    """(instruction kind, sub-op) of an elementwise codelet."""
+    if name == "where":
+        return oc.WHERE, 0
+    if name in oc.BINARY_OPS:
+        return oc.BINARY, oc.BINARY_OPS[name]
+    return oc.UNARY, oc.UNARY_OPS[name]
+
+
 class Lowerer:
     """Builds device tensors and programs on a DeviceGraph for one popir graph."""
 
@@ -102,28 +111,72 @@ class Lowerer:
         out = self.new(shape, dtype) if out is None else out
         m = out.mapping
         tiles, slot = np.unique(m.tiles, return_inverse=True)
-        ins, scalars = [], 0
-        for name, x in zip("abc", inputs):
-            if x.size == 1 and out.size > 1:
-                ins.append(self._scalar_on_tiles(x, tiles))
-                scalars |= oc.SCALAR_OPERANDS[name]
-            else:
-                ins.append(self.broadcast_like(x, shape, m))
-        if codelet == "where":
-            kind, sub = oc.WHERE, 0
-        elif codelet in oc.BINARY_OPS:
-            kind, sub = oc.BINARY, oc.BINARY_OPS[codelet]
-        else:
-            kind, sub = oc.UNARY, oc.UNARY_OPS[codelet]
+        ins, scalars = self._operands(inputs, shape, m, tiles)
+        kind, sub = _codelet(codelet)
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
         for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
-            fields = {"out": out.region(a, b)}
-            for name, x in zip("abc", ins):
-                fields[name] = x.region(k, k + 1) if scalars & oc.SCALAR_OPERANDS[name] else x.region(a, b)
+            fields = self._fields(out, ins, "abc", scalars, k, a, b)
             cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
             self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, p0=scalars, fparam=fparam)
         return out
+
+    def expression(self, steps, inputs, shape, dtype, out=None):
+        """Elementwise ops fused into one vertex per block of the output, as popops' map expressions: the
+        registers are the ``inputs`` (at most 6), then one per step; each step (codelet, registers read,
+        result dtype, operand dtype) rounds its result to its dtype, so the result is exactly that of the
+        separate ops. The last step's register is the result, written to a new tensor or ``out``."""
+        out = self.new(shape, dtype) if out is None else out
+        m = out.mapping
+        tiles, slot = np.unique(m.tiles, return_inverse=True)
+        ins, scalars = self._operands(inputs, shape, m, tiles)
+        program = np.zeros((1 + len(steps), oc.NCOLS), np.int64)
+        leaf_dtypes = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
+        program[0, : 4 + len(inputs)] = [
+            len(inputs),
+            len(steps),
+            len(inputs) + len(steps) - 1,
+            oc.DTYPE_CODES[dtype.value],
+            *leaf_dtypes,
+        ]
+        program[0, 10] = scalars
+        for j, (codelet, regs, result, operand) in enumerate(steps):
+            kind, sub = _codelet(codelet)
+            srcs = [*regs, 0, 0][:3]
+            program[1 + j, :8] = [
+                kind,
+                sub,
+                len(inputs) + j,
+                *srcs,
+                oc.DTYPE_CODES[result.value],
+                operand == DType.int32,
+            ]
+        ops = [(codelet, operand) for codelet, _, _, operand in steps]
+        cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
+        for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
+            fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, k, a, b)
+            cycles = cost.expression_cycles(self.target, b - a, ops)
+            self.dg.add_vertex(cs, oc.EXPR, 0, tile, b - a, fields, cycles, program=program)
+        return out
+
+    def _operands(self, inputs, shape, mapping, tiles):
+        """Inputs placed for vertices on ``mapping``'s blocks, and the bits of the scalar ones (a scalar goes
+        to each tile once and the vertices broadcast it)."""
+        ins, scalars = [], 0
+        for i, x in enumerate(inputs):
+            if x.size == 1 and mapping.size > 1:
+                ins.append(self._scalar_on_tiles(x, tiles))
+                scalars |= 1 << i
+            else:
+                ins.append(self.broadcast_like(x, shape, mapping))
+        return ins, scalars
+
+    @staticmethod
+    def _fields(out, ins, names, scalars, slot, a, b):
+        fields = {"out": out.region(a, b)}
+        for i, (name, x) in enumerate(zip(names, ins)):
+            fields[name] = x.region(slot, slot + 1) if scalars >> i & 1 else x.region(a, b)
+        return fields
 
     def _scalar_on_tiles(self, x, tiles):
         """One copy of the scalar ``x`` on each of ``tiles``, for vertices that broadcast it. A constant is

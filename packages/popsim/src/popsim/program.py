@@ -21,9 +21,16 @@ from popsim import _kernels, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
 
-NCOLS = 12
+NCOLS = oc.NCOLS
+P0_COLUMN = 10  # C_P0 in _kernels.pxd: an EXPR row's program row
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = range(8)
 DT = oc.DTYPE_CODES
+
+
+# Instruction columns holding field addresses; an EXPR vertex's leaves a..f take the dtype columns too (its
+# program holds the dtypes).
+_COLUMNS = ((3, "a"), (4, "b"), (5, "c"), (6, "out"))
+_EXPR_COLUMNS = (*_COLUMNS, (7, "d"), (8, "e"), (9, "f"))
 
 
 def _address(region, block_base):
@@ -95,8 +102,8 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
         phases=np.array(f.phases, np.int64).reshape(-1, 4),
         phase_cycles=np.array(f.cycles, np.int64),
         num_counters=f.counters,
-        instructions=np.array(f.rows, np.int64).reshape(-1, NCOLS),
-        fparams=np.array(f.fparams, np.float64),
+        instructions=f.instruction_table(),
+        fparams=np.array(f.fparams + [0.0] * len(f.expr_rows), np.float64),
         copies=np.concatenate(f.copies) if f.copies else np.zeros((0, _kernels.COPY_ROW_COLUMNS), np.int32),
         stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, 3),
         steps=f.steps,
@@ -125,6 +132,9 @@ class _Flattener:
         self.flops = 0
         self.ncopies = 0
         self.counters = 0
+        # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
+        # program's first row there, and the vertex rows that point at one.
+        self.expr_rows, self.expr_start, self.expr_refs = [], {}, []
         self.open = None  # (load, destinations, profile step) of the exchange a next Copy may join
 
     def phase(self, kind, a=0, b=0, c=0, cycles=0):
@@ -133,6 +143,20 @@ class _Flattener:
         if kind != EXCHANGE:
             self.open = None
         return len(self.phases) - 1
+
+    def _expr_program(self, program):
+        key = program.tobytes()
+        if key not in self.expr_start:
+            self.expr_start[key] = len(self.expr_rows)
+            self.expr_rows.extend(program.tolist())
+        return self.expr_start[key]
+
+    def instruction_table(self):
+        """Vertex rows, then the EXPR programs, each EXPR row's P0 pointing at its program's first row."""
+        table = np.array(self.rows + self.expr_rows, np.int64).reshape(-1, NCOLS)
+        for row, start in self.expr_refs:
+            table[row, P0_COLUMN] = len(self.rows) + start
+        return table
 
     def emit(self, step):
         """Append the phases of ``step``; returns its static totals."""
@@ -205,12 +229,16 @@ class _Flattener:
         for v in step.vertices:
             f = v.fields
             row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
-            for col, name in ((3, "a"), (4, "b"), (5, "c"), (6, "out")):
+            columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
+            for col, name in columns:
                 if name in f:
                     row[col] = _address(f[name], self.block_base_list)
-            for col, name in ((7, "a"), (8, "b"), (9, "out")):
-                if name in f:
-                    row[col] = DT[f[name].tensor.dtype.value]
+            if v.kind == oc.EXPR:
+                self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
+            else:
+                for col, name in ((7, "a"), (8, "b"), (9, "out")):
+                    if name in f:
+                        row[col] = DT[f[name].tensor.dtype.value]
             self.rows.append(row)
             self.fparams.append(v.fparam)
             per_tile[v.tile] += v.cycles
