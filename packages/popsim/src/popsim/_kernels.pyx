@@ -527,11 +527,41 @@ cdef inline offset_t leaf_address(const offset_t* row, int leaf) noexcept nogil:
     return row[C_DTA + leaf - 3]
 
 
+cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
+    """run_expression for float32 add/sub/mul/div only: the float32 loops round each op as the double path
+    does, leaves are read in place, and the last op writes the output itself."""
+    cdef float regs[EXPR_REGS * EXPR_BLOCK]
+    cdef const float* src[EXPR_REGS]
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef int leaves = <int> prog[0], ops = <int> prog[1], leaf, j
+    cdef int scalars = <int> prog[10]
+    cdef float* out = <float*> (base + row[C_OUT])
+    cdef float* d
+    cdef const offset_t* o
+    for leaf in range(leaves):
+        if scalars & (1 << leaf):
+            for i in range(EXPR_BLOCK):
+                regs[leaf * EXPR_BLOCK + i] = (<const float*> (base + leaf_address(row, leaf)))[0]
+            src[leaf] = regs + leaf * EXPR_BLOCK
+    while s < n:
+        cnt = min(EXPR_BLOCK, n - s)
+        for leaf in range(leaves):
+            if not scalars & (1 << leaf):
+                src[leaf] = (<const float*> (base + leaf_address(row, leaf))) + s
+        for j in range(ops):
+            o = prog + (1 + j) * NCOLS
+            d = out + s if j == ops - 1 else regs + o[2] * EXPR_BLOCK
+            binary_float32(<int> o[1], src[o[3]], src[o[4]], d, cnt)
+            src[o[2]] = d
+        s += cnt
+
+
 cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
     """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, see
     Lowerer.expression) holds a header [leaves, ops, result register, out dtype, leaf dtypes x6, scalar
     leaves mask] and one row per op [kind, sub, dst, src0, src1, src2, dtype, integer]. Leaves load into
-    registers 0.., each op writes its own register and is rounded to its dtype, block by block."""
+    registers 0.., each op writes its own register and is rounded to its dtype, block by block. Header
+    column 11 marks an all-float32 add/sub/mul/div program, which runs on floats directly."""
     cdef double regs[EXPR_REGS * EXPR_BLOCK]
     cdef double values[6]
     cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
@@ -542,6 +572,9 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
     cdef double* a
     cdef double* b
     cdef double* c
+    if prog[11]:
+        run_expression_float32(base, row, prog)
+        return
     for leaf in range(leaves):
         if scalars & (1 << leaf):
             values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[4 + leaf])
