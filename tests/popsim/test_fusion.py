@@ -3,6 +3,8 @@ separate vertices would."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import popir
 import popsim
@@ -96,3 +98,48 @@ def test_a_fused_read_of_a_state_counts_where_the_fused_vertex_runs(reads_old_af
     outputs, updates = popir.interpreter.step(g, {"m": start, **feeds})
     np.testing.assert_array_equal(exe.run(feeds)["out"], outputs["out"])
     np.testing.assert_array_equal(exe.read_variable("m"), updates["m"])
+
+
+@st.composite
+def elementwise_graphs(draw):
+    """A random DAG of exactly rounded elementwise ops over a matrix, a row vector and a scalar; some
+    intermediates are outputs too, so fusion stops at different places."""
+    rows, cols = draw(st.integers(1, 5)), draw(st.integers(1, 70))
+    g = popir.Graph("dag")
+    values = [
+        g.add_input("x", (rows, cols), "float32"),
+        g.add_input("y", (rows, cols), "float32"),
+        g.add_input("v", (cols,), "float32"),
+        g.add_input("s", (), "float32"),
+    ]
+    for i in range(draw(st.integers(1, 14))):
+        a, b = draw(st.sampled_from(values)), draw(st.sampled_from(values))
+        kind = draw(st.sampled_from(["add", "sub", "mul", "div", "maximum", "minimum", "where", "half", "neg", "abs"]))
+        if kind == "where":
+            c = draw(st.sampled_from(values))
+            out = ops.where(ops.gt(a, b), c, a)
+        elif kind == "half":
+            out = ops.cast(ops.cast(a, dtype="float16"), dtype="float32")
+        elif kind in ("neg", "abs"):
+            out = getattr(ops, kind)(a)
+        else:
+            out = getattr(ops, kind)(a, b)
+        values.append(out)
+        if draw(st.booleans()) and draw(st.booleans()):
+            g.output(f"v{i}", out)
+    g.output("last", values[-1])
+    return g, rows, cols
+
+
+@settings(max_examples=30)
+@given(case=elementwise_graphs(), seed=st.integers(0, 2**16))
+def test_random_elementwise_dags_fuse_and_stay_exact(case, seed):
+    g, rows, cols = case
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "x": rng.standard_normal((rows, cols)).astype(np.float32),
+        "y": rng.standard_normal((rows, cols)).astype(np.float32),
+        "v": rng.standard_normal(cols).astype(np.float32),
+        "s": np.array(rng.standard_normal(), np.float32),
+    }
+    _check(g, feeds)
