@@ -557,11 +557,10 @@ cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset
 
 
 cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
-    """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, see
-    Lowerer.expression) holds a header [leaves, ops, result register, out dtype, leaf dtypes x6, scalar
-    leaves mask] and one row per op [kind, sub, dst, src0, src1, src2, dtype, integer]. Leaves load into
-    registers 0.., each op writes its own register and is rounded to its dtype, block by block. Header
-    column 11 marks an all-float32 add/sub/mul/div program, which runs on floats directly."""
+    """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, laid
+    out as _opcodes.py's EXPR comment says) holds a header row, then one row per op. Leaves load into
+    registers 0.., each op writes its own register and is rounded to its dtype, block by block. An all-float32
+    add/sub/mul/div program (header column 11) runs on floats directly."""
     cdef double regs[EXPR_REGS * EXPR_BLOCK]
     cdef double values[6]
     cdef Py_ssize_t n = row[C_N], s = 0, cnt, i

@@ -80,6 +80,10 @@ REDUCE_OPS = {"sum": 0, "max": 1, "min": 2, "prod": 3}
 # tile. An EXPR program's header has the same mask for its leaves a..f.
 
 # A fused elementwise vertex (EXPR) reads at most this many leaf fields (a..f) and runs at most this many
-# ops, each into its own register (see run_expression in _kernels.pyx).
+# ops, each into its own register (see run_expression in _kernels.pyx). Its program's header row holds the
+# leaf count, op count, result register, output dtype, the leaf dtypes (columns 4-9), the scalar leaves mask
+# and whether it is all float32 add/sub/mul/div; then one row per op: kind, sub, dst, src0, src1, src2, dtype,
+# integer operands.
 EXPR_FIELDS = "abcdef"
 EXPR_MAX_OPS = 10
+EXPR_SCALARS, EXPR_FLOAT32 = 10, 11

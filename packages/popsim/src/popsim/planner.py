@@ -139,9 +139,8 @@ class Lowerer:
             oc.DTYPE_CODES[dtype.value],
             *leaf_dtypes,
         ]
-        program[0, 10] = scalars
-        # All float32 add/sub/mul/div: the engine's float32 path (see run_expression).
-        program[0, 11] = all(x.dtype == DType.float32 for x in inputs) and all(
+        program[0, oc.EXPR_SCALARS] = scalars
+        program[0, oc.EXPR_FLOAT32] = all(x.dtype == DType.float32 for x in inputs) and all(
             codelet in ("add", "sub", "mul", "div") and result == DType.float32 for codelet, _, result, _ in steps
         )
         for j, (codelet, regs, result, operand) in enumerate(steps):
