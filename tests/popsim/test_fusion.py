@@ -143,3 +143,17 @@ def test_random_elementwise_dags_fuse_and_stay_exact(case, seed):
         "s": np.array(rng.standard_normal(), np.float32),
     }
     _check(g, feeds)
+
+
+def test_each_distinct_fused_expression_counts_as_a_codelet_of_its_own():
+    def code_bytes(*outputs):
+        g = popir.Graph("code")
+        x = g.add_input("x", (64,), "float32")
+        for i, make in enumerate(outputs):
+            g.output(f"y{i}", make(x))
+        exe = popsim.compile(g, popsim.Target.small(num_tiles=1))
+        return exe.profile.programs["code"]["memory"]["code"][0]
+
+    one = code_bytes(lambda x: x * 2.0 + 1.0)
+    assert code_bytes(lambda x: x * 2.0 + 1.0, lambda x: x * 3.0 + 2.0) == one  # the same program twice
+    assert code_bytes(lambda x: x * 2.0 + 1.0, lambda x: (x - 3.0) * x) == 2 * one

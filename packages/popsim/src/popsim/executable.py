@@ -429,6 +429,7 @@ def _vertex_memory(target, programs):
     for cs in sets.values():
         for v in cs.vertices:
             state[v.tile] += 8 + 4 * len(v.fields)
-            kinds[v.tile].add((v.kind, v.sub))
+            # Each distinct fused expression is a codelet of its own, as popops generates one per map expression.
+            kinds[v.tile].add((v.kind, v.sub) if v.program is None else v.program.tobytes())
     code = [len(k) * target.code_bytes_per_codelet for k in kinds]
     return {"vertex_state": state.tolist(), "code": code}
