@@ -519,6 +519,22 @@ cdef inline void settle(int dt, double* buf, Py_ssize_t n) noexcept nogil:
 DEF EXPR_BLOCK = 64
 DEF EXPR_REGS = 16
 
+# Columns of an EXPR program's header row and of its op rows (the layout _opcodes.py describes).
+cdef enum:
+    X_LEAVES = 0
+    X_OPS = 1
+    X_RESULT = 2
+    X_OUT_DT = 3
+    X_LEAF_DT = 4
+    X_SCALARS = 10
+    X_FLOAT32 = 11
+    O_KIND = 0
+    O_SUB = 1
+    O_DST = 2
+    O_SRC = 3
+    O_DT = 6
+    O_INTEGER = 7
+
 
 cdef inline offset_t leaf_address(const offset_t* row, int leaf) noexcept nogil:
     """Arena address of a fused expression's leaf: fields a, b, c, d, e, f sit in these columns."""
@@ -533,8 +549,8 @@ cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset
     cdef float regs[EXPR_REGS * EXPR_BLOCK]
     cdef const float* src[EXPR_REGS]
     cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
-    cdef int leaves = <int> prog[0], ops = <int> prog[1], leaf, j
-    cdef int scalars = <int> prog[10]
+    cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
+    cdef int scalars = <int> prog[X_SCALARS]
     cdef float* out = <float*> (base + row[C_OUT])
     cdef float* d
     cdef const offset_t* o
@@ -550,9 +566,9 @@ cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset
                 src[leaf] = (<const float*> (base + leaf_address(row, leaf))) + s
         for j in range(ops):
             o = prog + (1 + j) * NCOLS
-            d = out + s if j == ops - 1 else regs + o[2] * EXPR_BLOCK
-            binary_float32(<int> o[1], src[o[3]], src[o[4]], d, cnt)
-            src[o[2]] = d
+            d = out + s if j == ops - 1 else regs + o[O_DST] * EXPR_BLOCK
+            binary_float32(<int> o[O_SUB], src[o[O_SRC]], src[o[O_SRC + 1]], d, cnt)
+            src[o[O_DST]] = d
         s += cnt
 
 
@@ -560,45 +576,45 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
     """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, laid
     out as _opcodes.py's EXPR comment says) holds a header row, then one row per op. Leaves load into
     registers 0.., each op writes its own register and is rounded to its dtype, block by block. An all-float32
-    add/sub/mul/div program (header column 11) runs on floats directly."""
+    add/sub/mul/div program (X_FLOAT32) runs on floats directly."""
     cdef double regs[EXPR_REGS * EXPR_BLOCK]
     cdef double values[6]
     cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
-    cdef int leaves = <int> prog[0], ops = <int> prog[1], leaf, j
-    cdef int scalars = <int> prog[10]
+    cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
+    cdef int scalars = <int> prog[X_SCALARS]
     cdef const offset_t* o
     cdef double* d
     cdef double* a
     cdef double* b
     cdef double* c
-    if prog[11]:
+    if prog[X_FLOAT32]:
         run_expression_float32(base, row, prog)
         return
     for leaf in range(leaves):
         if scalars & (1 << leaf):
-            values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[4 + leaf])
+            values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf])
     while s < n:
         cnt = min(EXPR_BLOCK, n - s)
         for leaf in range(leaves):
-            fetch(base + leaf_address(row, leaf), <int> prog[4 + leaf], s, cnt, regs + leaf * EXPR_BLOCK,
+            fetch(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf], s, cnt, regs + leaf * EXPR_BLOCK,
                   scalars & (1 << leaf), values[leaf])
         for j in range(ops):
             o = prog + (1 + j) * NCOLS
-            d = regs + o[2] * EXPR_BLOCK
-            a = regs + o[3] * EXPR_BLOCK
-            b = regs + o[4] * EXPR_BLOCK
-            c = regs + o[5] * EXPR_BLOCK
-            if o[0] == WHERE:
+            d = regs + o[O_DST] * EXPR_BLOCK
+            a = regs + o[O_SRC] * EXPR_BLOCK
+            b = regs + o[O_SRC + 1] * EXPR_BLOCK
+            c = regs + o[O_SRC + 2] * EXPR_BLOCK
+            if o[O_KIND] == WHERE:
                 for i in range(cnt):
                     d[i] = b[i] if a[i] != 0 else c[i]
             else:
                 memcpy(d, a, cnt * sizeof(double))
-                if o[0] == UNARY:
-                    unary(<int> o[1], d, cnt)
+                if o[O_KIND] == UNARY:
+                    unary(<int> o[O_SUB], d, cnt)
                 else:
-                    binary(<int> o[1], d, b, cnt, <bint> o[7])
-            settle(<int> o[6], d, cnt)
-        store(base + row[C_OUT], <int> prog[3], s, cnt, regs + prog[2] * EXPR_BLOCK)
+                    binary(<int> o[O_SUB], d, b, cnt, <bint> o[O_INTEGER])
+            settle(<int> o[O_DT], d, cnt)
+        store(base + row[C_OUT], <int> prog[X_OUT_DT], s, cnt, regs + prog[X_RESULT] * EXPR_BLOCK)
         s += cnt
 
 

@@ -43,10 +43,7 @@ def lower_graph(lw, graph, variables):
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
         try:
-            if any(isinstance(a, _Deferred) for a in args):
-                result = _fused(lw, node, args, lw.in_place.get(node.outputs[0].id))
-            else:
-                result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
+            result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
         results = result if isinstance(result, (list, tuple)) else [result]
@@ -131,11 +128,9 @@ def _fusion(graph):
     return {graph.nodes[i].outputs[0].id for i in reader}, at
 
 
-def _fused(lw, node, args, out=None):
+def _fused(lw, node, args):
     """Lower ``node`` with the deferred nodes among its inputs (recursively) as one fused vertex; when that
     would need more leaves or ops than a fused vertex holds, the deferred inputs are lowered first."""
-    if not any(isinstance(a, _Deferred) for a in args):
-        return _elementwise(lw, node, *args)
     leaves, steps = [], []
 
     def visit(node, args):
@@ -145,12 +140,13 @@ def _fused(lw, node, args, out=None):
 
     visit(node, args)
     if len(leaves) > len(oc.EXPR_FIELDS) or len(steps) > oc.EXPR_MAX_OPS:
-        args = [_fused(lw, a.node, a.args) if isinstance(a, _Deferred) else a for a in args]
-        return _elementwise(lw, node, *args)
+        return _elementwise(
+            lw, node, *[_elementwise(lw, a.node, *a.args) if isinstance(a, _Deferred) else a for a in args]
+        )
     # Registers: the leaves, then one per step (a step's result was numbered -1, -2, ... as it was added).
     steps = [(op, [r if r >= 0 else len(leaves) - r - 1 for r in regs], dt, operand) for op, regs, dt, operand in steps]
     result = node.outputs[0]
-    return lw.expression(steps, leaves, result.shape, result.dtype, out=out)
+    return lw.expression(steps, leaves, result.shape, result.dtype, out=lw.in_place.get(result.id))
 
 
 def _leaf(leaves, tensor):
@@ -173,6 +169,8 @@ BINARY = tuple(oc.BINARY_OPS)
 
 @lowering(*UNARY, *BINARY, "where", "cast")
 def _elementwise(lw, node, *args, **attrs):
+    if any(isinstance(a, _Deferred) for a in args):
+        return _fused(lw, node, args)
     out = node.outputs[0]
     return lw.elementwise(node.op, args, out.shape, out.dtype, out=lw.in_place.get(out.id))
 
