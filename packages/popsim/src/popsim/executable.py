@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import popir
-from popsim import _kernels, cost
+from popsim import _executable_format, _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
@@ -104,7 +104,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
-    An Executable pickles with its programs, tile plans and variable values, so a cache can skip compiling.
+    ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
+    skip compiling.
     """
 
     def __init__(self, target, dg, variables, lowered, relax_memory):
@@ -197,22 +198,19 @@ class Executable:
         for t, blocks in self._constants:
             self._write(t, blocks, t.value)
 
-    def __getstate__(self):
-        """A pickle holds the compiled programs and the variables' current values, not the tile memory."""
-        state = {k: v for k, v in self.__dict__.items() if k != "arena"}
-        state["arena"] = (self.arena.num_tiles, self.arena.tile_bytes)
-        state["variable_values"] = {name: self.read_variable(name) for name in self._vars}
-        return state
+    def to_bytes(self):
+        """The executable as bytes: its programs, tile plans, profile and current variable values, checksummed.
 
-    def __setstate__(self, state):
-        num_tiles, tile_bytes = state.pop("arena")
-        values = state.pop("variable_values")
-        self.__dict__.update(state)
-        self.arena = TileArena(num_tiles, tile_bytes)
-        self.num_threads = default_threads()
-        self._write_constants()
-        for name, value in values.items():
-            self.write_variable(name, value)
+        The format holds only JSON and NumPy arrays (see _executable_format), so reading it cannot run code."""
+        return _executable_format.to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, data):
+        """An Executable from ``to_bytes`` output; a popsim.Error when ``data`` is damaged or not one."""
+        return _executable_format.from_bytes(cls, data, default_threads(), MAX_ARENA_BYTES)
+
+    def __reduce__(self):
+        raise TypeError("a popsim Executable does not pickle; use Executable.to_bytes() and Executable.from_bytes()")
 
     @property
     def programs(self):

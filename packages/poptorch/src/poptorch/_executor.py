@@ -205,7 +205,7 @@ class PoplarExecutor:
                 phase("optimise")
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key) if cache else None
+            exe = cache.load(key, programs.graphs) if cache else None
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
