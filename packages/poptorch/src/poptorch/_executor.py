@@ -238,6 +238,8 @@ class PoplarExecutor:
                 f"Input {name} requires grad: the device computes gradients itself. Pass tensor.detach() instead."
             )
         self._layout.split(name, leaf.detach().numpy())
+        # The device narrows 64-bit types to 32 bits.
+        _device.check_input_fits(name, self._layout.micro_batch_shape(leaf), min(leaf.element_size(), 4), self._options)
         if leaf.ndim == 0:
             return leaf
         return leaf[: self._layout.micro_batch_shape(leaf)[0]].clone()
