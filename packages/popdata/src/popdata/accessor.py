@@ -153,6 +153,9 @@ class AsynchronousDataAccessor:
         """Stop the worker process and release its resources (idempotent)."""
         self._release_held()
         self._finalizer()
+        # The ring's shared-memory slots (one file descriptor each) go with the worker; batches the caller
+        # still holds keep their own slot alive.
+        self._slots = None
 
     def __iter__(self):
         if self._failure is not None:
