@@ -17,6 +17,7 @@ from poptorch.enums import ReductionType
 from poptorch.errors import Error
 
 RNG_SEED = "_rng_seed"
+ACCUMULATOR_PREFIX = "_accum."
 NO_LOSS = "Couldn't find a loss in graph!"
 MANY_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. "
@@ -26,7 +27,7 @@ MANY_LOSSES = (
 
 def accumulator_name(param):
     """Device variable accumulating the gradient of ``param`` between optimizer steps."""
-    return f"_accum.{param}"
+    return f"{ACCUMULATOR_PREFIX}{param}"
 
 
 @dataclass
