@@ -41,16 +41,18 @@ class TiedLM(torch.nn.Module):
 
 
 class SharedBlock(torch.nn.Module):
-    """One BatchNorm + Linear block applied twice per forward: its buffers are updated twice per step."""
+    """One BatchNorm + Linear block registered under two names and applied twice per forward: its
+    parameters and buffers are listed under both names and its statistics are updated twice per step."""
 
     def __init__(self):
         super().__init__()
-        self.block = torch.nn.Sequential(torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 5))
+        self.encode = torch.nn.Sequential(torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 5))
+        self.decode = self.encode
         self.out = torch.nn.Linear(5, 3)
         self.loss = torch.nn.MSELoss()
 
     def forward(self, x, y):
-        out = self.out(torch.tanh(self.block(torch.tanh(self.block(x)))))
+        out = self.out(torch.tanh(self.decode(torch.tanh(self.encode(x)))))
         return out, self.loss(out, y)
 
     @staticmethod
@@ -140,22 +142,50 @@ def test_module_shared_by_two_wrapped_models_stays_coherent(optimizer):
         _assert_same_state(second, eager_second)
 
 
-def test_training_and_inference_wrappers_of_one_model_share_weights():
+class Classifier(torch.nn.Module):
+    """The network alone, as PopTorch users wrap it for inference."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = _trunk()
+        self.fc = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.trunk(x)))
+
+
+class WithLoss(torch.nn.Module):
+    """The network plus its loss, as PopTorch users wrap it for training."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        out = self.net(x)
+        return out, self.loss(out, y)
+
+
+@pytest.mark.parametrize("trained", ["same_model", "loss_wrapper"])
+def test_training_and_inference_wrappers_share_weights(trained):
+    """trainingModel(WithLoss(net)) and inferenceModel(net), or both wrappers of one model: the inference
+    wrapper runs on the weights (and BatchNorm statistics) training has just produced, without the host
+    having read them in between."""
     torch.manual_seed(2)
-    model = Head(_trunk(), 3)
+    net = Classifier()
+    model = WithLoss(net)
     training, eager, eager_opt = _wrap_pair(model, "sgd_momentum")
-    inference = poptorch.inferenceModel(model)
+    inference = poptorch.inferenceModel(model if trained == "same_model" else net)
     for _ in range(STEPS):
         x, y = torch.randn(4, 4), torch.randint(0, 3, (4,))
         _, loss = training(x, y)
         _, want = _eager_step(eager, eager_opt, x, y)
         torch.testing.assert_close(loss, want, **TOL)
-        # The inference wrapper runs on the weights (and BatchNorm statistics) training has just produced,
-        # without the host having read them in between.
-        out, _ = inference(x, y)
+        out = inference(x, y)[0] if trained == "same_model" else inference(x)
         eager.eval()
         with torch.no_grad():
-            expected, _ = eager(x, y)
+            expected = eager.net(x)
         eager.train()
         torch.testing.assert_close(out, expected, **TOL)
     _assert_same_state(model, eager)

@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
+from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
 
 RNG_SEED = "_rng_seed"
@@ -93,7 +94,8 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings():
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            program = torch.export.export(model, args, kwargs, strict=False)
+            with registered_once(model):
+                program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
     except Error:
