@@ -223,7 +223,7 @@ class PoplarExecutor:
                 phase("optimise")
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key) if cache else None
+            exe = cache.load(key, programs.graphs) if cache else None
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
@@ -259,6 +259,8 @@ class PoplarExecutor:
                 f"Input {name} requires grad: the device computes gradients itself. Pass tensor.detach() instead."
             )
         self._layout.split(name, leaf.detach().numpy())
+        # The device narrows 64-bit types to 32 bits.
+        _device.check_input_fits(name, self._layout.micro_batch_shape(leaf), min(leaf.element_size(), 4), self._options)
         if leaf.ndim == 0:
             return leaf
         return leaf[: self._layout.micro_batch_shape(leaf)[0]].clone()
