@@ -40,8 +40,14 @@ LOSS_OPS = (
 )
 
 # ATen ops kept out of the decompositions: torch decomposes detach to alias, a plain view that would let
-# gradients through (a decomposition torch deems valid only without autograd).
-UNDECOMPOSED_OPS = (aten.detach.default,)
+# gradients through (a decomposition torch deems valid only without autograd); the others below say why.
+UNDECOMPOSED_OPS = (
+    aten.detach.default,
+    # Their decompositions compute an overflowing branch that a select masks: NaN gradients (see _softplus).
+    aten.softplus.default,
+    aten.mish.default,
+    aten.celu.default,
+)
 
 # ATen ops that only check metadata at run time: nothing to compute on the device.
 IGNORED_OPS = (
@@ -312,24 +318,28 @@ def _leaky_relu(ctx, x, negative_slope=0.01):
     return _op("where", _op("gt", x, zero), x, _op("mul", x, _const(ctx.graph, negative_slope, x.dtype)))
 
 
+# The ELU family and softplus go through popir's composites, which feed each branch of their select only
+# values from the region where that branch is chosen: a masked-out branch that overflowed (exp(100) = inf)
+# would otherwise turn its zero cotangent into 0 * inf = NaN. torch's decompositions of softplus, mish and
+# celu do not, so those ops are kept whole (UNDECOMPOSED_OPS).
 @lowers(aten.elu.default)
 def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    g = ctx.graph
-    neg = _op(
-        "mul",
-        _op("sub", _op("exp", _op("mul", x, _const(g, input_scale, x.dtype))), _const(g, 1.0, x.dtype)),
-        _const(g, alpha, x.dtype),
-    )
-    out = _op("where", _op("gt", x, _const(g, 0.0, x.dtype)), x, neg)
-    return out if scale == 1.0 else _op("mul", out, _const(g, scale, x.dtype))
+    return popir.ops.elu(x, alpha=alpha, scale=scale, input_scale=input_scale)
+
+
+@lowers(aten.celu.default)
+def _celu(ctx, x, alpha=1.0):
+    return popir.ops.celu(x, alpha=alpha)
 
 
 @lowers(aten.softplus.default)
 def _softplus(ctx, x, beta=1.0, threshold=20.0):
-    g = ctx.graph
-    bx = _op("mul", x, _const(g, beta, x.dtype))
-    soft = _op("div", _op("log", _op("add", _op("exp", bx), _const(g, 1.0, x.dtype))), _const(g, beta, x.dtype))
-    return _op("where", _op("gt", bx, _const(g, threshold, x.dtype)), x, soft)
+    return popir.ops.softplus(x, beta=beta, threshold=threshold)
+
+
+@lowers(aten.mish.default)
+def _mish(ctx, x):
+    return popir.ops.mish(x)
 
 
 @lowers(aten.hardtanh.default, aten.clamp.default, aten.clamp.Tensor)
