@@ -36,6 +36,12 @@ LOSS_OPS = (
     aten.binary_cross_entropy.default,
     aten.binary_cross_entropy_with_logits.default,
     aten.kl_div.default,
+    aten.poisson_nll_loss.default,
+    aten.hinge_embedding_loss.default,
+    aten.soft_margin_loss.default,
+    aten.cosine_embedding_loss.default,
+    aten.margin_ranking_loss.default,
+    aten.triplet_margin_loss.default,
     torch.ops.poptorch.identity_loss.default,
 )
 
@@ -1146,6 +1152,36 @@ def _bce_logits(ctx, x, y, weight=None, pos_weight=None, reduction=1):
 @lowers(aten.kl_div.default)
 def _kl_div(ctx, logq, target, reduction=1, *, log_target=False):
     return popir.ops.kl_div(logq, target, _reduction(reduction), log_target)
+
+
+@lowers(aten.poisson_nll_loss.default)
+def _poisson_nll_loss(ctx, x, target, log_input, full, eps, reduction):
+    return popir.ops.poisson_nll_loss(x, target, bool(log_input), bool(full), eps, _reduction(reduction))
+
+
+@lowers(aten.hinge_embedding_loss.default)
+def _hinge_embedding_loss(ctx, x, target, margin=1.0, reduction=1):
+    return popir.ops.hinge_embedding_loss(x, _cast(target, x.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.soft_margin_loss.default)
+def _soft_margin_loss(ctx, x, target, reduction=1):
+    return popir.ops.soft_margin_loss(x, _cast(target, x.dtype), _reduction(reduction))
+
+
+@lowers(aten.cosine_embedding_loss.default)
+def _cosine_embedding_loss(ctx, a, b, target, margin=0.0, reduction=1):
+    return popir.ops.cosine_embedding_loss(a, b, _cast(target, a.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.margin_ranking_loss.default)
+def _margin_ranking_loss(ctx, a, b, target, margin=0.0, reduction=1):
+    return popir.ops.margin_ranking_loss(a, b, _cast(target, a.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.triplet_margin_loss.default)
+def _triplet_margin_loss(ctx, anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False, reduction=1):
+    return popir.ops.triplet_margin_loss(anchor, positive, negative, margin, p, eps, bool(swap), _reduction(reduction))
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]
