@@ -184,3 +184,24 @@ def test_identity_loss_none_inside_a_custom_loss_trains_to_the_target_as_eager()
     assert eager_loss.item() < 1e-3
     out, _ = training(x.repeat(steps_per_call, 1), target.repeat(steps_per_call, 1))
     torch.testing.assert_close(out, target, atol=2e-2, rtol=0)
+
+
+# -- shapes --------------------------------------------------------------------------------------------------
+class _Reductions(torch.nn.Module):
+    def forward(self, x, y):
+        return x.sum(), torch.linalg.norm(x), F.mse_loss(x, y), x.mean(0)
+
+
+def test_zero_dim_results_keep_shape_of_eager_through_inference_model():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    eager = _Reductions()(x, y)
+    device = poptorch.inferenceModel(_Reductions(), _options())(x, y)
+    for d, e in zip(device, eager):
+        assert d.shape == e.shape
+        torch.testing.assert_close(d, e, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_dim_results_of_several_iterations_stack():
+    x, y = torch.randn(6, 4), torch.randn(6, 4)
+    total, *_ = poptorch.inferenceModel(_Reductions(), _options().deviceIterations(2))(x, y)
+    torch.testing.assert_close(total, torch.stack([x[:3].sum(), x[3:].sum()]))
