@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import popir
+from poptorch._indexing import advanced_index, index_put
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
 
@@ -789,11 +790,12 @@ def _index_select(ctx, x, dim, index):
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
-    used = [(axis, idx) for axis, idx in enumerate(indices) if idx is not None]
-    if len(used) != 1 or used[0][1].dtype == "bool":
-        raise Error("indexing with more than one index tensor, or with a boolean mask, is not supported")
-    axis, idx = used[0]
-    return _op("gather", x, _index_value(ctx, idx, x.shape[axis]), axis=axis)
+    return advanced_index(x, indices)
+
+
+@lowers(aten.index_put.default, aten.index_put_.default)
+def _index_put(ctx, x, indices, values, accumulate=False):
+    return index_put(x, indices, _as_value(ctx, values, x.dtype), accumulate)
 
 
 @lowers(aten.gather.default)
