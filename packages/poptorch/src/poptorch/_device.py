@@ -1,7 +1,18 @@
 """The only module that talks to popsim: compile programs, and the device errors users may see."""
 
+import dataclasses
+
 import popsim
 from poptorch.errors import Error
+
+
+def target_of(options):
+    """The simulated IPU ``options`` choose; tiles reserved by TensorLocations.numIOTiles hold no computation."""
+    target = popsim.Target.named(options.ipu_version)
+    io_tiles = options.TensorLocations.num_io_tiles
+    if io_tiles:
+        target = dataclasses.replace(target, num_tiles=target.num_tiles - io_tiles)
+    return target
 
 
 def compile_programs(graphs, options):
@@ -9,7 +20,7 @@ def compile_programs(graphs, options):
     try:
         return popsim.compile(
             graphs,
-            target=options.ipu_version,
+            target=target_of(options),
             partials_type=options.Precision.partials_type,
         )
     except popsim.OutOfMemoryError as exc:

@@ -17,11 +17,12 @@ import tqdm
 from torch.utils import _pytree as pytree
 
 import popsim
-from poptorch import _cache, _device, _training
+from poptorch import _cache, _device, _fp_exceptions, _synthetic_data, _training
 from poptorch._batching import Layout
 from poptorch._logging import logger
 from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name, state_name
-from poptorch.errors import Error
+from poptorch.enums import ConnectionType
+from poptorch.errors import Error, RecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -125,7 +126,7 @@ class PoplarExecutor:
         self._model = model
         self._training = training
         self._user_options = options._freeze()
-        self._options = options.clone()._freeze()
+        self._options = options._for_model(training)
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
         self._layout = Layout(self._options, training)
@@ -168,7 +169,7 @@ class PoplarExecutor:
         self._check_arguments(args, kwargs)
         if self._exe is None:
             self._compile(args, kwargs)
-        if not self._attached:
+        if not self._attached and self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
 
     def isCompiled(self):
@@ -203,6 +204,8 @@ class PoplarExecutor:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.floating_point_exceptions:
+                _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
             exe = cache.load(key) if cache else None
@@ -220,8 +223,11 @@ class PoplarExecutor:
             bar.refresh()
         self._captured, self._programs, self._exe = captured, programs, exe
         self._from_cache = cache_hit
-        if self._write_profile:
+        if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
+            if self._options.profile_dir:
+                name = self._options.model_name or ("training" if self._training else "inference")
+                directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
@@ -316,6 +322,11 @@ class PoplarExecutor:
             self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(
+                "Options.connectionType(ConnectionType.Never) compiles without a device: this model cannot run. "
+                "Use ConnectionType.Always or OnDemand to run it."
+            )
         if not self._attached:
             self.attachToDevice()
         self._refresh_device_weights()
@@ -343,6 +354,9 @@ class PoplarExecutor:
         for name, tensor in zip(captured.input_names, tensors):
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
+        synthetic = self._options.enable_synthetic_data
+        if synthetic:
+            feeds_by_name = _synthetic_data.inputs(feeds_by_name, self._options.random_seed)
         per_output = {}
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
@@ -370,12 +384,15 @@ class PoplarExecutor:
                 _run_on_device(exe, {}, self._programs.step)
                 cycles += exe.last_run_cycles or 0
         self._cycles, self._perf = cycles, perf
-        for input_name, output_name in captured.input_mutations.items():
+        if self._options.log_cycle_count:
+            logger.info("Simulated cycle count of the last call: %d", cycles)
+        for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
                 target.copy_(torch.from_numpy(layout.all_runs(per_output[output_name])).reshape(target.shape))
+        transfer = _synthetic_data.outputs if synthetic else np.asarray
         results = [
-            _host_tensor(layout.combine(per_output[name]), dtype).as_subclass(_OutputTensor)
+            _host_tensor(transfer(layout.combine(per_output[name])), dtype).as_subclass(_OutputTensor)
             for name, dtype in zip(captured.outputs, captured.output_dtypes)
         ]
         return pytree.tree_unflatten(results, captured.out_spec)
@@ -570,9 +587,15 @@ class PoplarExecutor:
 
 def _run_on_device(exe, feeds, program):
     try:
-        return exe.run(feeds, program=program)
+        result = exe.run(feeds, program=program)
     except popsim.Error as exc:
-        raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
+        raise RecoverableError(
+            f"The simulated IPU failed while running the model: {exc}",
+            recovery_action="IPU_RESET",
+            type="popsim_runtime_error",
+        ) from exc
+    _fp_exceptions.check(result)
+    return result
 
 
 _SIGNATURES = weakref.WeakKeyDictionary()
