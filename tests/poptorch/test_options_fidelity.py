@@ -307,3 +307,29 @@ def test_floating_point_exceptions_name_the_op_and_line():
 def test_options_are_pathlike_friendly(tmp_path):
     opts = poptorch.Options().enableExecutableCaching(pathlib.Path(tmp_path))
     assert opts.executable_cache_dir == os.fspath(tmp_path)
+
+
+def test_source_location_excludes_skip_library_modules(tmp_path, monkeypatch):
+    library = "import torch\n\n\nclass Divide(torch.nn.Module):\n    def forward(self, x, y):\n        return x / y\n"
+    (tmp_path / "numerics_library.py").write_text(library)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import numerics_library
+
+    class _UsesLibrary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.divide = numerics_library.Divide()
+
+        def forward(self, x, y):
+            return self.divide(x, y) + 1
+
+    x, y = torch.ones(1, 2), torch.zeros(1, 2)
+    locations = []
+    for excludes in ([], ["numerics_library"]):
+        opts = _opts().sourceLocationExcludes(excludes)
+        opts.Precision.enableFloatingPointExceptions(True)
+        with pytest.raises(poptorch.Error, match="div produced") as info:
+            poptorch.inferenceModel(_UsesLibrary(), opts)(x, y)
+        locations.append(info.value.location)
+    assert "numerics_library.py:6: return x / y" in locations[0]
+    assert "test_options_fidelity.py" in locations[1] and "self.divide(x, y)" in locations[1]

@@ -8,8 +8,18 @@ import torch
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
 from poptorch._executor import PoplarExecutor
+from poptorch._executor_api import (
+    ICustomArgParser,
+    ipuHardwareIsAvailable,
+    ipuHardwareVersion,
+    isRunningOnIpu,
+    registerCustomArgParser,
+    registerPostCompileHook,
+    registerPreCompileHook,
+)
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch.enums import (
     AnchorMode,
     ConnectionType,
@@ -120,8 +130,10 @@ __all__ = [
     "DataLoader",
     "DataLoaderMode",
     "Error",
+    "ICustomArgParser",
     "HalfFloatCastingBehavior",
     "MeanReductionStrategy",
+    "NameScope",
     "Options",
     "OutputMode",
     "PoplarExecutor",
@@ -131,10 +143,21 @@ __all__ = [
     "UnrecoverableError",
     "UnsupportedOpError",
     "__version__",
+    "cond",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
     "identity_loss",
     "inferenceModel",
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "isRunningOnIpu",
+    "nop",
     "ipu_print_tensor",
     "optim",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
     "setLogLevel",
     "trainingModel",
 ]

@@ -17,7 +17,7 @@ import tqdm
 from torch.utils import _pytree as pytree
 
 import popsim
-from poptorch import _cache, _device, _fp_exceptions, _synthetic_data, _training
+from poptorch import _cache, _device, _executor_api, _fp_exceptions, _host_print, _synthetic_data, _training
 from poptorch._batching import Layout
 from poptorch._logging import logger
 from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name, state_name
@@ -117,7 +117,7 @@ def _host_tensor(array, dtype):
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
-class PoplarExecutor:
+class PoplarExecutor(_executor_api.ExecutorQueries):
     """A model wrapped for the simulated IPU. Create it with ``trainingModel`` or ``inferenceModel``."""
 
     def __init__(self, model, options, training, optimizer=None):
@@ -168,7 +168,8 @@ class PoplarExecutor:
         """Capture and compile for these inputs without running."""
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
         if not self._attached and self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
 
@@ -177,8 +178,9 @@ class PoplarExecutor:
         return self._exe is not None
 
     def _compile(self, args, kwargs):
-        from poptorch._capture import capture
+        from poptorch._capture import capture, excluding_sources
 
+        started = time.perf_counter()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -194,7 +196,11 @@ class PoplarExecutor:
             mode = self._model.training
             self._model.train(self._training)
             try:
-                captured = capture(self._model, mb_args, mb_kwargs)
+                with (
+                    excluding_sources(self._options.source_location_excludes),
+                    _executor_api.running_on_ipu(self._training),
+                ):
+                    captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
             if self._training:
@@ -231,6 +237,7 @@ class PoplarExecutor:
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
+        _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
 
     def _micro_batch_example(self, name, leaf):
@@ -319,7 +326,8 @@ class PoplarExecutor:
     def __call__(self, *args, **kwargs):
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
         if self._options.connection_type == ConnectionType.Never:
@@ -360,7 +368,7 @@ class PoplarExecutor:
         per_output = {}
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
-        cycles = 0
+        cycles, run_cycles = 0, []
         runs_per_step = layout.ga * layout.r
         for index, (d, a, r) in enumerate(layout.micro_batches()):
             start = time.time()
@@ -372,6 +380,7 @@ class PoplarExecutor:
                 lists.append(fed)
             result = _run_on_device(exe, feeds, self._programs.micro_batch)
             cycles += exe.last_run_cycles or 0
+            run_cycles.append(exe.last_run_cycles or 0)
             out_start = time.time()
             for name, value in result.items():
                 per_output.setdefault(name, []).append(np.array(value))
@@ -383,7 +392,9 @@ class PoplarExecutor:
             if self._programs.step and (index + 1) % runs_per_step == 0:
                 _run_on_device(exe, {}, self._programs.step)
                 cycles += exe.last_run_cycles or 0
+                run_cycles[-1] += exe.last_run_cycles or 0
         self._cycles, self._perf = cycles, perf
+        _executor_api.record_run(self, run_cycles, feeds, result)
         if self._options.log_cycle_count:
             logger.info("Simulated cycle count of the last call: %d", cycles)
         for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
@@ -595,6 +606,7 @@ def _run_on_device(exe, feeds, program):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _host_print.emit(result)
     return result
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import popir
+from poptorch import _host_print
 from poptorch._optimizer_graph import OptimizerBuilder
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
@@ -81,9 +82,17 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
     builder = OptimizerBuilder(spec)
     on_phase("autodiff")
+    printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(
-        graph, loss, [graph.input(n) for n in candidates], seed=builder.loss_seed(graph, loss), unreached="none"
+        graph,
+        loss,
+        [graph.input(n) for n in candidates] + [value for _, _, value in printed],
+        seed=builder.loss_seed(graph, loss),
+        unreached="none",
     )
+    grads, printed_grads = grads[: len(candidates)], grads[len(candidates) :]
+    for (index, title, value), gradient in zip(printed, printed_grads):
+        _host_print.record_gradient(graph, index, title, gradient if gradient is not None else value * 0.0)
     # As in torch, a parameter no gradient reaches (unused, or used only under torch.no_grad() or detach())
     # has no .grad, so the optimizer leaves it and its state alone: no weight decay, no momentum step.
     grads = {name: g for name, g in zip(candidates, grads) if g is not None}

@@ -51,7 +51,7 @@ _DEFAULTS = {
     "moduleNamescope": True,
     "updatableNamedBuffers": (),
     "relaxOptimizerAttributesChecks": False,
-    "sourceLocationExcludes": ("torch/", "poptorch/"),
+    "sourceLocationExcludes": (),
     "Training.gradientAccumulation": 1,
     "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
     "Training.meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
@@ -567,7 +567,8 @@ class Options(_NoAssignment):
         return self._set("relaxOptimizerAttributesChecks", _bool("relaxOptimizerAttributesChecks", relax))
 
     def sourceLocationExcludes(self, excludes):
-        """Path fragments of files skipped when errors name the user's source line (default torch/, poptorch/)."""
+        """Path fragments of files skipped when errors name the user's source line, besides torch's and
+        poptorch's own files (which are always skipped)."""
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
             raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
         return self._set("sourceLocationExcludes", tuple(excludes))
