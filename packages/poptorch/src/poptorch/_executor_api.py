@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 import popsim
+from poptorch import _weights
 from poptorch._training import RNG_SEED
 from poptorch.errors import Error
 
@@ -207,7 +208,7 @@ class ExecutorQueries:
         if array.shape != (2,):
             raise Error(f"rng_state must be the 2 integers read from rng_state, got {state!r}")
         self._exe.write_variable(RNG_SEED, array.astype(np.int32))
-        self._rng_seeded = True
+        self._device.seeded = True
 
     def _has_rng(self):
         if self._exe is None:
@@ -221,16 +222,16 @@ class ExecutorQueries:
         names = self._options.updatable_named_buffers
         if not names:
             raise Error("No buffers to copy: name them with Options.updatableNamedBuffers([...]) first")
-        buffers = dict(torch.nn.Module.named_buffers(self._model, remove_duplicate=False))
-        unknown = [n for n in names if n not in buffers or n not in self._exe.variables]
+        buffers = {name for name, _ in torch.nn.Module.named_buffers(self._model, remove_duplicate=False)}
+        unknown = [n for n in names if n not in buffers or n not in self._device.tensors]
         if unknown:
             raise Error(f"updatableNamedBuffers names buffers the compiled model does not have: {', '.join(unknown)}")
-        for name in names:
-            self._exe.write_variable(name, buffers[name].detach().cpu().numpy())
+        self._device.upload(names)
 
     def copyWeightsToHostIfNeeded(self):
         """Copy the device's weights to the host if the host copy is out of date; True if it copied."""
-        if self._exe is None or self._shared.dirty is not self:
+        device = self._device
+        if device is None or not any(_weights.record(t).holder is device for t in device.tensors.values()):
             return False
         self.copyWeightsToHost()
         return True
