@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import popir
+from poptorch import _host_print
 from poptorch._indexing import advanced_index, index_put
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
@@ -432,9 +433,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.alias.default,
     aten.lift_fresh_copy.default,
     aten.contiguous.default,
-    torch.ops.poptorch.ipu_print_tensor.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.ipu_print_tensor.default)
+def _ipu_print_tensor(ctx, x, title, print_gradient):
+    _host_print.record(ctx.graph, x, title, print_gradient)
     return x
 
 

@@ -11,6 +11,8 @@ int32[2]); each random op draws from its own stream derived from it. The runtime
 it and advances it between steps (capture registers no update for it).
 """
 
+import contextlib
+import contextvars
 import operator
 import os
 import re
@@ -35,6 +37,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _POPTORCH_DIR = os.path.dirname(__file__)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
 # Keyword arguments that only place a tensor (device, memory layout): meaningless on the IPU.
+# Path fragments of further files that are not the user's (Options.sourceLocationExcludes).
+_EXCLUDED = contextvars.ContextVar("poptorch_source_excludes", default=())
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
 
 
@@ -172,7 +176,20 @@ def _user_frame_of_traceback(tb):
 
 def _is_user_file(path):
     path = os.path.abspath(path)
+    if any(fragment in path for fragment in _EXCLUDED.get()):
+        return False
     return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+
+
+@contextlib.contextmanager
+def excluding_sources(fragments):
+    """Inside: files whose path contains one of ``fragments`` are not the user's source lines either
+    (``Options.sourceLocationExcludes``)."""
+    token = _EXCLUDED.set(tuple(fragments))
+    try:
+        yield
+    finally:
+        _EXCLUDED.reset(token)
 
 
 def source_line(node):

@@ -102,7 +102,15 @@ class DeviceWeights:
 
     def upload_all(self):
         """Write every host value to the device (``copyWeightsToDevice``), discarding unsynced device training."""
-        for name, tensor in self.tensors.items():
+        self.upload(self.tensors)
+        if self.optimizer is not None:
+            self.opt_generation = None
+            self._prepare_optimizer_state()
+
+    def upload(self, names):
+        """Write the host values of the tensors ``names`` to the device."""
+        for name in names:
+            tensor = self.tensors[name]
             record = _weights.record(tensor)
             holder = record.holder
             if holder is not None and holder is not self:
@@ -113,9 +121,6 @@ class DeviceWeights:
             else:
                 record.host_current(_weights.version_of(tensor))
             self.generations[name] = record.generation
-        if self.optimizer is not None:
-            self.opt_generation = None
-            self._prepare_optimizer_state()
 
     def _write(self, name, tensor):
         self.exe.write_variable(name, tensor.detach().cpu().numpy())

@@ -19,11 +19,22 @@ import tqdm
 from torch.utils import _pytree as pytree
 
 import popsim
-from poptorch import _cache, _device, _interrupt, _training, _weights
+from poptorch import (
+    _cache,
+    _device,
+    _executor_api,
+    _fp_exceptions,
+    _host_print,
+    _interrupt,
+    _synthetic_data,
+    _training,
+    _weights,
+)
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
 from poptorch._logging import logger
-from poptorch.errors import Error
+from poptorch.enums import ConnectionType
+from poptorch.errors import Error, RecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -134,7 +145,7 @@ def _host_tensor(array, dtype):
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
-class PoplarExecutor:
+class PoplarExecutor(_executor_api.ExecutorQueries):
     """A model wrapped for the simulated IPU. Create it with ``trainingModel`` or ``inferenceModel``."""
 
     def __init__(self, model, options, training, optimizer=None):
@@ -143,7 +154,7 @@ class PoplarExecutor:
         self._model = model
         self._training = training
         self._user_options = options._freeze()
-        self._options = options.clone()._freeze()
+        self._options = options._for_model(training)
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
         self._layout = Layout(self._options, training)
@@ -185,8 +196,9 @@ class PoplarExecutor:
         """Capture and compile for these inputs without running."""
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
-        if not self._attached:
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
+        if not self._attached and self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
 
     def isCompiled(self):
@@ -194,8 +206,9 @@ class PoplarExecutor:
         return self._exe is not None
 
     def _compile(self, args, kwargs):
-        from poptorch._capture import capture
+        from poptorch._capture import capture, excluding_sources
 
+        started = time.perf_counter()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -211,7 +224,11 @@ class PoplarExecutor:
             mode = self._model.training
             self._model.train(self._training)
             try:
-                captured = capture(self._model, mb_args, mb_kwargs)
+                with (
+                    excluding_sources(self._options.source_location_excludes),
+                    _executor_api.running_on_ipu(self._training),
+                ):
+                    captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
             if self._training:
@@ -221,6 +238,8 @@ class PoplarExecutor:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.floating_point_exceptions:
+                _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
             exe = cache.load(key, programs.graphs) if cache else None
@@ -241,11 +260,15 @@ class PoplarExecutor:
         if self._training:
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
-        if self._write_profile:
+        if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
+            if self._options.profile_dir:
+                name = self._options.model_name or ("training" if self._training else "inference")
+                directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
+        _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
 
     def _micro_batch_example(self, name, leaf):
@@ -356,9 +379,15 @@ class PoplarExecutor:
     def __call__(self, *args, **kwargs):
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(
+                "Options.connectionType(ConnectionType.Never) compiles without a device: this model cannot run. "
+                "Use ConnectionType.Always or OnDemand to run it."
+            )
         if not self._attached:
             self.attachToDevice()
         if self._training:
@@ -376,16 +405,22 @@ class PoplarExecutor:
         for name, tensor in zip(captured.input_names, tensors):
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
+        synthetic = self._options.enable_synthetic_data
+        if synthetic:
+            feeds_by_name = _synthetic_data.inputs(feeds_by_name, self._options.random_seed)
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
         per_output = self._run_device_iterations(feeds_by_name, perf)
         self._perf = perf
-        for input_name, output_name in captured.input_mutations.items():
+        if self._options.log_cycle_count:
+            logger.info("Simulated cycle count of the last call: %d", self._cycles)
+        for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
                 target.copy_(torch.from_numpy(layout.all_runs(per_output[output_name])).reshape(target.shape))
+        transfer = _synthetic_data.outputs if synthetic else np.asarray
         results = [
-            _host_tensor(layout.combine(per_output[name]), dtype).as_subclass(_OutputTensor)
+            _host_tensor(transfer(layout.combine(per_output[name])), dtype).as_subclass(_OutputTensor)
             for name, dtype in zip(captured.outputs, captured.output_dtypes)
         ]
         return pytree.tree_unflatten(results, captured.out_spec)
@@ -398,6 +433,7 @@ class PoplarExecutor:
         """
         exe, programs, layout = self._exe, self._programs, self._layout
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
+        run_cycles = []
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
@@ -410,6 +446,7 @@ class PoplarExecutor:
                     ran = index + 1
                     result = _run_on_device(exe, feeds, programs.micro_batch)
                     cycles += exe.last_run_cycles or 0
+                    run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
@@ -418,6 +455,7 @@ class PoplarExecutor:
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
                             cycles += exe.last_run_cycles or 0
+                            run_cycles[-1] += exe.last_run_cycles or 0
                         done = ran
                         if interrupted() and done < len(batches):
                             raise KeyboardInterrupt
@@ -432,6 +470,7 @@ class PoplarExecutor:
             raise
         self._device.after_run(self._training)
         self._cycles = cycles
+        _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
 
     # -- weights --------------------------------------------------------------------------------
@@ -559,9 +598,16 @@ def _interrupted_message(done, total):
 
 def _run_on_device(exe, feeds, program):
     try:
-        return exe.run(feeds, program=program)
+        result = exe.run(feeds, program=program)
     except popsim.Error as exc:
-        raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
+        raise RecoverableError(
+            f"The simulated IPU failed while running the model: {exc}",
+            recovery_action="IPU_RESET",
+            type="popsim_runtime_error",
+        ) from exc
+    _fp_exceptions.check(result)
+    _host_print.emit(result)
+    return result
 
 
 _SIGNATURES = weakref.WeakKeyDictionary()
