@@ -99,10 +99,10 @@ def test_bad_compile(case):
 
 
 @error
-@pytest.mark.parametrize("value", ["0", "zero", "-2"])
+@pytest.mark.parametrize("value", ["0", "zero", "-2", "65"])
 def test_bad_thread_count(monkeypatch, value):
     monkeypatch.setenv("POPSIM_NUM_THREADS", value)
-    with pytest.raises(popsim.Error, match="POPSIM_NUM_THREADS must be a positive integer"):
+    with pytest.raises(popsim.Error, match=f"POPSIM_NUM_THREADS must be an integer from 1 to 64, got '{value}'"):
         popsim.compile(_graph(), TARGET)
 
 
