@@ -224,3 +224,41 @@ def test_model_too_large_for_the_ipu_is_refused_from_sizes_in_a_subprocess():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "the program set needs at least 335," in run.stdout, run.stderr[-2000:]
     assert "318,767,104 bytes of ipu1's 1,216 tiles" in run.stdout
+
+
+BAD_OPTIONS = {
+    "setter_assigned": (lambda o: setattr(o, "deviceIterations", 4), "deviceIterations is a setter: call it"),
+    "cache_path_not_a_path": (lambda o: o.enableExecutableCaching(123), "takes a directory path.*got 123"),
+    "log_dir_none": (lambda o: o.logDir(None), "logDir takes a directory path.*got None"),
+    "reduction_type_string": (
+        lambda o: o.Training.accumulationAndReplicationReductionType("Mean"),
+        "got the string 'Mean': pass poptorch.ReductionType.Mean",
+    ),
+    "seed_too_large": (lambda o: o.randomSeed(2**70), r"randomSeed takes an integer in \[0, 2\*\*64\)"),
+}
+
+
+@error
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_bad_option_values(case):
+    action, message = BAD_OPTIONS[case]
+    opts = _opts()
+    before = opts.toDict()
+    with pytest.raises(poptorch.Error, match=message):
+        action(opts)
+    assert opts.toDict() == before
+
+
+@error
+def test_malformed_default_options_variable_is_named(monkeypatch):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", "{deviceIterations: 2")
+    with pytest.raises(poptorch.Error, match="POPTORCH_DEFAULT_OPTIONS"):
+        poptorch.Options()
+
+
+@error
+def test_wrapping_a_model_twice():
+    module = Regression()
+    poptorch.trainingModel(module, _opts())
+    with pytest.raises(RuntimeError, match="already been wrapped.*destroy"):
+        poptorch.trainingModel(module, _opts())
