@@ -262,3 +262,34 @@ def test_wrapping_a_model_twice():
     poptorch.trainingModel(module, _opts())
     with pytest.raises(RuntimeError, match="already been wrapped.*destroy"):
         poptorch.trainingModel(module, _opts())
+
+
+@error
+def test_out_of_memory_names_the_poptorch_switch_which_compiles_with_relax_memory(monkeypatch):
+    import popsim
+    from poptorch import _device
+
+    real, seen = popsim.compile, []
+
+    def compile_or_oom(graphs, **kwargs):
+        seen.append(kwargs["relax_memory"])
+        if not kwargs["relax_memory"]:
+            raise popsim.OutOfMemoryError("out of memory on tile 3: 700000 bytes needed, 638976 available")
+        return real(graphs, **kwargs)
+
+    monkeypatch.setattr(_device.popsim, "compile", compile_or_oom)
+    with pytest.raises(poptorch.Error, match=r"(?s)out of memory on tile 3.*debug\.allowOutOfMemory"):
+        poptorch.inferenceModel(torch.nn.Linear(2, 2), _opts())(torch.ones(1, 2))
+    relaxed = _opts()
+    relaxed._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})
+    module = torch.nn.Linear(2, 2)
+    torch.testing.assert_close(poptorch.inferenceModel(module, relaxed)(torch.ones(1, 2)), module(torch.ones(1, 2)))
+    assert seen == [False, True]
+
+
+@error
+def test_an_engine_option_the_simulator_does_not_model():
+    with pytest.raises(poptorch.Error, match="'target.syncReplicasIndependently' is not modelled"):
+        _opts()._Popart.set("engineOptions", {"target.syncReplicasIndependently": "true"})
+    with pytest.raises(poptorch.Error, match="takes 'true' or 'false', got 'yes'"):
+        _opts()._Popart.set("engineOptions", {"debug.allowOutOfMemory": "yes"})

@@ -24,9 +24,13 @@ def compile_programs(graphs, options):
             graphs,
             target=target_of(options),
             partials_type=options.Precision.partials_type,
+            relax_memory=options.allow_out_of_memory,
         )
     except popsim.OutOfMemoryError as exc:
-        raise Error(f"Out of memory on the simulated IPU: {exc}") from exc
+        raise Error(
+            f"Out of memory on the simulated IPU: {exc} From poptorch, compile anyway with "
+            """opts._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})."""
+        ) from exc
 
 
 def check_input_fits(name, shape, itemsize, options):

@@ -51,6 +51,7 @@ _DEFAULTS = {
     "moduleNamescope": True,
     "updatableNamedBuffers": (),
     "relaxOptimizerAttributesChecks": False,
+    "allowOutOfMemory": False,
     "sourceLocationExcludes": (),
     "Training.gradientAccumulation": 1,
     "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
@@ -70,6 +71,7 @@ _DEFAULTS = {
 # Options that change the compiled program; they (with the graphs) key the executable cache.
 COMPILE_KEYS = (
     "replicationFactor",
+    "allowOutOfMemory",
     "ipuVersion",
     "Training.gradientAccumulation",
     "Training.accumulationAndReplicationReductionType",
@@ -91,6 +93,9 @@ _POPART_OPTIONS = {
     "enableStableNorm": "enableStableNorm",
     "instrumentWithHardwareCycleCounter": "logCycleCount",
 }
+# Poplar engine options (``_Popart.set("engineOptions", {...})``, string values) the simulator models.
+_ENGINE_OPTIONS = {"debug.allowOutOfMemory": "allowOutOfMemory"}
+_ENGINE_FLAGS = {"true": True, "false": False}
 
 
 def _positive_int(name, value):
@@ -322,12 +327,30 @@ class _PopartOptions(_Group):
 
     def set(self, key, value):
         """Set PopART option ``key``; only those the simulator models are accepted."""
+        if key == "engineOptions":
+            return self._engine_options(value)
         if key not in _POPART_OPTIONS:
             raise not_modelled(
                 f"The PopART option {key!r}",
                 f"the simulator has no PopART backend; it models only {', '.join(sorted(_POPART_OPTIONS))}",
             )
         getattr(self._owner, _POPART_OPTIONS[key])(value)
+        return self
+
+    def _engine_options(self, options):
+        """Poplar engine options: ``debug.allowOutOfMemory`` compiles (and here runs) a program whose tiles
+        exceed their memory, so its profile shows where; other engine options are refused."""
+        if not isinstance(options, dict):
+            raise Error(f"_Popart.set('engineOptions', ...) takes a dict of Poplar engine options, got {options!r}")
+        for name, value in options.items():
+            if name not in _ENGINE_OPTIONS:
+                raise not_modelled(
+                    f"The Poplar engine option {name!r}", "the simulator models only debug.allowOutOfMemory"
+                )
+            flag = value if isinstance(value, bool) else _ENGINE_FLAGS.get(str(value).lower())
+            if flag is None:
+                raise Error(f"The Poplar engine option {name!r} takes 'true' or 'false', got {value!r}")
+            self._owner._set(_ENGINE_OPTIONS[name], flag)
         return self
 
     def setPatterns(self, patterns, level=None):
@@ -605,6 +628,11 @@ class Options(_NoAssignment):
     @property
     def log_dir(self):
         return self._values["logDir"]
+
+    @property
+    def allow_out_of_memory(self):
+        """Poplar's debug.allowOutOfMemory: popsim compiles with relax_memory."""
+        return self._values["allowOutOfMemory"]
 
     @property
     def log_cycle_count(self):
