@@ -127,6 +127,7 @@ def test_verify_rejects_a_node_reading_another_graphs_value():
         (lambda g, x: x + popir.Graph("other").add_input("y", (2, 3), "float32"), "is not a Value of this graph"),
         (lambda g, x: g.update(x, x), "only parameters, buffers and optimizer state can be updated"),
         (lambda g, x: g.constant(np.array([object()])), "dtype object is not supported on the device"),
+        (lambda g, x: g.constant(np.array([1, 2**40])), r"constant values \[1, 1099511627776\] do not fit int32"),
     ],
     ids=[
         "duplicate_input",
@@ -141,6 +142,7 @@ def test_verify_rejects_a_node_reading_another_graphs_value():
         "value_of_another_graph",
         "update_of_an_input",
         "object_constant",
+        "int64_constant_beyond_int32",
     ],
 )
 @pytest.mark.outcome("clear error")

@@ -202,8 +202,16 @@ class Graph:
 
     def constant(self, array, dtype=None):
         """A constant Value holding ``array`` (narrowed to a device dtype)."""
-        dt = as_dtype(dtype if dtype is not None else np.asarray(array).dtype)
-        array = np.array(array, dtype=dt.numpy, order="C")
+        source = np.asarray(array)
+        dt = as_dtype(dtype if dtype is not None else source.dtype)
+        if dt == DType.int32 and source.dtype.kind in "iu" and source.size:
+            info = np.iinfo(np.int32)
+            if source.min() < info.min or source.max() > info.max:
+                raise IRError(
+                    f"constant values [{source.min()}, {source.max()}] do not fit int32, the device's integer type "
+                    "(int64 is narrowed to int32); use smaller values or a float constant"
+                )
+        array = np.array(source, dtype=dt.numpy, order="C")
         return self.apply("constant", (), {"value": array})[0]
 
     def lift(self, x, dtype):
