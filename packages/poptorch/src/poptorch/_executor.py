@@ -8,6 +8,7 @@ of each tensor is current is tracked per tensor object (``_weights``), so tied w
 several wrappers of one model stay coherent (``_device_weights``).
 """
 
+import copyreg
 import inspect
 import os
 import time
@@ -96,14 +97,13 @@ def _syncing(method):
 
 
 def _reduce_as(original):
-    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``
+    (loadable without poptorch)."""
 
     def __reduce_ex__(self, protocol):
         _weights.sync_host(self)
         reduced = super(type(self), self).__reduce_ex__(protocol)
-        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
-            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
-        return reduced
+        return (copyreg._reconstructor, (original, object, None), *reduced[2:])
 
     return __reduce_ex__
 
@@ -572,6 +572,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def model(self):
         """The wrapped user model."""
         return self._model
+
+    def __reduce__(self):
+        """Pickled (``torch.save``) as the recipe that wraps the model again, with the host's current weights
+        and optimizer state; the loaded wrapper compiles on its first call."""
+        self.copyWeightsToHost()
+        optimizer = self._optimizer if self._training else None
+        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":

@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from poptorch import _weights
 from poptorch.errors import Error
+
+EMPTY_STATE = "Cannot load optimizer state dictionary because it is empty."
+NOT_IPU_STATE = "Only IPU optimizer states can be loaded onto the IPU."
+_IPU_KEYS = ("ipu_state", "ipu_param")
 
 # Hyper-parameters of each rule, per parameter group; ``betas`` is split into beta1/beta2.
 HYPER_PARAMETERS = {
@@ -32,19 +37,42 @@ class _PoptorchOptimizer:
     def _remember_variables(self, explicit, group_keys):
         self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
 
+    def __getstate__(self):
+        """Pickled with the current state (copied back from the device if it is ahead) and PopTorch's extras
+        (loss scaling, ...), which torch's own pickling leaves out."""
+        _weights.sync_optimizer_state(self)
+        state = super().__getstate__()
+        state.update({k: v for k, v in vars(self).items() if k not in state and not k.startswith("_")})
+        return state
+
     def state_dict(self):
-        """torch's state dict plus ``ipu_state`` (the state as last copied from the device)."""
+        """torch's state dict plus PopTorch's ``ipu_state`` (the per-parameter state) and ``ipu_param`` (the
+        hyper-parameters). Always current: a device holding a newer state copies it back first."""
         state = super().state_dict()
         state["ipu_state"] = {k: dict(v) for k, v in state["state"].items()}
+        state["ipu_param"] = _ipu_params(self)
         return state
 
     def load_state_dict(self, state_dict):
-        """Load a state dict saved from a poptorch optimizer; the next model call uploads it."""
-        if "ipu_state" not in state_dict:
-            raise Error("Only IPU optimizer states can be loaded onto the IPU.")
-        state_dict = {k: v for k, v in state_dict.items() if k != "ipu_state"}
+        """Load a state dict saved from a poptorch optimizer; the next call of the wrapped model uploads it."""
+        if not state_dict:
+            raise Error(EMPTY_STATE)
+        if not all(key in state_dict for key in _IPU_KEYS):
+            raise Error(NOT_IPU_STATE)
+        state_dict = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
+        _weights.check_loading_state(self, state_dict)
         super().load_state_dict(state_dict)
-        self._poptorch_state_loaded = True
+
+
+def _ipu_params(optimizer):
+    """Every numeric hyper-parameter by ``<name>.group<index>``, plus the loss scaling, as tensors."""
+    params = {"loss_scaling": torch.tensor(float(optimizer.loss_scaling))}
+    for index, group in enumerate(optimizer.param_groups):
+        for name, value in group.items():
+            values = value if name == "betas" else (value,)
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                params[f"{name}.group{index}"] = torch.tensor(values if name == "betas" else value, dtype=torch.float32)
+    return params
 
 
 def _groups(params):
