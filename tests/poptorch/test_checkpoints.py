@@ -5,6 +5,9 @@ is compared step by step with eager PyTorch doing the same."""
 
 import copy
 import io
+import os
+import signal
+import warnings
 
 import pytest
 import torch
@@ -207,3 +210,74 @@ def test_torch_save_of_the_wrapper_resumes_exactly(optimizer):
     assert loaded.model is not model and type(loaded.model).__mro__[1] is Net
     _train_both(loaded, eager, eager_opt, range(2, 5))
     _assert_same_state(loaded.model, eager)
+
+
+# -- executor state: Ctrl-C, wrapping again, a user's optimizer.step() --------------------------------------
+
+
+def test_ctrl_c_in_a_long_call_keeps_the_completed_steps_and_the_executor_usable(monkeypatch):
+    """SIGINT arrives during the 3rd of 6 device iterations: that optimizer step completes, the call stops
+    with a KeyboardInterrupt saying so, the host reads exactly 3 steps of training, and the next call goes on
+    from there, as eager does."""
+    torch.manual_seed(0)
+    model = Net()
+    eager = copy.deepcopy(model)
+    options = poptorch.Options().deviceIterations(6)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(3)
+    x, y = torch.randn(12, 4, generator=generator), torch.randint(0, 3, (12,), generator=generator)
+    training.compile(x, y)
+
+    run_on_device, runs = poptorch._executor._run_on_device, []
+
+    def interrupting(exe, feeds, program):
+        if feeds:
+            runs.append(program)
+            if len(runs) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+        return run_on_device(exe, feeds, program)
+
+    monkeypatch.setattr(poptorch._executor, "_run_on_device", interrupting)
+    with pytest.raises(KeyboardInterrupt, match="Interrupted after 3 of 6 device iterations"):
+        training(x, y)
+    assert len(runs) == 3
+    for i in range(3):
+        _eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
+    _assert_same_state(model, eager)
+    monkeypatch.undo()
+    training(x, y)
+    for i in range(6):
+        _eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
+    _assert_same_state(model, eager)
+
+
+def test_already_wrapped_error_says_how_to_unwrap_and_model_destroy_does_it():
+    model, _, training, eager, eager_opt = _setup("sgd_momentum")
+    _train_both(training, eager, eager_opt, range(2))
+    with pytest.raises(RuntimeError) as error:
+        poptorch.trainingModel(model)
+    assert str(error.value).startswith(
+        "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the model to unwrap it "
+        "before wrapping it again."
+    )
+    assert "destroy() is a method of both the wrapped model and the PoplarExecutor" in str(error.value)
+    model.destroy()
+    assert type(model) is Net and not training.isCompiled()
+    _assert_same_state(model, eager)
+    rewrapped = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    _train_both(rewrapped, eager, torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9), range(2, 3))
+    _assert_same_state(model, eager)
+
+
+def test_optimizer_step_called_by_the_user_warns_while_wrapped():
+    model, opt, training, eager, eager_opt = _setup("sgd_momentum")
+    _train_both(training, eager, eager_opt, range(1))
+    with pytest.warns(UserWarning, match=r"optimizer.step\(\) was called on an optimizer that a poptorch"):
+        opt.step()
+    _train_both(training, eager, eager_opt, range(1, 2))
+    _assert_same_state(model, eager)
+    training.destroy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step()

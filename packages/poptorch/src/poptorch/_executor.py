@@ -30,6 +30,7 @@ from poptorch import (
     _synthetic_data,
     _training,
     _weights,
+    optim,
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
@@ -174,6 +175,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._spec = describe(optimizer) if training else None
+        if training:
+            optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
@@ -258,6 +261,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
+            optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
         if self._write_profile or self._options.profile_dir:
@@ -501,6 +505,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+        optim.release(self._optimizer, self)
+        optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
             self._device.set_optimizer(optimizer, spec)
@@ -531,6 +537,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
         self.copyWeightsToHost()
         self._reset()
+        if self._training:
+            optim.release(self._optimizer, self)
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
             del shared.executors[_kind(self._training)]

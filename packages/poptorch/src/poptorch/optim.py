@@ -7,6 +7,7 @@ and defaults are compiled in; for torch's own optimizers only ``lr`` is variable
 """
 
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,13 @@ from poptorch.errors import Error
 EMPTY_STATE = "Cannot load optimizer state dictionary because it is empty."
 NOT_IPU_STATE = "Only IPU optimizer states can be loaded onto the IPU."
 _IPU_KEYS = ("ipu_state", "ipu_param")
+HOST_STEP_WARNING = (
+    "optimizer.step() was called on an optimizer that a poptorch.trainingModel uses: the wrapped model already "
+    "performs the optimizer step on the IPU at each call, so this step only applies gradients computed on the "
+    "host, if any. Remove the optimizer.step() (and zero_grad() / backward()) calls from the training loop."
+)
+# Optimizer -> the wrappers that compile its update rule (a step() called by the user warns while any is alive).
+_USERS = weakref.WeakKeyDictionary()
 
 # Hyper-parameters of each rule, per parameter group; ``betas`` is split into beta1/beta2.
 HYPER_PARAMETERS = {
@@ -62,6 +70,28 @@ class _PoptorchOptimizer:
         state_dict = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
         _weights.check_loading_state(self, state_dict)
         super().load_state_dict(state_dict)
+
+
+def use(optimizer, executor):
+    """``executor`` runs ``optimizer``'s update rule on the device: a ``step()`` the user calls warns."""
+    users = _USERS.get(optimizer)
+    if users is None:
+        users = _USERS[optimizer] = weakref.WeakSet()
+        optimizer.register_step_pre_hook(_warn_host_step)
+    users.add(executor)
+
+
+def release(optimizer, executor):
+    """``executor`` no longer uses ``optimizer``."""
+    users = _USERS.get(optimizer)
+    if users is not None:
+        users.discard(executor)
+
+
+def _warn_host_step(optimizer, args, kwargs):
+    if _USERS.get(optimizer):
+        # Above this hook: torch's step wrapper, then the user's call.
+        warnings.warn(HOST_STEP_WARNING, stacklevel=3)
 
 
 def _ipu_params(optimizer):
