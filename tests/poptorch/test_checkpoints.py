@@ -95,10 +95,12 @@ def test_load_state_dict_while_wrapped_takes_effect_at_the_next_step(through):
     _assert_same_state(model, eager)
 
 
+@pytest.mark.parametrize("into", ["new_optimizer", "live_optimizer"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_resume_recipe_resumes_exactly(optimizer):
+def test_resume_recipe_resumes_exactly(optimizer, into):
     """Checkpoint after 2 steps, train on (the run to discard), then load the checkpoint into the live
-    wrapper's model and a new optimizer, setOptimizer, and continue: eager from the checkpoint agrees."""
+    wrapper's model and into a new optimizer given to setOptimizer (or into the optimizer in use), and
+    continue: eager from the checkpoint agrees."""
     model, opt, training, eager, eager_opt = _setup(optimizer)
     _train_both(training, eager, eager_opt, range(2))
     model_state = torch.load(_saved(model.state_dict()))
@@ -106,12 +108,13 @@ def test_resume_recipe_resumes_exactly(optimizer):
     for seed in range(10, 13):
         training(*_data(seed))
     model.load_state_dict(model_state)
-    resumed = OPTIMIZERS[optimizer][0](model.parameters())
+    resumed = OPTIMIZERS[optimizer][0](model.parameters()) if into == "new_optimizer" else opt
     resumed.load_state_dict(opt_state)
-    training.setOptimizer(resumed)
+    if into == "new_optimizer":
+        training.setOptimizer(resumed)
     _train_both(training, eager, eager_opt, range(2, 5))
-    _assert_same_state(model, eager)
     torch.testing.assert_close(resumed.state_dict()["state"], eager_opt.state_dict()["state"], **TOL)
+    _assert_same_state(model, eager)
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
@@ -210,6 +213,19 @@ def test_torch_save_of_the_wrapper_resumes_exactly(optimizer):
     assert loaded.model is not model and type(loaded.model).__mro__[1] is Net
     _train_both(loaded, eager, eager_opt, range(2, 5))
     _assert_same_state(loaded.model, eager)
+
+
+def test_torch_save_of_an_inference_wrapper_runs_with_the_trained_weights():
+    model, _, training, eager, eager_opt = _setup("adamw")
+    inference = poptorch.inferenceModel(model)
+    _train_both(training, eager, eager_opt, range(2))
+    loaded = torch.load(_saved(inference), weights_only=False)
+    x, y = _data(9)
+    eager.eval()
+    with torch.no_grad():
+        want = eager(x, y)
+    for got, expected in zip(loaded(x, y), want):
+        torch.testing.assert_close(got, expected, **TOL)
 
 
 # -- executor state: Ctrl-C, wrapping again, a user's optimizer.step() --------------------------------------

@@ -366,9 +366,41 @@ class LAMB(_PoptorchOptimizer, torch.optim.Optimizer):
             group_keys,
         )
 
+    @torch.no_grad()
     def step(self, closure=None):
-        """Not run: the update rule is compiled into the wrapped model's program."""
-        raise Error("poptorch.optim.LAMB only runs inside a poptorch.trainingModel.")
+        """One LAMB step on the host from the parameters' ``.grad`` (as PopTorch's LAMB runs on the CPU); a
+        wrapped model runs the same rule on the device. State slots and step count match the device's."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        trained = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        scale = 1.0
+        if self.max_grad_norm is not None and trained:
+            # Global-norm clipping as on the device (torch.nn.utils.clip_grad_norm_), without editing .grad.
+            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in trained]))
+            scale = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
+        for group, p in trained:
+            p.sub_(self._update(group, p, p.grad * scale))
+        return loss
+
+    def _update(self, group, p, grad):
+        """lr * trust ratio * update for one parameter, advancing its state."""
+        state = self.state[p]
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if self.bias_correction:
+            step = float(state["step"])
+            m, v = m / (1 - beta1**step), v / (1 - beta2**step)
+        update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+        r1, r2 = p.norm().clamp(max=group["max_weight_norm"]), update.norm()
+        trust = 1.0 if r1 == 0 or r2 == 0 else float(r1 / r2)
+        return update * (group["lr"] * trust)
 
 
 def _adaptive_extras(opt, loss_scaling, accum_type, first, second, max_grad_norm):
