@@ -8,6 +8,7 @@ of each tensor is current is tracked per tensor object (``_weights``), so tied w
 several wrappers of one model stay coherent (``_device_weights``).
 """
 
+import copyreg
 import inspect
 import os
 import time
@@ -29,6 +30,7 @@ from poptorch import (
     _synthetic_data,
     _training,
     _weights,
+    optim,
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
@@ -96,14 +98,13 @@ def _syncing(method):
 
 
 def _reduce_as(original):
-    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``
+    (loadable without poptorch)."""
 
     def __reduce_ex__(self, protocol):
         _weights.sync_host(self)
         reduced = super(type(self), self).__reduce_ex__(protocol)
-        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
-            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
-        return reduced
+        return (copyreg._reconstructor, (original, object, None), *reduced[2:])
 
     return __reduce_ex__
 
@@ -174,6 +175,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._spec = describe(optimizer) if training else None
+        if training:
+            optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
@@ -258,6 +261,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
+            optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
         if self._write_profile or self._options.profile_dir:
@@ -501,6 +505,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+        optim.release(self._optimizer, self)
+        optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
             self._device.set_optimizer(optimizer, spec)
@@ -531,6 +537,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
         self.copyWeightsToHost()
         self._reset()
+        if self._training:
+            optim.release(self._optimizer, self)
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
             del shared.executors[_kind(self._training)]
@@ -572,6 +580,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def model(self):
         """The wrapped user model."""
         return self._model
+
+    def __reduce__(self):
+        """Pickled (``torch.save``) as the recipe that wraps the model again, with the host's current weights
+        and optimizer state; the loaded wrapper compiles on its first call."""
+        self.copyWeightsToHost()
+        optimizer = self._optimizer if self._training else None
+        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
