@@ -28,6 +28,7 @@ import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._logging import logger
+from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
 
 RNG_SEED = "_rng_seed"
@@ -50,6 +51,8 @@ class Captured:
     constant_args: flat position (index into ``flatten_call`` leaves) -> value of each non-tensor argument
         baked into the graph.
     parameters / frozen / buffers: FQNs in named_parameters() / requires_grad=False / named_buffers() order.
+    tensors: FQN -> the host tensor behind each parameter and buffer input. Aliases of one tensor (tied
+        weights, a submodule used twice) are one input, named by the first FQN torch lists.
     outputs: graph output names of the flattened user outputs, in order; out_spec rebuilds their structure.
     output_dtypes: torch dtypes of the outputs as eager torch returns them.
     input_mutations: user input name -> graph output name holding its in-place updated value.
@@ -63,6 +66,7 @@ class Captured:
     parameters: list = field(default_factory=list)
     frozen: set = field(default_factory=set)
     buffers: list = field(default_factory=list)
+    tensors: dict = field(default_factory=dict)
     outputs: list = field(default_factory=list)
     out_spec: object = None
     output_dtypes: list = field(default_factory=list)
@@ -146,7 +150,8 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            program = torch.export.export(model, args, kwargs, strict=False)
+            with registered_once(model):
+                program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
     except Error:
@@ -339,11 +344,13 @@ class _Lowering:
         for fqn, p in self.model.named_parameters():
             self.state[id(p)] = self.graph.add_input(fqn, p.shape, popir_dtype(p.dtype), kind="parameter")
             captured.parameters.append(fqn)
+            captured.tensors[fqn] = p
             if not p.requires_grad:
                 captured.frozen.add(fqn)
         for fqn, b in self.model.named_buffers():
             self.state[id(b)] = self.graph.add_input(fqn, b.shape, popir_dtype(b.dtype), kind="buffer")
             captured.buffers.append(fqn)
+            captured.tensors[fqn] = b
 
     def _state_input(self, kind, target):
         target = target.removeprefix(_WRAPPED)

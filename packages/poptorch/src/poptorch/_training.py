@@ -17,6 +17,7 @@ from poptorch.enums import ReductionType
 from poptorch.errors import Error
 
 RNG_SEED = "_rng_seed"
+ACCUMULATOR_PREFIX = "_accum."
 NO_LOSS = "Couldn't find a loss in graph!"
 MANY_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. "
@@ -26,7 +27,7 @@ MANY_LOSSES = (
 
 def accumulator_name(param):
     """Device variable accumulating the gradient of ``param`` between optimizer steps."""
-    return f"_accum.{param}"
+    return f"{ACCUMULATOR_PREFIX}{param}"
 
 
 @dataclass
@@ -65,7 +66,19 @@ def the_loss(captured):
     loss = captured.losses[0]
     if not loss.dtype.is_float:
         raise Error(f"The loss must be a floating point tensor, got {loss.dtype}")
+    if loss.shape:
+        # Eager torch refuses backward() of a non-scalar ("grad can be implicitly created only for scalar
+        # outputs"); summing it silently would train on a loss the user did not write.
+        raise Error(
+            f"The final loss must be a scalar, got shape {list(loss.shape)}{_where(loss)}: reduce it (a torch loss "
+            "with reduction='mean' or 'sum', or poptorch.identity_loss(x, reduction='mean'))"
+        )
     return loss
+
+
+def _where(value):
+    source = value.producer.source if value.producer is not None else None
+    return f" (at {source})" if source else ""
 
 
 def build_training(captured, spec, group_of, options, on_phase=lambda phase: None):
