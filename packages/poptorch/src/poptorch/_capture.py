@@ -11,6 +11,7 @@ int32[2]); each random op draws from its own stream derived from it. The runtime
 it and advances it between steps (capture registers no update for it).
 """
 
+import contextlib
 import inspect
 import operator
 import os
@@ -150,7 +151,7 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model):
+            with registered_once(model), _full_stack_traces():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
@@ -250,22 +251,53 @@ def _user_frame_of_traceback(tb):
 
 
 def _is_user_file(path):
+    """Code of the user or of a library they use (transformers...): neither torch, poptorch nor generated."""
+    if path.startswith("<"):  # <string>, <eval_with_key>: code torch generated
+        return False
     path = os.path.abspath(path)
-    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR))
+
+
+class _EveryUserFrame:
+    """Stands in for torch.fx's set of stack-trace anchors during export: it holds every frame of user or
+    library code, so a node's recorded stack keeps helper functions (a mask utility), not only ``forward``s."""
+
+    def __contains__(self, frame):
+        return _is_user_file(frame[0])
+
+
+@contextlib.contextmanager
+def _full_stack_traces():
+    saved = torch.fx.proxy._STACK_TRACE_ANCHORS
+    torch.fx.proxy._STACK_TRACE_ANCHORS = _EveryUserFrame()
+    try:
+        yield
+    finally:
+        torch.fx.proxy._STACK_TRACE_ANCHORS = saved
+
+
+def _frame_text(m):
+    return f"{m['file']}:{m['line']}: {m['code'].strip()}"
 
 
 def source_line(node):
-    """The user's ``file:line: code`` that produced an exported fx node (None if unknown).
+    """Where an exported fx node was made: the innermost frame of user or library code as ``file:line:
+    code``, followed by the model-level line that led there when that is another one (None if unknown).
 
     Nodes made by decompositions may carry no stack trace; they take the line of the nearest user that has one.
     """
     pending, seen = [node], set()
     while pending:
         current = pending.pop(0)
-        frames = [m for m in _FRAME.finditer(current.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
+        frames = list(_FRAME.finditer(current.meta.get("stack_trace") or ""))
+        # The stack starts where the model was called; the model's own code starts at the first forward.
+        start = next((i for i, m in enumerate(frames) if m["func"] == "forward"), 0)
+        frames = [m for m in frames[start:] if _is_user_file(m["file"])]
         if frames:
-            m = frames[-1]
-            return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+            # The model-level line: in the outermost forward (decorators around it are not the model).
+            outer = next((m for m in frames if m["func"] == "forward"), frames[0])
+            inner, outer = _frame_text(frames[-1]), _frame_text(outer)
+            return inner if inner == outer else f"{inner} (from {outer})"
         seen.add(current)
         pending.extend(u for u in current.users if u not in seen)
     return None
