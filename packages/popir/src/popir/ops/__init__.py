@@ -28,6 +28,7 @@ from popir.ops.activations import (
     softplus,
     softsign,
 )
+from popir.ops.attention import scaled_dot_product_attention
 from popir.ops.base import (
     add,
     broadcast_to,
@@ -292,6 +293,7 @@ __all__ = [
     "roll",
     "round",
     "rsqrt",
+    "scaled_dot_product_attention",
     "scatter",
     "scatter_add",
     "selu",
