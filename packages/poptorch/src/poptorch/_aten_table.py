@@ -750,8 +750,9 @@ def _pad(ctx, x, pad, value=0):
     return _op("pad", x, pads=pads, value=float(value))
 
 
-def _index_value(ctx, indices, size):
-    """Integer indices as int32 with negative ones wrapped into [0, size)."""
+def _index_value(ctx, indices, size, what="indexing"):
+    """Integer indices as int32 with negative ones wrapped into [0, size) (checked in [-size, size))."""
+    ctx.bound_index(indices, size, what, negative=True)
     indices = _cast(indices, "int32")
     zero = _const(ctx.graph, 0, "int32")
     return _op("where", _op("lt", indices, zero), _op("add", indices, _const(ctx.graph, size, "int32")), indices)
@@ -767,23 +768,50 @@ def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, s
         keep = np.ones((weight.shape[0], 1), dtype=weight.dtype.numpy)
         keep[padding_idx] = 0
         weight = _op("mul", weight, ctx.graph.constant(keep))
+    ctx.bound_index(indices, weight.shape[0], f"an Embedding of {weight.shape[0]} rows")
     return _op("gather", weight, _cast(indices, "int32"), axis=0)
 
 
-@lowers(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
-def _upsample_nearest2d(ctx, x, output_size=None, scale_factors=None, *args):
-    n, c, h, w = x.shape
-    out_h, out_w = _out_shape(ctx)[2:]
-    if out_h % h or out_w % w:
-        raise Error(f"nearest upsampling from {[h, w]} to {[out_h, out_w]} needs whole scale factors")
-    sh, sw = out_h // h, out_w // w
-    spread = _op("broadcast_to", _op("reshape", x, shape=(n, c, h, 1, w, 1)), shape=(n, c, h, sh, w, sw))
-    return _op("reshape", spread, shape=(n, c, out_h, out_w))
+_UPSAMPLE_MODES = {
+    aten.upsample_nearest1d: "nearest",
+    aten.upsample_nearest2d: "nearest",
+    aten.upsample_nearest3d: "nearest",
+    aten._upsample_nearest_exact1d: "nearest-exact",
+    aten._upsample_nearest_exact2d: "nearest-exact",
+    aten._upsample_nearest_exact3d: "nearest-exact",
+    aten.upsample_linear1d: "linear",
+    aten.upsample_bilinear2d: "bilinear",
+    aten.upsample_trilinear3d: "trilinear",
+    aten.upsample_bicubic2d: "bicubic",
+}
+UPSAMPLE_OPS = tuple(getattr(p, o) for p in _UPSAMPLE_MODES for o in ("vec", "default"))
+# Kept whole: resampled by per-axis maps rather than torch's index arithmetic.
+UNDECOMPOSED_OPS += UPSAMPLE_OPS
+
+
+@lowers(*UPSAMPLE_OPS)
+def _upsample(ctx, x, *args):
+    """F.interpolate: ``.vec`` overloads take (size, [align_corners], scale_factors), ``.default`` ones
+    (size, [align_corners], *per-axis scales)."""
+    target = ctx.node.target
+    mode = _UPSAMPLE_MODES[target.overloadpacket]
+    args = list(args)
+    align_corners = bool(args.pop(1)) if mode not in popir.ops.resize.NEAREST_MODES else False
+    spatial = x.ndim - 2
+    if target._overloadname == "vec":
+        scales = args[1] if len(args) > 1 else None
+    else:
+        scales = args[1:] if len(args) > 1 and any(s is not None for s in args[1:]) else None
+    if scales is not None and any(s is None for s in scales):
+        scales = None
+    size = _out_shape(ctx)[2:]
+    return popir.ops.interpolate(x, size, mode, align_corners, None if scales is None else tuple(scales[:spatial]))
 
 
 @lowers(aten.index_select.default)
 def _index_select(ctx, x, dim, index):
     axis = _axis(dim, x.ndim)
+    ctx.bound_index(index, x.shape[axis], f"index_select on an axis of {x.shape[axis]}")
     return _op("gather", x, _index_value(ctx, index, x.shape[axis]), axis=axis)
 
 
@@ -799,6 +827,7 @@ def _index(ctx, x, indices):
 @lowers(aten.gather.default)
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
     axis = _axis(dim, x.ndim)
+    ctx.bound_index(index, x.shape[axis], f"gather on an axis of {x.shape[axis]}")
     index = _index_value(ctx, index, x.shape[axis])
     if index.shape != x.shape:
         x = slice_to(x, index.shape, axis)
@@ -1115,9 +1144,15 @@ def nll(logp, target, weight, reduction, ignore_index):
 
 @lowers(aten.nll_loss.default, aten.nll_loss_nd.default, aten.nll_loss2d.default)
 def _nll_loss(ctx, logp, target, weight=None, reduction=1, ignore_index=-100):
+    _bound_target(ctx, target, logp, ignore_index)
     reduction = _reduction(reduction)
     out = popir.ops.nll_loss(logp, _cast(target, "int32"), weight, reduction, ignore_index)
     return _reshaped(out, _out_shape(ctx))
+
+
+def _bound_target(ctx, target, scores, ignore_index):
+    classes = scores.shape[1] if scores.ndim > 1 else scores.shape[0]
+    ctx.bound_index(target, classes, f"class labels of {classes} classes", allowed=(ignore_index,))
 
 
 def _reshaped(x, shape):
@@ -1126,6 +1161,7 @@ def _reshaped(x, shape):
 
 @lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
+    _bound_target(ctx, target, logp, ignore_index)
     out, total_weight = nll(logp, target, weight, reduction, ignore_index)
     return _op("reshape", out, shape=_out_shape(ctx, 0)), total_weight
 
@@ -1133,6 +1169,7 @@ def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
 @lowers(aten.cross_entropy_loss.default)
 def _cross_entropy(ctx, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     if not target.dtype.is_float:
+        _bound_target(ctx, target, logits, ignore_index)
         target = _cast(target, "int32")
     reduction = _reduction(reduction)
     out = popir.ops.cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing)

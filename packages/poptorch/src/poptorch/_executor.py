@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 import popsim
 from poptorch import _cache, _device, _training
 from poptorch._batching import Layout
+from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name, state_name
 from poptorch.errors import Error
@@ -341,6 +342,7 @@ class PoplarExecutor:
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
+            check_input(name, tensor, captured.index_bounds.get(name, ()))
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
         per_output = {}

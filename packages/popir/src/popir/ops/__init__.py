@@ -6,6 +6,7 @@ losses, layers, rearrange and recurrent. Public names match the registry's op na
 ``ops.pow``, ``ops.abs``, ``ops.round`` shadow builtins on purpose).
 """
 
+from popir.ops import resize
 from popir.ops.activations import (
     celu,
     clamp,
@@ -160,9 +161,12 @@ from popir.ops.rearrange import (
 )
 from popir.ops.recurrent import gru_cell, lstm_cell, rnn_cell
 from popir.ops.reduction import argmax, argmin, reduce_max, reduce_min, reduce_prod
+from popir.ops.resize import interpolate
 from popir.ops.stats import logsumexp, mean, norm, std, var
 
 __all__ = [
+    "interpolate",
+    "resize",
     "abs",
     "acos",
     "acosh",
