@@ -53,6 +53,10 @@ UNDECOMPOSED_OPS = (
     aten.softplus.default,
     aten.mish.default,
     aten.celu.default,
+    # Lowered whole, through popir composites.
+    aten.index_fill.int_Scalar,
+    aten.index_fill.int_Tensor,
+    aten.bilinear.default,
 )
 
 # ATen ops that only check metadata at run time: nothing to compute on the device.
@@ -191,9 +195,12 @@ def _div_mode(ctx, a, b, *, rounding_mode="floor"):
     dtype = _out_dtype(ctx)
     if rounding_mode is None:
         return _div(ctx, a, b)
-    if dtype != "int32" or rounding_mode != "floor":
-        raise Error(f"division with rounding_mode={rounding_mode!r} is only supported as floor division of integers")
-    return _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+    quotient = _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+    if dtype != "int32":
+        return _op("floor", quotient) if rounding_mode == "floor" else popir.ops.trunc(quotient)
+    if rounding_mode != "floor":
+        raise Error("integer division with rounding_mode='trunc' is not supported: use rounding_mode='floor'")
+    return quotient
 
 
 @lowers(aten.pow.Tensor_Scalar)
@@ -348,6 +355,12 @@ def _mish(ctx, x):
     return popir.ops.mish(x)
 
 
+@lowers(aten.rrelu_with_noise_functional.default)
+def _rrelu(ctx, x, noise, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, generator=None):
+    # noise (the slopes torch records for its own backward) is not needed: popir differentiates the select.
+    return popir.ops.rrelu(x, lower, upper, ctx.random_seed() if training else None), noise
+
+
 @lowers(aten.hardtanh.default, aten.clamp.default, aten.clamp.Tensor)
 def _clamp(ctx, x, min=None, max=None):
     dtype = _out_dtype(ctx)
@@ -372,6 +385,11 @@ def _compare(prim):
 
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     TABLE[getattr(aten, _name).Tensor] = TABLE[getattr(aten, _name).Scalar] = _compare(_name)
+
+
+@lowers(aten.isnan.default)
+def _isnan(ctx, x):
+    return popir.ops.isnan(x) if x.dtype.is_float else _full_constant(ctx, False)
 
 
 def _logical(prim):
@@ -541,6 +559,35 @@ def _cumsum(ctx, x, dim, *, dtype=None):
     return _op("cumsum", x, axis=_axis(dim, x.ndim))
 
 
+@lowers(aten.cumprod.default)
+def _cumprod(ctx, x, dim, *, dtype=None):
+    return popir.ops.cumprod(_cast(x, _out_dtype(ctx)), _axis(dim, x.ndim))
+
+
+@lowers(aten.median.default)
+def _median(ctx, x):
+    return popir.ops.median(x)
+
+
+@lowers(aten.median.dim)
+def _median_dim(ctx, x, dim=0, keepdim=False):
+    return popir.ops.median(x, _axis(dim, x.ndim), keepdim) if x.ndim else (x, _full_constant_at(ctx, 0, 1))
+
+
+def _full_constant_at(ctx, fill, index):
+    return _const(ctx.graph, fill, _out_dtype(ctx, index))
+
+
+@lowers(aten.bucketize.Tensor)
+def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
+    return popir.ops.bucketize(x, _cast(boundaries, x.dtype), right=bool(right))
+
+
+@lowers(aten._cdist_forward.default)
+def _cdist(ctx, a, b, p, compute_mode=None):
+    return popir.ops.cdist(a, b, float(p))
+
+
 @lowers(aten.sort.default, aten.sort.stable)
 def _sort(ctx, x, dim=-1, descending=False, *, stable=None):
     return _op("sort", x, axis=_axis(dim, x.ndim), descending=bool(descending))
@@ -565,6 +612,44 @@ def _scatter(ctx, x, dim, index, src):
     index = _index_value(ctx, index, x.shape[axis])
     src = _op("broadcast_to", _as_value(ctx, src, x.dtype), shape=index.shape) if not hasattr(src, "graph") else src
     return popir.ops.scatter(x, axis, index, slice_to(src, index.shape, -1))
+
+
+@lowers(aten.scatter_reduce.two)
+def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis], f"scatter_reduce on an axis of {x.shape[axis]}")
+    if src.shape != index.shape:
+        src = slice_to(src, index.shape, -1)
+    return popir.ops.scatter_reduce(x, axis, index, src, reduce, bool(include_self))
+
+
+@lowers(aten.index_reduce.default)
+def _index_reduce(ctx, x, dim, index, source, reduce, *, include_self=True):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis], f"index_reduce on an axis of {x.shape[axis]}")
+    return popir.ops.index_reduce(x, axis, index, source, reduce, bool(include_self))
+
+
+@lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(ctx, x, dim, index, value):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, _op("reshape", index, shape=(index.type.size,)), x.shape[axis], "index_fill")
+    if hasattr(value, "graph"):
+        value = _cast(value, x.dtype)
+    return popir.ops.index_fill(x, axis, index, value)
+
+
+@lowers(aten.bincount.default)
+def _bincount(ctx, x, weights=None, minlength=0):
+    # The output length depends on the values (max + 1), which a compiled graph cannot: it is minlength, and
+    # each call checks that the values fit it.
+    if minlength <= 0:
+        raise Error(
+            "torch.bincount's output length depends on the input values, which the IPU cannot compile: pass "
+            "minlength=N (values must then lie in 0..N-1)"
+        )
+    ctx.bound_index(x, minlength, f"bincount with minlength={minlength}")
+    return popir.ops.bincount(_cast(x, "int32"), minlength, None if weights is None else _cast(weights, "float32"))
 
 
 @lowers(aten.linalg_vector_norm.default)
@@ -808,6 +893,34 @@ def _upsample(ctx, x, *args):
     return popir.ops.interpolate(x, size, mode, align_corners, None if scales is None else tuple(scales[:spatial]))
 
 
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(
+    ctx,
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    if scale_grad_by_freq or (padding_idx is not None and padding_idx >= 0):
+        raise Error("EmbeddingBag with scale_grad_by_freq or padding_idx is not supported")
+    ctx.bound_index(indices, weight.shape[0], f"an EmbeddingBag of {weight.shape[0]} rows")
+    indices, offsets = _cast(indices, "int32"), _cast(offsets, "int32")
+    mode = {0: "sum", 1: "mean", 2: "max"}[mode]
+    out = popir.ops.embedding_bag(weight, indices, offsets, mode, per_sample_weights, bool(include_last_offset))
+    # offset2bag, bag_size and max_indices serve torch's own backward; popir differentiates the bag itself.
+    return out, None, None, None
+
+
+@lowers(aten.bilinear.default)
+def _bilinear(ctx, a, b, weight, bias=None):
+    return popir.ops.bilinear(a, b, weight, bias)
+
+
 @lowers(aten.index_select.default)
 def _index_select(ctx, x, dim, index):
     axis = _axis(dim, x.ndim)
@@ -874,13 +987,17 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 @lowers(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
+    if spatial == 3 and transposed:
+        window = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation)}
+        out = popir.ops.conv_transpose3d(x, w, output_padding=tuple(output_padding), groups=groups, **window)
+        return out if bias is None else _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1, 1)))
     if spatial == 3 and not transposed:
         out = popir.ops.conv3d(
             x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups
         )
         return out if bias is None else _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1, 1)))
     if spatial not in (1, 2):
-        raise Error(f"only 1-d, 2-d and (non-transposed) 3-d convolutions are supported, got {spatial}-d")
+        raise Error(f"only 1-d, 2-d and 3-d convolutions are supported, got {spatial}-d")
     if transposed:
         conv_transpose = popir.ops.conv_transpose1d if spatial == 1 else popir.ops.conv_transpose2d
         window = {"stride": stride, "padding": padding, "output_padding": output_padding, "dilation": dilation}
@@ -947,6 +1064,25 @@ def _adaptive_avg_pool2d(ctx, x, output_size):
         out = popir.ops.adaptive_avg_pool2d(_op("reshape", x, shape=(1,) + x.shape), tuple(output_size))
         return _op("reshape", out, shape=_out_shape(ctx))
     return popir.ops.adaptive_avg_pool2d(x, tuple(output_size))
+
+
+@lowers(aten.max_pool3d_with_indices.default)
+def _max_pool3d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return popir.ops.max_pool3d(x, tuple(kernel_size), tuple(stride) or None, padding, dilation, bool(ceil_mode)), None
+
+
+@lowers(aten.avg_pool3d.default)
+def _avg_pool3d(
+    ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    if divisor_override is not None:
+        raise Error("avg_pool3d with divisor_override is not supported")
+    return popir.ops.avg_pool3d(x, tuple(kernel_size), tuple(stride) or None, padding, ceil_mode, count_include_pad)
+
+
+@lowers(aten._adaptive_avg_pool3d.default, aten.adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(ctx, x, output_size):
+    return popir.ops.adaptive_avg_pool3d(x, tuple(output_size))
 
 
 # -- normalisation, softmax and dropout ----------------------------------------------------------------------
@@ -1078,6 +1214,49 @@ def _bernoulli(ctx, x, p=0.5, *, generator=None):
 @lowers(aten.rand.default, aten.rand_like.default)
 def _rand(ctx, *args, **kwargs):
     return _cast(_op("random_uniform", ctx.random_seed(), shape=_out_shape(ctx), dtype="float32"), _out_dtype(ctx))
+
+
+@lowers(aten.randn.default, aten.randn_like.default)
+def _randn(ctx, *args, **kwargs):
+    return _cast(popir.ops.normal(ctx.random_seed(), _out_shape(ctx)), _out_dtype(ctx))
+
+
+def _normal_of(ctx, mean, std):
+    """mean + std * a standard normal draw of the result's shape (mean and std tensors or numbers)."""
+    dtype = _out_dtype(ctx)
+    z = _cast(popir.ops.normal(ctx.random_seed(), _out_shape(ctx)), dtype)
+    return _op("add", _op("mul", z, _as_value(ctx, std, dtype)), _as_value(ctx, mean, dtype))
+
+
+@lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def _normal(ctx, mean=0.0, std=1.0, *, generator=None):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.normal.float_float)
+def _normal_sized(ctx, mean, std, size, *, generator=None, **kwargs):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.normal_functional.default)
+def _normal_like(ctx, x, mean=0.0, std=1.0, *, generator=None):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.uniform.default)
+def _uniform(ctx, x, low=0.0, high=1.0, *, generator=None):
+    u = popir.ops.uniform(ctx.random_seed(), _out_shape(ctx), float(low), float(high))
+    return _cast(u, _out_dtype(ctx))
+
+
+@lowers(aten.exponential.default)
+def _exponential(ctx, x, lambd=1.0, *, generator=None):
+    return _cast(popir.ops.exponential(ctx.random_seed(), _out_shape(ctx), float(lambd)), _out_dtype(ctx))
+
+
+@lowers(aten.randperm.default)
+def _randperm(ctx, n, **kwargs):
+    return popir.ops.randperm(ctx.random_seed(), int(n))
 
 
 # -- losses ------------------------------------------------------------------------------------------------------
@@ -1222,3 +1401,9 @@ def _triplet_margin_loss(ctx, anchor, positive, negative, margin=1.0, p=2.0, eps
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]
+
+# Shape arithmetic export emits around ops with a data-dependent size (bincount): every popir shape is static,
+# so it evaluates on plain ints (the assertions it feeds are dropped, IGNORED_OPS).
+TABLE[aten.sym_size.int] = lambda ctx, x, dim: x.shape[dim]
+for _compare_ints in (operator.ge, operator.gt, operator.le, operator.lt, operator.eq):
+    TABLE[_compare_ints] = lambda ctx, a, b, fn=_compare_ints: fn(a, b)

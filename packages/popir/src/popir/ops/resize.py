@@ -82,10 +82,16 @@ def _along(x, axis, fn):
 
 
 def _apply_matrix(x, w):
+    """``x`` times the constant map ``w`` (out, in) over its last axis."""
     lead = x.shape[:-1]
     flat = reshape(x, shape=(math.prod(lead), x.shape[-1]))
     out = matmul(flat, x.graph.constant(np.ascontiguousarray(w.T).astype(x.dtype.numpy)))
     return reshape(out, shape=lead + (w.shape[0],))
+
+
+def apply_along(x, axis, w):
+    """The constant (out, in) map ``w`` applied to ``axis`` of ``x`` (a matmul, planned over tiles)."""
+    return _along(x, axis, lambda v: _apply_matrix(v, w))
 
 
 def interpolate(x, size, mode="nearest", align_corners=False, scales=None):
@@ -110,5 +116,5 @@ def interpolate(x, size, mode="nearest", align_corners=False, scales=None):
             x = gather(x, index, axis=axis)
         else:
             w = weight_matrix(in_size, out_size, mode, align_corners, scale)
-            x = _along(x, axis, lambda v, w=w: _apply_matrix(v, w))
+            x = apply_along(x, axis, w)
     return x
