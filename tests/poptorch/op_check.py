@@ -57,17 +57,20 @@ def assert_matches(device, eager, rtol=RTOL, atol=ATOL):
 
 
 def check_forward(fn, inputs, rtol=RTOL, atol=ATOL):
-    """``fn(*inputs)`` through inferenceModel equals eager."""
-    model = poptorch.inferenceModel(Forward(fn), options())
+    """``fn(*inputs)`` through inferenceModel equals eager (in eval mode, as inferenceModel runs it)."""
+    module = Forward(fn).eval()
+    with torch.no_grad():
+        eager = module(*inputs)
+    model = poptorch.inferenceModel(module, options())
     try:
-        assert_matches(model(*inputs), fn(*inputs), rtol, atol)
+        assert_matches(model(*inputs), eager, rtol, atol)
     finally:
         model.destroy()
 
 
 def check_gradient(fn, inputs, wrt=0, rtol=RTOL, atol=ATOL):
     """One SGD step (lr=1) on input ``wrt`` made a parameter moves it by eager's gradient."""
-    model = WithParameter(fn, list(inputs), wrt)
+    model = WithParameter(fn, list(inputs), wrt).train()
     eager = copy.deepcopy(model)
     rest = list(inputs[:wrt]) + list(inputs[wrt + 1 :])
     eager(*rest).backward()
