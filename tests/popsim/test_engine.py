@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import popir
 import popsim
 from popir import ops
-from popsim import _kernels
+from popsim import _exchange
 
 
 def _expand(rows):
@@ -32,7 +32,7 @@ def test_copy_runs_move_exactly_the_given_elements(segments):
         dst += [4 * (at + j) for j in range(count)]
         at += count + (start % 3 == 0)  # sometimes a gap in the destination
     src, dst = np.array(src, np.int64), np.array(dst, np.int64)
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1).reshape(-1, 2))
     assert len(rows) <= max(len(segments), 0) + sum(c for _, _, c in segments) // 2 + 1
 
@@ -41,7 +41,7 @@ def test_copy_runs_move_a_window_in_one_two_dimensional_row():
     # A 3-wide window taken from 4 image rows of pitch 10: one row of 4 repetitions of a 3-element run.
     src = np.array([4 * (10 * r + c) for r in range(4) for c in range(3)], np.int64)
     dst = np.arange(12, dtype=np.int64) * 4
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     assert rows.tolist() == [[0, 0, 3, 4, 4, 4, 40]]
 
 
@@ -49,7 +49,7 @@ def test_copy_runs_move_a_transposed_block_in_one_row():
     # dst (3, 5) = src (5, 3).T: every destination row is a column of the source (stride 12 bytes).
     src = (np.arange(15).reshape(5, 3).T.reshape(-1) * 4).astype(np.int64)
     dst = np.arange(15, dtype=np.int64) * 4
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     assert rows.tolist() == [[0, 0, 5, 12, 4, 3, 4]]
     np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1))
 
@@ -121,12 +121,14 @@ def test_an_index_beyond_its_axis_is_an_error_even_when_its_flat_position_exists
         exe.run({**feeds, "index": np.array([[100], [-5], [1]], np.int32)})
 
 
-def test_an_executable_pickles_with_its_variables_and_runs_alike():
+def test_an_executable_round_trips_through_bytes_with_its_variables_and_runs_alike():
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((4, 3, 12, 12)).astype(np.float32)}
     exe = popsim.compile(_cnn_graph(), "ipu2")
     exe.write_variable("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
-    clone = pickle.loads(pickle.dumps(exe))
+    clone = popsim.Executable.from_bytes(exe.to_bytes())
     np.testing.assert_array_equal(clone.read_variable("w"), exe.read_variable("w"))
     np.testing.assert_array_equal(clone.run(feeds)["y"], exe.run(feeds)["y"])
     assert clone.profile.programs == exe.profile.programs
+    with pytest.raises(TypeError, match="to_bytes"):
+        pickle.dumps(exe)

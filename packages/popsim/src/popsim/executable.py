@@ -5,16 +5,17 @@ import os
 import numpy as np
 
 import popir
-from popsim import _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import Error, UnsupportedOpError
+from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
 from popsim.target import Device, Target
+from popsim.validate import check_program
 
 # Exchange rows hold 32-bit byte offsets into the arena (see _types.pxd), so the arena must fit below 2 GiB.
 MAX_ARENA_BYTES = 2**31 - 1
@@ -38,6 +39,31 @@ def _check_supported(graphs):
         )
 
 
+def _check_fits(graphs, target, relax_memory):
+    """Refuse, from sizes alone and before any planning, a program set whose variables plus one program's
+    streamed inputs exceed the tile memory of ``target`` (with ``relax_memory``, what the simulator can
+    address). Both are always resident at once; intermediates are not counted (fusion and aliasing may keep
+    them off the tiles), so this is a lower bound and the allocator still has the last word."""
+    variables = {v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    fixed = sum(variables.values())
+    streamed = max(sum(v.type.nbytes for v in g.inputs if v.kind == "input") for g in graphs.values())
+    capacity = MAX_ARENA_BYTES if relax_memory else target.num_tiles * target.tile_bytes
+    if fixed + streamed <= capacity:
+        return
+    top = sorted(variables.items(), key=lambda kv: -kv[1])[:3]
+    biggest = "".join(f", {name} {size:,}" for name, size in top)
+    where = (
+        f"the {MAX_ARENA_BYTES:,} bytes the simulator addresses"
+        if relax_memory
+        else f"the {capacity:,} bytes of {target.name}'s {target.num_tiles:,} tiles x {target.tile_bytes:,} bytes"
+    )
+    raise OutOfMemoryError(
+        f"the program set needs at least {fixed + streamed:,} bytes of tile memory ({streamed:,} bytes of inputs "
+        f"and {fixed:,} bytes of variables{biggest}), more than {where}. Use smaller inputs or fewer parameters, "
+        "or a Device of more IPUs."
+    )
+
+
 def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -51,6 +77,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
+    _check_fits(graphs, target, relax_memory)
     dg = DeviceGraph(target)
     variables = {}
     for g in graphs.values():
@@ -90,12 +117,14 @@ def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_me
 
 
 def default_threads():
-    """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine."""
+    """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine (at most
+    ``_kernels.MAX_THREADS``)."""
     value = os.environ.get("POPSIM_NUM_THREADS")
     if value is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if not value.isdigit() or int(value) < 1:
-        raise Error(f"POPSIM_NUM_THREADS must be a positive integer, got {value!r}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(cores, _kernels.MAX_THREADS))
+    if not value.isdigit() or not 1 <= int(value) <= _kernels.MAX_THREADS:
+        raise Error(f"POPSIM_NUM_THREADS must be an integer from 1 to {_kernels.MAX_THREADS}, got {value!r}")
     return int(value)
 
 
@@ -104,7 +133,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
-    An Executable pickles with its programs, tile plans and variable values, so a cache can skip compiling.
+    ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
+    skip compiling.
     """
 
     def __init__(self, target, dg, variables, lowered, relax_memory):
@@ -197,22 +227,28 @@ class Executable:
         for t, blocks in self._constants:
             self._write(t, blocks, t.value)
 
-    def __getstate__(self):
-        """A pickle holds the compiled programs and the variables' current values, not the tile memory."""
-        state = {k: v for k, v in self.__dict__.items() if k != "arena"}
-        state["arena"] = (self.arena.num_tiles, self.arena.tile_bytes)
-        state["variable_values"] = {name: self.read_variable(name) for name in self._vars}
-        return state
+    def to_bytes(self):
+        """The executable as bytes: its programs, tile plans, profile and current variable values, checksummed.
 
-    def __setstate__(self, state):
-        num_tiles, tile_bytes = state.pop("arena")
-        values = state.pop("variable_values")
-        self.__dict__.update(state)
-        self.arena = TileArena(num_tiles, tile_bytes)
-        self.num_threads = default_threads()
-        self._write_constants()
-        for name, value in values.items():
-            self.write_variable(name, value)
+        The format holds only JSON and NumPy arrays (see _executable_format), so reading it cannot run code."""
+        return _executable_format.to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, data):
+        """An Executable from ``to_bytes`` output; a popsim.Error when ``data`` is damaged or not one."""
+        return _executable_format.from_bytes(cls, data, default_threads(), MAX_ARENA_BYTES)
+
+    def __reduce__(self):
+        raise TypeError("a popsim Executable does not pickle; use Executable.to_bytes() and Executable.from_bytes()")
+
+    def validate(self):
+        """Raise a popsim.Error unless every compiled program stays inside this executable's tile memory (see
+        ``validate.check_program``); for an executable that did not come from ``compile`` in this process."""
+        for name, (flat, *_) in self._programs.items():
+            try:
+                check_program(flat, self.arena.num_tiles, self.arena.tile_bytes, len(self._streams))
+            except Error as exc:
+                raise Error(f"program {name!r}: {exc}") from None
 
     @property
     def programs(self):
@@ -221,11 +257,11 @@ class Executable:
 
     def _write(self, tensor, blocks, array):
         host = np.array(array, dtype=tensor.dtype.numpy, order="C").reshape(tensor.shape)
-        _kernels.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
+        _exchange.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
 
     def _read(self, tensor, blocks):
         out = np.empty(tensor.shape, tensor.dtype.numpy)
-        _kernels.host_read(self.arena, out.reshape(-1).view(np.uint8), *blocks)
+        _exchange.host_read(self.arena, out.reshape(-1).view(np.uint8), *blocks)
         return out
 
     def run(self, feeds=None, program=None):
@@ -240,6 +276,8 @@ class Executable:
         if program not in self._programs:
             raise Error(f"no program {program!r}; compiled programs: {', '.join(self._programs)}")
         flat, feed_blocks, out_blocks, inputs, outputs = self._programs[program]
+        if not isinstance(self.num_threads, int) or not 1 <= self.num_threads <= _kernels.MAX_THREADS:
+            raise Error(f"num_threads must be an integer from 1 to {_kernels.MAX_THREADS}, got {self.num_threads!r}")
         feeds = dict(feeds or {})
         stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device}
         unknown = set(feeds) - set(inputs) - stream_feeds
@@ -252,7 +290,7 @@ class Executable:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
         table, host = self._stream_buffers(flat.stream_uses, feeds)
-        bad, cycles, dry = _kernels.run_program(
+        bad, cycles, dry, trap = _kernels.run_program(
             self.arena,
             flat.phases,
             flat.phase_cycles,
@@ -267,6 +305,12 @@ class Executable:
         )
         # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
+        if trap >= 0:
+            kind, sub = flat.instructions[trap, :2]
+            raise Error(
+                f"program {program!r}: the engine trapped instruction row {trap} (kind {kind}, sub-op {sub}), which no "
+                "codelet implements; the results of this run are invalid"
+            )
         if dry >= 0:
             name = list(self._streams)[dry]
             raise Error(

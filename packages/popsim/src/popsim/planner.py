@@ -105,7 +105,7 @@ class Lowerer:
         return self.dg.alias(x, shape) if x.shape != tuple(shape) else x
 
     # -- elementwise ------------------------------------------------------------------------------
-    def elementwise(self, codelet, inputs, shape, dtype, fparam=0.0, out=None):
+    def elementwise(self, codelet, inputs, shape, dtype, out=None):
         """One vertex per block of the output (a new tensor, or ``out`` written in place); inputs are
         exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
@@ -118,7 +118,7 @@ class Lowerer:
         for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
             fields = self._fields(out, ins, "abc", scalars, k, a, b)
             cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
-            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, p0=scalars, fparam=fparam)
+            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, scalars=scalars)
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
@@ -262,7 +262,7 @@ class Lowerer:
         for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
             fields = {"a": staged.region(a * group, b * group), "out": out.region(a, b)}
             cycles = cost.reduce_cycles(self.target, b - a, group, staged.dtype)
-            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, p0=b - a, p1=group)
+            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, rows=b - a, group=group)
 
     def _copy_fill(self, out, value):
         filled = self.fill(out.shape, out.dtype, value)
@@ -331,7 +331,7 @@ class Lowerer:
                 "b": b_t.region(t * kb * nb, (t + 1) * kb * nb),
                 "out": p.region(t * mb * nb, (t + 1) * mb * nb),
             }
-            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, p0=mb, p1=kb)
+            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, m=mb, k=kb)
         # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk

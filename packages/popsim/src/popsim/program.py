@@ -17,20 +17,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from popsim import _kernels, cost
+from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
 
 NCOLS = oc.NCOLS
-P0_COLUMN = 10  # C_P0 in _kernels.pxd: an EXPR row's program row
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = range(8)
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
 DT = oc.DTYPE_CODES
 
-
-# Instruction columns holding field addresses; an EXPR vertex's leaves a..f take the dtype columns too (its
-# program holds the dtypes).
-_COLUMNS = ((3, "a"), (4, "b"), (5, "c"), (6, "out"))
-_EXPR_COLUMNS = (*_COLUMNS, (7, "d"), (8, "e"), (9, "f"))
+# Instruction columns holding field addresses; an EXPR vertex's leaves a..f sit in EXPR_LEAF_COLUMNS (its
+# program holds their dtypes).
+_COLUMNS = tuple((col, name) for name, col in oc.FIELD_COLUMNS.items())
+_EXPR_COLUMNS = ((oc.COL["out"], "out"), *zip(oc.EXPR_LEAF_COLUMNS, oc.EXPR_FIELDS))
 
 
 def _address(region, block_base):
@@ -68,8 +66,15 @@ def _copy_rows(step, block_base):
         if sel.any():
             src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
         base += s.size
-    rows = _kernels.copy_runs(src_addr, dst_addr, isz)
+    rows = _exchange.copy_runs(src_addr, dst_addr, isz)
     return rows, src_tile, dst_tile, src_addr
+
+
+def _distinct(values):
+    """The distinct values of a 1-D array, sorted. np.unique hashes since NumPy 2.3, which is some 40x slower
+    than sorting on the millions of offsets a large exchange has."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if ordered.size else ordered
 
 
 def _link_load(target, src_addr, src_tile, dst_tile, isz):
@@ -99,13 +104,13 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     f = _Flattener(target, block_base, block_base_list, tile_size, streams)
     totals = f.emit(program)
     return SimpleNamespace(
-        phases=np.array(f.phases, np.int64).reshape(-1, 4),
+        phases=np.array(f.phases, np.int64).reshape(-1, oc.PHASE_COLS),
         phase_cycles=np.array(f.cycles, np.int64),
         num_counters=f.counters,
         instructions=f.instruction_table(),
         fparams=np.array(f.fparams + [0.0] * len(f.expr_rows), np.float64),
-        copies=np.concatenate(f.copies) if f.copies else np.zeros((0, _kernels.COPY_ROW_COLUMNS), np.int32),
-        stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, 3),
+        copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
+        stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
         steps=f.steps,
         totals=dict(zip(("compute", "exchange", "sync", "control", "host"), totals.tolist())),
         tile_compute=f.tile_compute,
@@ -155,7 +160,7 @@ class _Flattener:
         """Vertex rows, then the EXPR programs, each EXPR row's P0 pointing at its program's first row."""
         table = np.array(self.rows + self.expr_rows, np.int64).reshape(-1, NCOLS)
         for row, start in self.expr_refs:
-            table[row, P0_COLUMN] = len(self.rows) + start
+            table[row, oc.COL["p0"]] = len(self.rows) + start
         return table
 
     def emit(self, step):
@@ -228,7 +233,10 @@ class _Flattener:
         per_tile = np.zeros(target.num_tiles, np.int64)
         for v in step.vertices:
             f = v.fields
-            row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
+            row = [0] * NCOLS
+            row[oc.COL["op"]], row[oc.COL["sub"]], row[oc.COL["n"]] = v.kind, v.sub, v.n
+            for name, value in v.params.items():
+                row[oc.COL[oc.VERTEX_PARAMS[v.kind][name]]] = value
             columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
             for col, name in columns:
                 if name in f:
@@ -236,14 +244,14 @@ class _Flattener:
             if v.kind == oc.EXPR:
                 self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
             else:
-                for col, name in ((7, "a"), (8, "b"), (9, "out")):
+                for name, col in oc.DTYPE_COLUMNS.items():
                     if name in f:
                         row[col] = DT[f[name].tensor.dtype.value]
             self.rows.append(row)
             self.fparams.append(v.fparam)
             per_tile[v.tile] += v.cycles
             if v.kind == oc.MATMUL:
-                self.flops += 2 * v.p0 * v.p1 * v.n
+                self.flops += 2 * v.params["m"] * v.params["k"] * v.n
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.bsp_sync_cycles)
@@ -267,7 +275,7 @@ class _Flattener:
         cross = src_tile != dst_tile
         recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
         # A source element sent to many tiles leaves its tile once (the exchange broadcasts it).
-        unique_src = np.unique(src_addr[cross])
+        unique_src = _distinct(src_addr[cross])
         sent = np.bincount(unique_src // self.tile_size, minlength=target.num_tiles) * isz
         local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
         load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 import popir
+from poptorch import _host_print
+from poptorch._indexing import advanced_index, index_put
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
 
@@ -449,9 +451,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.alias.default,
     aten.lift_fresh_copy.default,
     aten.contiguous.default,
-    torch.ops.poptorch.ipu_print_tensor.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.ipu_print_tensor.default)
+def _ipu_print_tensor(ctx, x, title, print_gradient):
+    _host_print.record(ctx.graph, x, title, print_gradient)
     return x
 
 
@@ -928,13 +935,23 @@ def _index_select(ctx, x, dim, index):
     return _op("gather", x, _index_value(ctx, index, x.shape[axis]), axis=axis)
 
 
+def _bound_indices(ctx, x, indices):
+    """Each call checks integer index tensors that come from user inputs against their axis."""
+    for axis, idx in enumerate(indices):
+        if idx is not None and idx.dtype != "bool":
+            ctx.bound_index(idx, x.shape[axis], "indexing", negative=True)
+
+
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
-    used = [(axis, idx) for axis, idx in enumerate(indices) if idx is not None]
-    if len(used) != 1 or used[0][1].dtype == "bool":
-        raise Error("indexing with more than one index tensor, or with a boolean mask, is not supported")
-    axis, idx = used[0]
-    return _op("gather", x, _index_value(ctx, idx, x.shape[axis]), axis=axis)
+    _bound_indices(ctx, x, indices)
+    return advanced_index(x, indices)
+
+
+@lowers(aten.index_put.default, aten.index_put_.default)
+def _index_put(ctx, x, indices, values, accumulate=False):
+    _bound_indices(ctx, x, indices)
+    return index_put(x, indices, _as_value(ctx, values, x.dtype), accumulate)
 
 
 @lowers(aten.gather.default)
