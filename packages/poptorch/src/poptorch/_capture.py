@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
+from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
 from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
@@ -61,6 +62,7 @@ class Captured:
     output_dtypes: torch dtypes of the outputs as eager torch returns them.
     input_mutations: user input name -> graph output name holding its in-place updated value.
     losses: final loss Values (outputs of identity_loss or of a torch loss that no other loss consumes).
+    index_bounds: user input name -> ``_int_range.IndexBound``s of the index operands it feeds directly.
     """
 
     graph: popir.Graph
@@ -76,6 +78,7 @@ class Captured:
     output_dtypes: list = field(default_factory=list)
     input_mutations: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
+    index_bounds: dict = field(default_factory=dict)
 
 
 def flatten_call(args, kwargs):
@@ -361,6 +364,7 @@ class _Lowering:
         self.env = {}
         self._seed = None
         self._streams = 0
+        self.index_bounds = {}
 
     # -- services for the lowerings -----------------------------------------------------------------
     def random_seed(self):
@@ -373,6 +377,15 @@ class _Lowering:
             return self._seed
         return self._seed + self.graph.constant(np.array([0, stream], dtype=np.int32))
 
+    def bound_index(self, index, size, what, negative=False, allowed=()):
+        """Have each call check that the user input feeding ``index`` (if any) holds valid indices for an
+        axis of ``size``: [0, size), or [-size, size) when ``negative`` indices wrap; ``allowed`` are extra
+        values the op accepts (an ignore_index)."""
+        source = user_input_of(index)
+        if source is not None:
+            bound = IndexBound(-size if negative else 0, size, what, source_line(self.node), tuple(allowed))
+            self.index_bounds.setdefault(source.name, []).append(bound)
+
     # -- driver ----------------------------------------------------------------------------------------
     def run(self):
         captured = Captured(graph=self.graph)
@@ -384,6 +397,7 @@ class _Lowering:
             elif node.op == "output":
                 self._bind_outputs(captured, node.args[0])
         captured.out_spec = self.program.call_spec.out_spec
+        captured.index_bounds = self.index_bounds
         captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
         return captured
 

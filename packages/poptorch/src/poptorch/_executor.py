@@ -34,6 +34,7 @@ from poptorch import (
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
+from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
 from poptorch.errors import Error, RecoverableError
@@ -407,6 +408,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
+            check_input(name, tensor, captured.index_bounds.get(name, ()))
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
         synthetic = self._options.enable_synthetic_data
