@@ -148,6 +148,17 @@ def _returnable(leaf):
     return _DROPPED
 
 
+def _check_output_leaf(node, position):
+    """A model's outputs are tensors (or numbers, returned as tensors); None, strings and other objects are
+    refused with the fix rather than failing inside torch."""
+    if isinstance(node, torch.fx.Node | int | float):
+        return
+    raise Error(
+        f"The model's output {position} is {node!r} ({type(node).__name__}): a PopTorch model returns tensors, "
+        "alone or in tuples, lists or dicts. Return a tensor there, or leave the value out of the outputs."
+    )
+
+
 def _export(model, args, kwargs):
     table = torch.export.default_decompositions()
     for op in LOSS_OPS + UNDECOMPOSED_OPS:
@@ -481,6 +492,7 @@ class _Lowering:
         for spec, node in zip(self.program.graph_signature.output_specs, results):
             value = self.env[node] if isinstance(node, torch.fx.Node) else node
             if spec.kind == OutputKind.USER_OUTPUT:
+                _check_output_leaf(node, len(captured.outputs))
                 name = f"output_{len(captured.outputs)}"
                 meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else torch.tensor(node)
                 if not isinstance(value, popir.Value):
