@@ -44,7 +44,14 @@ def _codelet(name):
 
 
 class Lowerer:
-    """Builds device tensors and programs on a DeviceGraph for one popir graph."""
+    """Builds device tensors and programs on a DeviceGraph for one popir graph: the ``lw`` a lowering gets.
+
+    The planner helpers a lowering (see ``popsim.register_lowering``) may call: ``new``, ``constant``,
+    ``fill``, ``gather``, ``move``, ``relayout``, ``broadcast_like``, ``reshape``, ``elementwise``,
+    ``expression``, ``reduce_axes``, ``reduce_index`` and ``matmul_index``; ``dg`` (the DeviceGraph) and
+    ``target`` for hand-placed vertices. Each helper places its result by the target's linear mapping unless
+    told otherwise, and inserts the exchanges its operands need.
+    """
 
     def __init__(self, dg, partials_type=DType.float32):
         self.dg = dg
@@ -55,6 +62,7 @@ class Lowerer:
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
+        """A new device tensor (linearly mapped unless ``mapping`` is given), for vertices to write."""
         return self.dg.add_tensor(shape, dtype, mapping, name)
 
     def constant(self, array, dtype):
@@ -69,6 +77,7 @@ class Lowerer:
         return t
 
     def fill_value(self, dtype, value):
+        """A one-element constant holding ``value`` (an infinite value clamps to int32's range)."""
         if dtype == DType.int32 and not math.isfinite(value):
             value = np.iinfo(np.int32).max if value > 0 else np.iinfo(np.int32).min
         return self.constant(np.array(value), dtype)
@@ -80,6 +89,7 @@ class Lowerer:
         return out
 
     def move(self, dst, srcs, index, fill=0.0, name="copy"):
+        """An exchange filling the existing ``dst`` as ``gather`` fills a new tensor."""
         index = np.asarray(index, np.int64).reshape(-1)
         srcs = list(srcs)
         if index.size and index.min() < 0:
@@ -102,12 +112,14 @@ class Lowerer:
         return self.gather(shape, x.dtype, [x], index, mapping, name="broadcast")
 
     def reshape(self, x, shape):
+        """``x`` seen with another shape of the same size: an alias, no copy."""
         return self.dg.alias(x, shape) if x.shape != tuple(shape) else x
 
     # -- elementwise ------------------------------------------------------------------------------
     def elementwise(self, codelet, inputs, shape, dtype, out=None):
-        """One vertex per block of the output (a new tensor, or ``out`` written in place); inputs are
-        exchanged into the output's placement."""
+        """``codelet`` (a name of _opcodes.UNARY_OPS or BINARY_OPS, or "where") over ``inputs`` (NumPy
+        broadcasting), as one vertex per block of the output (a new tensor of ``shape`` and ``dtype``, or
+        ``out`` written in place); inputs are exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
         m = out.mapping
         tiles, slot = np.unique(m.tiles, return_inverse=True)

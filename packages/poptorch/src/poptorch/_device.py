@@ -11,6 +11,7 @@ def compile_programs(graphs, options):
             graphs,
             target=options.ipu_version,
             partials_type=options.Precision.partials_type,
+            optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:
         raise Error(f"Out of memory on the simulated IPU: {exc}") from exc
