@@ -143,29 +143,24 @@ class Lowerer:
         tiles, slot = np.unique(m.tiles, return_inverse=True)
         ins, scalars = self._operands(inputs, shape, m, tiles)
         program = np.zeros((1 + len(steps), oc.NCOLS), np.int64)
-        leaf_dtypes = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
-        program[0, : 4 + len(inputs)] = [
-            len(inputs),
-            len(steps),
-            len(inputs) + len(steps) - 1,
-            oc.DTYPE_CODES[dtype.value],
-            *leaf_dtypes,
-        ]
-        program[0, oc.EXPR_SCALARS] = scalars
-        program[0, oc.EXPR_FLOAT32] = all(x.dtype == DType.float32 for x in inputs) and all(
-            codelet in ("add", "sub", "mul", "div") and result == DType.float32 for codelet, _, result, _ in steps
+        head, op_row = oc.EXPR_HEAD, oc.EXPR_OP
+        program[0, head["leaves"]] = len(inputs)
+        program[0, head["ops"]] = len(steps)
+        program[0, head["result"]] = len(inputs) + len(steps) - 1
+        program[0, head["out_dt"]] = oc.DTYPE_CODES[dtype.value]
+        leaf_dt = head["leaf_dt"]
+        program[0, leaf_dt : leaf_dt + len(inputs)] = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
+        program[0, head["scalars"]] = scalars
+        program[0, head["float32"]] = all(x.dtype == DType.float32 for x in inputs) and all(
+            codelet in oc.BINARY_FLOAT32_OPS and result == DType.float32 for codelet, _, result, _ in steps
         )
         for j, (codelet, regs, result, operand) in enumerate(steps):
-            kind, sub = _codelet(codelet)
-            srcs = [*regs, 0, 0][:3]
-            program[1 + j, :8] = [
-                kind,
-                sub,
-                len(inputs) + j,
-                *srcs,
-                oc.DTYPE_CODES[result.value],
-                operand == DType.int32,
-            ]
+            row = program[1 + j]
+            row[op_row["kind"]], row[op_row["sub"]] = _codelet(codelet)
+            row[op_row["dst"]] = len(inputs) + j
+            row[op_row["src"] : op_row["src"] + oc.EXPR_SRCS] = [*regs, 0, 0][: oc.EXPR_SRCS]
+            row[op_row["dt"]] = oc.DTYPE_CODES[result.value]
+            row[op_row["integer"]] = operand == DType.int32
         ops = [(codelet, operand) for codelet, _, _, operand in steps]
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
         for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
