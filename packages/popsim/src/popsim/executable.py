@@ -22,7 +22,7 @@ MAX_ARENA_BYTES = 2**31 - 1
 
 
 def supported_ops():
-    """popir op names that popsim can lower onto tiles."""
+    """popir op names that popsim can lower onto tiles (every name is a popir op: see register_lowering)."""
     return set(LOWERINGS)
 
 
@@ -64,15 +64,19 @@ def _check_fits(graphs, target, relax_memory):
     )
 
 
-def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
+def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
+    an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
     if isinstance(graphs, popir.Graph):
         graphs = {graphs.name: graphs}
     if not graphs:
         raise Error("compile needs at least one graph")
+    if optimize:
+        graphs = {name: popir.passes.optimize(g) for name, g in graphs.items()}
     target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")

@@ -24,6 +24,7 @@ def compile_programs(graphs, options):
             graphs,
             target=target_of(options),
             partials_type=options.Precision.partials_type,
+            optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:
         raise Error(f"Out of memory on the simulated IPU: {exc}") from exc
