@@ -26,6 +26,7 @@ from poptorch import (
     _fp_exceptions,
     _host_print,
     _interrupt,
+    _stochastic_rounding,
     _synthetic_data,
     _training,
     _weights,
@@ -238,6 +239,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.stochastic_rounding:
+                programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
                 _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)

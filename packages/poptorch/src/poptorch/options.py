@@ -228,13 +228,8 @@ class _PrecisionOptions(_Group):
         return self._set("partialsType", _PARTIALS[dtype])
 
     def enableStochasticRounding(self, enabled):
-        """Stochastic rounding of half-precision results: only False is accepted."""
-        if _bool("enableStochasticRounding", enabled):
-            raise not_modelled(
-                "Precision.enableStochasticRounding(True)",
-                "float16 results are rounded to nearest; keep the model in float32 where rounding bias matters",
-            )
-        return self._set("stochasticRounding", False)
+        """Round float16 results stochastically (from the device's seeded random numbers) instead of to nearest."""
+        return self._set("stochasticRounding", _bool("enableStochasticRounding", enabled))
 
     def enableFloatingPointExceptions(self, enabled):
         """Raise poptorch.Error, naming the op and source line, when an op produces inf or NaN."""
@@ -257,6 +252,10 @@ class _PrecisionOptions(_Group):
     @property
     def partials_type(self):
         return self._get("partialsType")
+
+    @property
+    def stochastic_rounding(self):
+        return self._get("stochasticRounding")
 
     @property
     def floating_point_exceptions(self):
