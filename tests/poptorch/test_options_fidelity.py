@@ -130,6 +130,9 @@ def test_ipu_model_environment(monkeypatch):
         lambda o: o.syncPattern(poptorch.SyncPattern.SinglePipeline),
         lambda o: o._Popart.set("autoRecomputation", 3),
         lambda o: o._Popart.setPatterns({"PadSum": True}, 0),
+        lambda o: o.useIpuId(1),
+        lambda o: o.setAvailableMemoryProportion({"IPU0": 0.5}),
+        lambda o: o.anchorTensor("grad", "Gradient___fc.weight"),
         lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
             poptorch.MeanReductionStrategy.PostAndLoss
         ),
@@ -167,6 +170,18 @@ def test_connection_type():
     always = poptorch.inferenceModel(torch.nn.Linear(4, 3), _opts())
     always.compile(x)
     assert always.isAttachedToDevice()
+
+
+def test_offline_ipu_target_compiles_without_running():
+    opts = _opts().useOfflineIpuTarget(21)
+    assert opts.ipu_version == "ipu21" and opts.connection_type == poptorch.ConnectionType.Never
+    model = poptorch.inferenceModel(torch.nn.Linear(4, 3), opts)
+    model.compile(torch.randn(2, 4))
+    assert model.isCompiled() and model.profile.target.name == "ipu21"
+    with pytest.raises(poptorch.Error, match="ConnectionType.Never"):
+        model(torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match="not modelled"):
+        model.getTensorNames()
 
 
 def test_enable_profiling_writes_the_profile_under_the_model_name(tmp_path):

@@ -20,6 +20,7 @@ import popsim
 from poptorch import _weights
 from poptorch._training import RNG_SEED
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict, which a plain dict does not allow.
 _PRE_COMPILE_HOOKS = collections.OrderedDict()
@@ -227,6 +228,14 @@ class ExecutorQueries:
         if unknown:
             raise Error(f"updatableNamedBuffers names buffers the compiled model does not have: {', '.join(unknown)}")
         self._device.upload(names)
+
+    def getTensorNames(self):
+        """Refused: graph values are not named after PopART tensors (see Options.anchorTensor)."""
+        raise not_modelled("getTensorNames()", "return the tensors you want to read from the model's forward")
+
+    def getAnchoredTensor(self, short_name):
+        """Refused, as Options.anchorTensor is."""
+        raise not_modelled(f"getAnchoredTensor({short_name!r})", "return the tensor from the model's forward")
 
     def copyWeightsToHostIfNeeded(self):
         """Copy the device's weights to the host if the host copy is out of date; True if it copied."""

@@ -572,6 +572,29 @@ class Options(_NoAssignment):
             raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
         return self._set("sourceLocationExcludes", tuple(excludes))
 
+    def useOfflineIpuTarget(self, ipu_version=2):
+        """Compile for an IPU of ``ipu_version`` (1, 2 or 21) without attaching to a device
+        (ConnectionType.Never)."""
+        self.ipuVersion(ipu_version)
+        return self.connectionType(ConnectionType.Never)
+
+    def useIpuId(self, ipu_id):
+        """Refused: there are no physical IPUs to choose from."""
+        raise not_modelled(f"useIpuId({ipu_id!r})", "there are no physical IPUs; remove the call")
+
+    def setAvailableMemoryProportion(self, available_memory_proportion):
+        """Refused: the simulator's matmul and convolution planners do not take a temporary-memory budget."""
+        raise not_modelled(
+            "setAvailableMemoryProportion", "the planners size temporary memory themselves; remove the call"
+        )
+
+    def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
+        """Refused: tensors inside the graph have no PopART names to anchor; return the value from forward."""
+        raise not_modelled(
+            f"anchorTensor({short_name!r}, {long_name!r})",
+            "return the tensor from the model's forward (add it to the outputs) to read it after a run",
+        )
+
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
     @property
     def device_iterations(self):
