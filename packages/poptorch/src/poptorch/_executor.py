@@ -28,6 +28,7 @@ from poptorch import (
     _fp_exceptions,
     _host_print,
     _interrupt,
+    _stochastic_rounding,
     _synthetic_data,
     _training,
     _weights,
@@ -211,7 +212,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """True once the model has been compiled (and not destroyed)."""
         return self._exe is not None
 
-    def _compile(self, args, kwargs):
+    def _compile(self, args, kwargs, exported=None):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
@@ -244,11 +245,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.stochastic_rounding:
+                programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
                 _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
-            cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key, programs.graphs) if cache else None
+            cache = _cache.ExecutableCache.open(self._options) if exported is None else None
+            exe = cache.load(key, programs.graphs) if cache else exported and exported.executable_for(key)
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
@@ -267,6 +270,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
+        self._key = key
         if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
             if self._options.profile_dir:
