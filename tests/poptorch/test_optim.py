@@ -235,3 +235,31 @@ def test_default_optimizer_is_sgd_lr_0_01():
     reference(*_data())[1].backward()
     cpu.step()
     _close(model, reference)
+
+
+def test_variable_attributes_choose_what_set_optimizer_may_change():
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    attrs = optimizer.variable_attrs
+    assert not attrs.isConstant("lr") and attrs.isConstant("momentum")
+    attrs.markAsVariable("momentum")
+    attrs.markAsConstant("lr")
+    with pytest.raises(poptorch.Error, match="Unknown attribute nesterov, allowed values"):
+        attrs.markAsVariable("nesterov")
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    cpu = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = _data()
+    for momentum in (0.9, 0.5, 0.5):
+        for group, cpu_group in zip(optimizer.param_groups, cpu.param_groups):
+            group["momentum"] = cpu_group["momentum"] = momentum
+        training.setOptimizer(optimizer)
+        training(x, y)
+        cpu.zero_grad()
+        reference(x, y)[1].backward()
+        cpu.step()
+    _close(model, reference)
+    optimizer.param_groups[0]["lr"] = 0.05
+    with pytest.raises(poptorch.Error, match="lr of parameter group 0 was compiled in as a constant"):
+        training.setOptimizer(optimizer)

@@ -39,11 +39,45 @@ _STRUCTURE = {"sgd": ("nesterov",), "rmsprop": ("centered",), "adam": (), "adamw
 _DTYPES = {None: "float32", torch.float32: "float32", torch.float16: "float16", torch.half: "float16"}
 
 
+class VariableAttributes:
+    """``optimizer.variable_attrs`` of a poptorch optimizer: which hyper-parameters are variable (``setOptimizer``
+    changes them without recompiling) and which are compiled in as constants. Hyper-parameters passed to the
+    constructor start variable, defaults constant; mark them otherwise before the model is compiled."""
+
+    def __init__(self, variable, allowed):
+        self._variable = set(variable)
+        self._allowed = frozenset(allowed)
+
+    def isConstant(self, attr):
+        """True if ``attr`` is compiled in as a constant."""
+        return attr not in self._variable
+
+    def markAsConstant(self, attr):
+        """Compile ``attr`` in as a constant."""
+        self._check(attr)
+        self._variable.discard(attr)
+
+    def markAsVariable(self, attr):
+        """Make ``attr`` changeable through ``setOptimizer`` without recompiling."""
+        self._check(attr)
+        self._variable.add(attr)
+
+    def __contains__(self, attr):
+        return attr in self._variable
+
+    def _check(self, attr):
+        if attr not in self._allowed:
+            raise Error(f"Unknown attribute {attr}, allowed values: {sorted(self._allowed)}")
+
+
 class _PoptorchOptimizer:
     """Mixin for poptorch.optim classes: remembers which hyper-parameters the user passed explicitly."""
 
     def _remember_variables(self, explicit, group_keys):
-        self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
+        variable = {name for name, given in explicit.items() if given} | group_keys
+        hyper = HYPER_PARAMETERS[_rule_of(self)[1]]
+        allowed = {"betas" if name.startswith("beta") else name for name in hyper} | {"loss_scaling"}
+        self.variable_attrs = VariableAttributes(variable, allowed)
 
     def __getstate__(self):
         """Pickled with the current state (copied back from the device if it is ahead) and PopTorch's extras
@@ -470,17 +504,22 @@ _KINDS = (
 _OURS = (SGD, Adam, AdamW, RMSprop, LAMB)
 
 
+def _rule_of(optimizer):
+    """(The supported class ``optimizer`` is an instance of, its update rule), or (None, None)."""
+    return next(((cls, kind) for cls, kind in _KINDS if isinstance(optimizer, cls)), (None, None))
+
+
 def _kind_of(optimizer):
-    for cls, kind in _KINDS:
-        if isinstance(optimizer, cls):
-            if type(optimizer) not in _OURS and type(optimizer) is not cls:
-                warnings.warn(
-                    f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
-                    f"as {cls.__name__}, any custom behaviour is ignored.",
-                    stacklevel=4,
-                )
-            return kind
-    raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    cls, kind = _rule_of(optimizer)
+    if kind is None:
+        raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    if type(optimizer) not in _OURS and type(optimizer) is not cls:
+        warnings.warn(
+            f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
+            f"as {cls.__name__}, any custom behaviour is ignored.",
+            stacklevel=4,
+        )
+    return kind
 
 
 def describe(optimizer):
