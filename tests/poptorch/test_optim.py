@@ -237,6 +237,27 @@ def test_default_optimizer_is_sgd_lr_0_01():
     _close(model, reference)
 
 
+def test_variable_momentum_set_after_zero_starts_afresh_as_torch():
+    """While momentum is 0 torch leaves its buffer untouched (and creates none): a momentum set later goes on
+    from the buffer as it was, or starts from that step's gradient."""
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    cpu = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.0)
+    x, y = _data()
+    for momentum in (0.0, 0.0, 0.9, 0.9, 0.0, 0.5):
+        for group, cpu_group in zip(optimizer.param_groups, cpu.param_groups):
+            group["momentum"] = cpu_group["momentum"] = momentum
+        training.setOptimizer(optimizer)
+        training(x, y)
+        cpu.zero_grad()
+        reference(x, y)[1].backward()
+        cpu.step()
+        _close(model, reference)
+
+
 def test_variable_attributes_choose_what_set_optimizer_may_change():
     torch.manual_seed(0)
     model = Regressor()
