@@ -284,3 +284,18 @@ def test_variable_attributes_choose_what_set_optimizer_may_change():
     optimizer.param_groups[0]["lr"] = 0.05
     with pytest.raises(poptorch.Error, match="lr of parameter group 0 was compiled in as a constant"):
         training.setOptimizer(optimizer)
+
+
+@pytest.mark.parametrize("cls", [poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW, poptorch.optim.RMSprop])
+def test_maximize_is_refused_not_ignored(cls):
+    model = Regressor()
+    with pytest.raises(poptorch.Error, match="maximize=True is not supported"):
+        poptorch.trainingModel(model, _opts(), cls(model.parameters(), lr=0.01, maximize=True))
+
+
+def test_sgd_combined_accumulator_variant_trains_as_torch():
+    model, reference, _ = _train_both(
+        lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.9, use_combined_accum=True),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    )
+    _close(model, reference)

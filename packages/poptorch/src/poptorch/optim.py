@@ -158,7 +158,8 @@ def _default(value, default):
 
 
 class SGD(_PoptorchOptimizer, torch.optim.SGD):
-    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``max_grad_norm`` and ``accum_type``."""
+    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``use_combined_accum``, accumulation types and
+    ``max_grad_norm``."""
 
     def __init__(
         self,
@@ -173,13 +174,15 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
         differentiable=None,
         loss_scaling=None,
         velocity_scaling=None,
-        max_grad_norm=None,
+        use_combined_accum=None,
         accum_type=None,
         velocity_accum_type=None,
+        max_grad_norm=None,
     ):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             momentum=_default(momentum, 0.0),
             dampening=_default(dampening, 0.0),
@@ -187,6 +190,8 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
             nesterov=bool(nesterov),
         )
         self.loss_scaling = _default(loss_scaling, 1.0)
+        # PopTorch's two SGD variants differ only in float16 stability; both compute torch's rule, as here.
+        self.use_combined_accum = bool(use_combined_accum)
         self.max_grad_norm = max_grad_norm
         self.accum_type = accum_type
         self.velocity_accum_type = velocity_accum_type
@@ -232,6 +237,7 @@ class Adam(_PoptorchOptimizer, torch.optim.Adam):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -279,6 +285,7 @@ class AdamW(_PoptorchOptimizer, torch.optim.AdamW):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -324,6 +331,7 @@ class RMSprop(_PoptorchOptimizer, torch.optim.RMSprop):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             alpha=_default(alpha, 0.99),
             eps=_default(eps, 1e-8),
