@@ -1,9 +1,12 @@
 """Deterministic binary serialization of graphs.
 
-Layout: magic, a little-endian u64 header length, a canonical JSON header (sorted keys) and the raw bytes
-of constant attributes, each referenced from the header by offset. Same graph, same bytes.
+Layout: magic, a little-endian u64 header length, a canonical JSON header (sorted keys), the raw bytes
+of constant attributes, each referenced from the header by offset, and the SHA-256 of everything before it:
+a buffer changed anywhere (constant data included) is refused instead of read as another graph. Same graph,
+same bytes.
 """
 
+import hashlib
 import json
 import struct
 
@@ -12,7 +15,8 @@ import numpy as np
 from popir.errors import IRError
 from popir.graph import Graph, Node, TensorType
 
-MAGIC = b"POPIR\x00\x01\x00"
+MAGIC = b"POPIR\x00\x02\x00"
+_DIGEST_BYTES = 32
 
 
 def to_bytes(graph):
@@ -49,7 +53,8 @@ def to_bytes(graph):
         position += len(blob)
     header["blobs"] = offsets
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    return MAGIC + struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    body = MAGIC + struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    return body + hashlib.sha256(body).digest()
 
 
 def from_bytes(data):
@@ -57,19 +62,26 @@ def from_bytes(data):
         return _decode(bytes(data))
     except IRError:
         raise
-    except (ValueError, KeyError, IndexError, TypeError, struct.error, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, struct.error, UnicodeDecodeError) as exc:
         raise IRError(f"corrupt popir graph bytes: {type(exc).__name__}: {exc}") from None
+    except RecursionError:
+        raise IRError("corrupt popir graph bytes: the header nests too deeply") from None
 
 
 def _decode(data):
     if not data.startswith(MAGIC):
         raise IRError("corrupt popir graph bytes: bad magic (not a popir graph or another version)")
+    data, digest = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+    if len(data) < len(MAGIC) or hashlib.sha256(data).digest() != digest:
+        raise IRError("corrupt popir graph bytes: checksum mismatch (changed or truncated)")
     (length,) = struct.unpack_from("<Q", data, len(MAGIC))
     start = len(MAGIC) + 8
     if start + length > len(data):
         raise IRError("corrupt popir graph bytes: truncated header")
     header = json.loads(data[start : start + length].decode())
     payload = memoryview(data)[start + length :]
+    if sum(size for _, size in header["blobs"]) != len(payload):
+        raise IRError("corrupt popir graph bytes: constant data of the wrong length")
     blobs = []
     for offset, size in header["blobs"]:
         if offset < 0 or size < 0 or offset + size > len(payload):

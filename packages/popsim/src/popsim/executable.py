@@ -5,11 +5,11 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import Error, UnsupportedOpError
+from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.planner import Lowerer
 from popsim.profile import Profile
@@ -39,6 +39,31 @@ def _check_supported(graphs):
         )
 
 
+def _check_fits(graphs, target, relax_memory):
+    """Refuse, from sizes alone and before any planning, a program set whose variables plus one program's
+    streamed inputs exceed the tile memory of ``target`` (with ``relax_memory``, what the simulator can
+    address). Both are always resident at once; intermediates are not counted (fusion and aliasing may keep
+    them off the tiles), so this is a lower bound and the allocator still has the last word."""
+    variables = {v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    fixed = sum(variables.values())
+    streamed = max(sum(v.type.nbytes for v in g.inputs if v.kind == "input") for g in graphs.values())
+    capacity = MAX_ARENA_BYTES if relax_memory else target.num_tiles * target.tile_bytes
+    if fixed + streamed <= capacity:
+        return
+    top = sorted(variables.items(), key=lambda kv: -kv[1])[:3]
+    biggest = "".join(f", {name} {size:,}" for name, size in top)
+    where = (
+        f"the {MAX_ARENA_BYTES:,} bytes the simulator addresses"
+        if relax_memory
+        else f"the {capacity:,} bytes of {target.name}'s {target.num_tiles:,} tiles x {target.tile_bytes:,} bytes"
+    )
+    raise OutOfMemoryError(
+        f"the program set needs at least {fixed + streamed:,} bytes of tile memory ({streamed:,} bytes of inputs "
+        f"and {fixed:,} bytes of variables{biggest}), more than {where}. Use smaller inputs or fewer parameters, "
+        "or a Device of more IPUs."
+    )
+
+
 def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -56,6 +81,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
+    _check_fits(graphs, target, relax_memory)
     dg = DeviceGraph(target)
     variables = {}
     for g in graphs.values():
@@ -111,7 +137,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
-    An Executable pickles with its programs, tile plans and variable values, so a cache can skip compiling.
+    ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
+    skip compiling.
     """
 
     def __init__(self, target, dg, variables, lowered, relax_memory):
@@ -204,22 +231,19 @@ class Executable:
         for t, blocks in self._constants:
             self._write(t, blocks, t.value)
 
-    def __getstate__(self):
-        """A pickle holds the compiled programs and the variables' current values, not the tile memory."""
-        state = {k: v for k, v in self.__dict__.items() if k != "arena"}
-        state["arena"] = (self.arena.num_tiles, self.arena.tile_bytes)
-        state["variable_values"] = {name: self.read_variable(name) for name in self._vars}
-        return state
+    def to_bytes(self):
+        """The executable as bytes: its programs, tile plans, profile and current variable values, checksummed.
 
-    def __setstate__(self, state):
-        num_tiles, tile_bytes = state.pop("arena")
-        values = state.pop("variable_values")
-        self.__dict__.update(state)
-        self.arena = TileArena(num_tiles, tile_bytes)
-        self.num_threads = default_threads()
-        self._write_constants()
-        for name, value in values.items():
-            self.write_variable(name, value)
+        The format holds only JSON and NumPy arrays (see _executable_format), so reading it cannot run code."""
+        return _executable_format.to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, data):
+        """An Executable from ``to_bytes`` output; a popsim.Error when ``data`` is damaged or not one."""
+        return _executable_format.from_bytes(cls, data, default_threads(), MAX_ARENA_BYTES)
+
+    def __reduce__(self):
+        raise TypeError("a popsim Executable does not pickle; use Executable.to_bytes() and Executable.from_bytes()")
 
     def validate(self):
         """Raise a popsim.Error unless every compiled program stays inside this executable's tile memory (see

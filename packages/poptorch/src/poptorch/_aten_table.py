@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 import popir
+from poptorch import _host_print
+from poptorch._indexing import advanced_index, index_put
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
 
@@ -36,12 +38,24 @@ LOSS_OPS = (
     aten.binary_cross_entropy.default,
     aten.binary_cross_entropy_with_logits.default,
     aten.kl_div.default,
+    aten.poisson_nll_loss.default,
+    aten.hinge_embedding_loss.default,
+    aten.soft_margin_loss.default,
+    aten.cosine_embedding_loss.default,
+    aten.margin_ranking_loss.default,
+    aten.triplet_margin_loss.default,
     torch.ops.poptorch.identity_loss.default,
 )
 
 # ATen ops kept out of the decompositions: torch decomposes detach to alias, a plain view that would let
-# gradients through (a decomposition torch deems valid only without autograd).
-UNDECOMPOSED_OPS = (aten.detach.default,)
+# gradients through (a decomposition torch deems valid only without autograd); the others below say why.
+UNDECOMPOSED_OPS = (
+    aten.detach.default,
+    # Their decompositions compute an overflowing branch that a select masks: NaN gradients (see _softplus).
+    aten.softplus.default,
+    aten.mish.default,
+    aten.celu.default,
+)
 
 # ATen ops that only check metadata at run time: nothing to compute on the device.
 IGNORED_OPS = (
@@ -312,24 +326,28 @@ def _leaky_relu(ctx, x, negative_slope=0.01):
     return _op("where", _op("gt", x, zero), x, _op("mul", x, _const(ctx.graph, negative_slope, x.dtype)))
 
 
+# The ELU family and softplus go through popir's composites, which feed each branch of their select only
+# values from the region where that branch is chosen: a masked-out branch that overflowed (exp(100) = inf)
+# would otherwise turn its zero cotangent into 0 * inf = NaN. torch's decompositions of softplus, mish and
+# celu do not, so those ops are kept whole (UNDECOMPOSED_OPS).
 @lowers(aten.elu.default)
 def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    g = ctx.graph
-    neg = _op(
-        "mul",
-        _op("sub", _op("exp", _op("mul", x, _const(g, input_scale, x.dtype))), _const(g, 1.0, x.dtype)),
-        _const(g, alpha, x.dtype),
-    )
-    out = _op("where", _op("gt", x, _const(g, 0.0, x.dtype)), x, neg)
-    return out if scale == 1.0 else _op("mul", out, _const(g, scale, x.dtype))
+    return popir.ops.elu(x, alpha=alpha, scale=scale, input_scale=input_scale)
+
+
+@lowers(aten.celu.default)
+def _celu(ctx, x, alpha=1.0):
+    return popir.ops.celu(x, alpha=alpha)
 
 
 @lowers(aten.softplus.default)
 def _softplus(ctx, x, beta=1.0, threshold=20.0):
-    g = ctx.graph
-    bx = _op("mul", x, _const(g, beta, x.dtype))
-    soft = _op("div", _op("log", _op("add", _op("exp", bx), _const(g, 1.0, x.dtype))), _const(g, beta, x.dtype))
-    return _op("where", _op("gt", bx, _const(g, threshold, x.dtype)), x, soft)
+    return popir.ops.softplus(x, beta=beta, threshold=threshold)
+
+
+@lowers(aten.mish.default)
+def _mish(ctx, x):
+    return popir.ops.mish(x)
 
 
 @lowers(aten.hardtanh.default, aten.clamp.default, aten.clamp.Tensor)
@@ -415,9 +433,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.alias.default,
     aten.lift_fresh_copy.default,
     aten.contiguous.default,
-    torch.ops.poptorch.ipu_print_tensor.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.ipu_print_tensor.default)
+def _ipu_print_tensor(ctx, x, title, print_gradient):
+    _host_print.record(ctx.graph, x, title, print_gradient)
     return x
 
 
@@ -773,11 +796,12 @@ def _index_select(ctx, x, dim, index):
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
-    used = [(axis, idx) for axis, idx in enumerate(indices) if idx is not None]
-    if len(used) != 1 or used[0][1].dtype == "bool":
-        raise Error("indexing with more than one index tensor, or with a boolean mask, is not supported")
-    axis, idx = used[0]
-    return _op("gather", x, _index_value(ctx, idx, x.shape[axis]), axis=axis)
+    return advanced_index(x, indices)
+
+
+@lowers(aten.index_put.default, aten.index_put_.default)
+def _index_put(ctx, x, indices, values, accumulate=False):
+    return index_put(x, indices, _as_value(ctx, values, x.dtype), accumulate)
 
 
 @lowers(aten.gather.default)
@@ -1136,6 +1160,36 @@ def _bce_logits(ctx, x, y, weight=None, pos_weight=None, reduction=1):
 @lowers(aten.kl_div.default)
 def _kl_div(ctx, logq, target, reduction=1, *, log_target=False):
     return popir.ops.kl_div(logq, target, _reduction(reduction), log_target)
+
+
+@lowers(aten.poisson_nll_loss.default)
+def _poisson_nll_loss(ctx, x, target, log_input, full, eps, reduction):
+    return popir.ops.poisson_nll_loss(x, target, bool(log_input), bool(full), eps, _reduction(reduction))
+
+
+@lowers(aten.hinge_embedding_loss.default)
+def _hinge_embedding_loss(ctx, x, target, margin=1.0, reduction=1):
+    return popir.ops.hinge_embedding_loss(x, _cast(target, x.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.soft_margin_loss.default)
+def _soft_margin_loss(ctx, x, target, reduction=1):
+    return popir.ops.soft_margin_loss(x, _cast(target, x.dtype), _reduction(reduction))
+
+
+@lowers(aten.cosine_embedding_loss.default)
+def _cosine_embedding_loss(ctx, a, b, target, margin=0.0, reduction=1):
+    return popir.ops.cosine_embedding_loss(a, b, _cast(target, a.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.margin_ranking_loss.default)
+def _margin_ranking_loss(ctx, a, b, target, margin=0.0, reduction=1):
+    return popir.ops.margin_ranking_loss(a, b, _cast(target, a.dtype), margin, _reduction(reduction))
+
+
+@lowers(aten.triplet_margin_loss.default)
+def _triplet_margin_loss(ctx, anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False, reduction=1):
+    return popir.ops.triplet_margin_loss(anchor, positive, negative, margin, p, eps, bool(swap), _reduction(reduction))
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]

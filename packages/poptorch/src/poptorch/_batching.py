@@ -72,7 +72,8 @@ class Layout:
         if self.mode in (OutputMode.Final, OutputMode.Sum) and self.r == 1:
             return picked[0, 0]
         if scalar:
-            return picked.reshape(-1)
+            # One run per call returns a 0-d result as eager does (a loss, x.sum()); several runs stack.
+            return picked.reshape(()) if self.count == 1 else picked.reshape(-1)
         return picked.reshape(-1, *per_run[0].shape[1:])
 
     def all_runs(self, per_run):

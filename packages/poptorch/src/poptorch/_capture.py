@@ -11,6 +11,8 @@ int32[2]); each random op draws from its own stream derived from it. The runtime
 it and advances it between steps (capture registers no update for it).
 """
 
+import contextlib
+import contextvars
 import operator
 import os
 import re
@@ -26,6 +28,7 @@ from torch.utils import _pytree as pytree
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
+from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
 
 RNG_SEED = "_rng_seed"
@@ -34,6 +37,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _POPTORCH_DIR = os.path.dirname(__file__)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
 # Keyword arguments that only place a tensor (device, memory layout): meaningless on the IPU.
+# Path fragments of further files that are not the user's (Options.sourceLocationExcludes).
+_EXCLUDED = contextvars.ContextVar("poptorch_source_excludes", default=())
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
 
 
@@ -48,6 +53,8 @@ class Captured:
     constant_args: flat position (index into ``flatten_call`` leaves) -> value of each non-tensor argument
         baked into the graph.
     parameters / frozen / buffers: FQNs in named_parameters() / requires_grad=False / named_buffers() order.
+    tensors: FQN -> the host tensor behind each parameter and buffer input. Aliases of one tensor (tied
+        weights, a submodule used twice) are one input, named by the first FQN torch lists.
     outputs: graph output names of the flattened user outputs, in order; out_spec rebuilds their structure.
     output_dtypes: torch dtypes of the outputs as eager torch returns them.
     input_mutations: user input name -> graph output name holding its in-place updated value.
@@ -61,6 +68,7 @@ class Captured:
     parameters: list = field(default_factory=list)
     frozen: set = field(default_factory=set)
     buffers: list = field(default_factory=list)
+    tensors: dict = field(default_factory=dict)
     outputs: list = field(default_factory=list)
     out_spec: object = None
     output_dtypes: list = field(default_factory=list)
@@ -90,7 +98,8 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings():
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            program = torch.export.export(model, args, kwargs, strict=False)
+            with registered_once(model):
+                program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
     except Error:
@@ -167,7 +176,20 @@ def _user_frame_of_traceback(tb):
 
 def _is_user_file(path):
     path = os.path.abspath(path)
+    if any(fragment in path for fragment in _EXCLUDED.get()):
+        return False
     return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+
+
+@contextlib.contextmanager
+def excluding_sources(fragments):
+    """Inside: files whose path contains one of ``fragments`` are not the user's source lines either
+    (``Options.sourceLocationExcludes``)."""
+    token = _EXCLUDED.set(tuple(fragments))
+    try:
+        yield
+    finally:
+        _EXCLUDED.reset(token)
 
 
 def source_line(node):
@@ -260,11 +282,13 @@ class _Lowering:
         for fqn, p in self.model.named_parameters():
             self.state[id(p)] = self.graph.add_input(fqn, p.shape, popir_dtype(p.dtype), kind="parameter")
             captured.parameters.append(fqn)
+            captured.tensors[fqn] = p
             if not p.requires_grad:
                 captured.frozen.add(fqn)
         for fqn, b in self.model.named_buffers():
             self.state[id(b)] = self.graph.add_input(fqn, b.shape, popir_dtype(b.dtype), kind="buffer")
             captured.buffers.append(fqn)
+            captured.tensors[fqn] = b
 
     def _state_input(self, kind, target):
         tensor = self.model.get_parameter(target) if kind == InputKind.PARAMETER else self.model.get_buffer(target)

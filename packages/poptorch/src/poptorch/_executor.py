@@ -3,7 +3,9 @@
 The first call captures the model on one micro-batch, builds the programs (``_training``), compiles them
 for the simulated IPU (``_device``, through the executable cache), uploads weights and runs. Weights then
 live on the device; the host copy is refreshed lazily: the user model's class is swapped for a subclass
-whose parameter/buffer accessors first copy device weights back when a device holds newer ones.
+whose parameter/buffer accessors first copy device weights back when a device holds newer ones. Which copy
+of each tensor is current is tracked per tensor object (``_weights``), so tied weights, shared modules and
+several wrappers of one model stay coherent (``_device_weights``).
 """
 
 import inspect
@@ -17,11 +19,22 @@ import tqdm
 from torch.utils import _pytree as pytree
 
 import popsim
-from poptorch import _cache, _device, _training
+from poptorch import (
+    _cache,
+    _device,
+    _executor_api,
+    _fp_exceptions,
+    _host_print,
+    _interrupt,
+    _synthetic_data,
+    _training,
+    _weights,
+)
 from poptorch._batching import Layout
+from poptorch._device_weights import DeviceWeights
 from poptorch._logging import logger
-from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name, state_name
-from poptorch.errors import Error
+from poptorch.enums import ConnectionType
+from poptorch.errors import Error, RecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -50,12 +63,10 @@ class _OutputTensor(torch.Tensor):
 
 
 class _SharedWeights:
-    """Per user model: its live wrappers, which device holds newer weights than the host, a training clock."""
+    """Per user model: its live wrappers, by kind."""
 
     def __init__(self):
         self.executors = {}
-        self.dirty = None
-        self.generation = 0
 
 
 _SHARED = weakref.WeakKeyDictionary()
@@ -65,6 +76,7 @@ _ACCESSORS = (
     "buffers",
     "named_buffers",
     "state_dict",
+    "load_state_dict",
     "modules",
     "named_modules",
     "children",
@@ -73,20 +85,34 @@ _ACCESSORS = (
 )
 
 
-def _sync_host(model):
-    shared = _SHARED.get(model)
-    if shared is not None and shared.dirty is not None:
-        shared.dirty.copyWeightsToHost()
-
-
 def _syncing(method):
     def accessor(self, *args, **kwargs):
-        _sync_host(self)
+        _weights.sync_host(self)
         return method(self, *args, **kwargs)
 
     accessor.__name__ = method.__name__
     accessor.__doc__ = method.__doc__
     return accessor
+
+
+def _reduce_as(original):
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+
+    def __reduce_ex__(self, protocol):
+        _weights.sync_host(self)
+        reduced = super(type(self), self).__reduce_ex__(protocol)
+        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
+            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
+        return reduced
+
+    return __reduce_ex__
+
+
+def _destroy_wrappers(self):
+    """Destroy every PopTorch wrapper of this model (syncing weights to it first) and unwrap it."""
+    shared = _SHARED.get(self)
+    for executor in list(shared.executors.values()) if shared else ():
+        executor.destroy()
 
 
 def _hook_model(model):
@@ -97,6 +123,9 @@ def _hook_model(model):
         namespace["_poptorch_original_class"] = cls
         namespace["__qualname__"] = cls.__qualname__
         namespace["__module__"] = cls.__module__
+        namespace["__reduce_ex__"] = _reduce_as(cls)
+        if not hasattr(cls, "destroy"):
+            namespace["destroy"] = _destroy_wrappers
         model.__class__ = type(cls.__name__, (cls,), namespace)
     return _SHARED.setdefault(model, _SharedWeights())
 
@@ -116,7 +145,7 @@ def _host_tensor(array, dtype):
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
-class PoplarExecutor:
+class PoplarExecutor(_executor_api.ExecutorQueries):
     """A model wrapped for the simulated IPU. Create it with ``trainingModel`` or ``inferenceModel``."""
 
     def __init__(self, model, options, training, optimizer=None):
@@ -125,7 +154,7 @@ class PoplarExecutor:
         self._model = model
         self._training = training
         self._user_options = options._freeze()
-        self._options = options.clone()._freeze()
+        self._options = options._for_model(training)
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
         self._layout = Layout(self._options, training)
@@ -134,7 +163,8 @@ class PoplarExecutor:
         if previous is not None:
             raise RuntimeError(
                 f"Model has already been wrapped in 'poptorch.{_kind(training)}'. Call model.destroy() on the "
-                "model to unwrap it before wrapping it again."
+                "model to unwrap it before wrapping it again. (destroy() is a method of both the wrapped model "
+                "and the PoplarExecutor the first wrapping returned.)"
             )
         self._shared = _hook_model(model)
         self._shared.executors[_kind(training)] = self
@@ -154,12 +184,11 @@ class PoplarExecutor:
         self._exe = None
         self._programs = None
         self._captured = None
+        self._device = None
         self._attached = False
-        self._uploaded_generation = None
         self._compiled_inputs = None
         self._cycles = None
         self._perf = None
-        self._rng_seeded = False
         self._from_cache = False
 
     # -- compile ---------------------------------------------------------------------------------
@@ -167,8 +196,9 @@ class PoplarExecutor:
         """Capture and compile for these inputs without running."""
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
-        if not self._attached:
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
+        if not self._attached and self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
 
     def isCompiled(self):
@@ -176,8 +206,9 @@ class PoplarExecutor:
         return self._exe is not None
 
     def _compile(self, args, kwargs):
-        from poptorch._capture import capture
+        from poptorch._capture import capture, excluding_sources
 
+        started = time.perf_counter()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -193,19 +224,25 @@ class PoplarExecutor:
             mode = self._model.training
             self._model.train(self._training)
             try:
-                captured = capture(self._model, mb_args, mb_kwargs)
+                with (
+                    excluding_sources(self._options.source_location_excludes),
+                    _executor_api.running_on_ipu(self._training),
+                ):
+                    captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
             if self._training:
-                group_of = self._group_of()
+                group_of = self._group_of(captured)
                 programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
             else:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.floating_point_exceptions:
+                _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
             cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key) if cache else None
+            exe = cache.load(key, programs.graphs) if cache else None
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
@@ -219,12 +256,19 @@ class PoplarExecutor:
             bar.n = bar.total
             bar.refresh()
         self._captured, self._programs, self._exe = captured, programs, exe
+        self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
+        if self._training:
+            self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
-        if self._write_profile:
+        if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
+            if self._options.profile_dir:
+                name = self._options.model_name or ("training" if self._training else "inference")
+                directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
+        _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
 
     def _micro_batch_example(self, name, leaf):
@@ -238,6 +282,8 @@ class PoplarExecutor:
                 f"Input {name} requires grad: the device computes gradients itself. Pass tensor.detach() instead."
             )
         self._layout.split(name, leaf.detach().numpy())
+        # The device narrows 64-bit types to 32 bits.
+        _device.check_input_fits(name, self._layout.micro_batch_shape(leaf), min(leaf.element_size(), 4), self._options)
         if leaf.ndim == 0:
             return leaf
         return leaf[: self._layout.micro_batch_shape(leaf)[0]].clone()
@@ -246,14 +292,34 @@ class PoplarExecutor:
     def _input_signature(leaf):
         return (leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
 
-    def _group_of(self):
-        names = {id(p): name for name, p in torch.nn.Module.named_parameters(self._model, remove_duplicate=False)}
+    def _group_of(self, captured):
+        """Parameter-group index of each captured parameter the optimizer trains (matched by tensor identity)."""
+        self._check_optimizer_groups()
+        name_of = {id(tensor): name for name, tensor in captured.tensors.items()}
         group_of = {}
         for index, group in enumerate(self._spec.groups):
-            for p in group.params:
-                if id(p) in names:
-                    group_of[names[id(p)]] = index
+            for position, p in enumerate(group.params):
+                if id(p) not in name_of:
+                    raise Error(
+                        f"Parameter {position} of the optimizer's parameter group {index} (shape {list(p.shape)}) "
+                        "is not a parameter of the wrapped model, so it would never be trained: build the "
+                        "optimizer from the wrapped model's parameters()."
+                    )
+                group_of[name_of[id(p)]] = index
         return group_of
+
+    def _check_optimizer_groups(self):
+        """Raise if the optimizer's parameter groups changed since it was described (add_param_group...)."""
+        groups = self._optimizer.param_groups
+        if len(groups) != len(self._spec.groups) or any(
+            len(group["params"]) != len(spec.params) or any(a is not b for a, b in zip(group["params"], spec.params))
+            for group, spec in zip(groups, self._spec.groups)
+        ):
+            raise Error(
+                "The optimizer's parameter groups changed after it was given to poptorch (add_param_group() or "
+                "an edited 'params' list): the compiled model would not train the new parameters. Before the "
+                "first call, call setOptimizer(optimizer); after it, call destroy() and wrap the model again."
+            )
 
     # -- arguments ------------------------------------------------------------------------------
     def _check_arguments(self, args, kwargs):
@@ -313,180 +379,131 @@ class PoplarExecutor:
     def __call__(self, *args, **kwargs):
         self._check_arguments(args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(
+                "Options.connectionType(ConnectionType.Never) compiles without a device: this model cannot run. "
+                "Use ConnectionType.Always or OnDemand to run it."
+            )
         if not self._attached:
             self.attachToDevice()
-        self._refresh_device_weights()
-        outputs = self._run(leaves)
         if self._training:
-            self._shared.generation += 1
-            self._uploaded_generation = self._shared.generation
-            self._shared.dirty = self
-            if self._sync_after_call:
-                self.copyWeightsToHost()
+            self._check_optimizer_groups()
+        self._device.prepare()
+        outputs = self._run(leaves)
+        if self._sync_after_call:
+            self.copyWeightsToHost()
         return outputs
 
-    def _refresh_device_weights(self):
-        """Bring this device up to date when another wrapper of the model trained since our last upload."""
-        shared = self._shared
-        if shared.dirty is not None and shared.dirty is not self:
-            shared.dirty.copyWeightsToHost()
-        if self._uploaded_generation != shared.generation:
-            self.copyWeightsToDevice()
-
     def _run(self, leaves):
-        captured, layout, exe = self._captured, self._layout, self._exe
+        captured, layout = self._captured, self._layout
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
-        per_output = {}
+        synthetic = self._options.enable_synthetic_data
+        if synthetic:
+            feeds_by_name = _synthetic_data.inputs(feeds_by_name, self._options.random_seed)
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
-        cycles = 0
-        runs_per_step = layout.ga * layout.r
-        for index, (d, a, r) in enumerate(layout.micro_batches()):
-            start = time.time()
-            feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
-            fed = time.time()
-            for lists in perf["input"]:
-                lists.append(start)
-            for lists in perf["input_complete"]:
-                lists.append(fed)
-            result = _run_on_device(exe, feeds, self._programs.micro_batch)
-            cycles += exe.last_run_cycles or 0
-            out_start = time.time()
-            for name, value in result.items():
-                per_output.setdefault(name, []).append(np.array(value))
-            out_done = time.time()
-            for lists in perf["output"]:
-                lists.append(out_start)
-            for lists in perf["output_complete"]:
-                lists.append(out_done)
-            if self._programs.step and (index + 1) % runs_per_step == 0:
-                _run_on_device(exe, {}, self._programs.step)
-                cycles += exe.last_run_cycles or 0
-        self._cycles, self._perf = cycles, perf
-        for input_name, output_name in captured.input_mutations.items():
+        per_output = self._run_device_iterations(feeds_by_name, perf)
+        self._perf = perf
+        if self._options.log_cycle_count:
+            logger.info("Simulated cycle count of the last call: %d", self._cycles)
+        for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
                 target.copy_(torch.from_numpy(layout.all_runs(per_output[output_name])).reshape(target.shape))
+        transfer = _synthetic_data.outputs if synthetic else np.asarray
         results = [
-            _host_tensor(layout.combine(per_output[name]), dtype).as_subclass(_OutputTensor)
+            _host_tensor(transfer(layout.combine(per_output[name])), dtype).as_subclass(_OutputTensor)
             for name, dtype in zip(captured.outputs, captured.output_dtypes)
         ]
         return pytree.tree_unflatten(results, captured.out_spec)
 
+    def _run_device_iterations(self, feeds_by_name, perf):
+        """Run every micro-batch and optimizer step of one call; returns the outputs per micro-batch.
+
+        Ctrl-C finishes the step under way and stops there; whatever stops the call, the device's new
+        weights are recorded (so the host reads them) and a step cut short leaves no partial gradients.
+        """
+        exe, programs, layout = self._exe, self._programs, self._layout
+        per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
+        run_cycles = []
+        batches = list(layout.micro_batches())
+        ran = done = 0
+        try:
+            with _interrupt.deferred_keyboard_interrupt() as interrupted:
+                for index, (d, a, r) in enumerate(batches):
+                    start = time.time()
+                    feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
+                    _append_time(perf, ("input",), start)
+                    _append_time(perf, ("input_complete",), time.time())
+                    ran = index + 1
+                    result = _run_on_device(exe, feeds, programs.micro_batch)
+                    cycles += exe.last_run_cycles or 0
+                    run_cycles.append(exe.last_run_cycles or 0)
+                    _append_time(perf, ("output",), time.time())
+                    for name, value in result.items():
+                        per_output.setdefault(name, []).append(np.array(value))
+                    _append_time(perf, ("output_complete",), time.time())
+                    if ran % runs_per_step == 0:
+                        if programs.step:
+                            _run_on_device(exe, {}, programs.step)
+                            cycles += exe.last_run_cycles or 0
+                            run_cycles[-1] += exe.last_run_cycles or 0
+                        done = ran
+                        if interrupted() and done < len(batches):
+                            raise KeyboardInterrupt
+        except BaseException as exc:
+            if ran:
+                self._device.after_run(self._training)
+            if ran > done:
+                self._device.discard_partial_step()
+            if isinstance(exc, KeyboardInterrupt):
+                message = _interrupted_message(done // runs_per_step, len(batches) // runs_per_step)
+                raise KeyboardInterrupt(message) from None
+            raise
+        self._device.after_run(self._training)
+        self._cycles = cycles
+        _executor_api.record_run(self, run_cycles, feeds, result)
+        return per_output
+
     # -- weights --------------------------------------------------------------------------------
-    def _host_tensors(self):
-        model = self._model
-        tensors = dict(torch.nn.Module.named_parameters(model, remove_duplicate=False))
-        tensors.update(torch.nn.Module.named_buffers(model, remove_duplicate=False))
-        return tensors
-
-    def _device_variables(self):
-        return set(self._exe.variables)
-
     def copyWeightsToDevice(self):
         """Upload the host's parameters, buffers and optimizer state (overwriting unsynced device training)."""
         if self._exe is None:
             raise Error("The model must be compiled before weights can be copied to the device")
-        if self._shared.dirty is self:
-            self._shared.dirty = None
-        variables = self._device_variables()
-        for name, tensor in self._host_tensors().items():
-            if name in variables:
-                self._exe.write_variable(name, tensor.detach().cpu().numpy())
-        if self._training:
-            self._write_optimizer_state(variables)
-        if _training.RNG_SEED in variables and not self._rng_seeded:
-            seed = self._options.random_seed
-            seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
-            self._exe.write_variable(_training.RNG_SEED, np.array([seed & 0x7FFFFFFF, 0], dtype=np.int32))
-            self._rng_seeded = True
-        self._uploaded_generation = self._shared.generation
+        self._device.upload_all()
 
     def copyWeightsToHost(self):
         """Copy the device's parameters, buffers and optimizer state into the user model and optimizer."""
-        if self._exe is None:
-            return
-        if self._shared.dirty is self:
-            self._shared.dirty = None
-        variables = self._device_variables()
-        with torch.no_grad():
-            for name, tensor in self._host_tensors().items():
-                if name in variables:
-                    value = torch.from_numpy(np.array(self._exe.read_variable(name)))
-                    tensor.data.copy_(value.reshape(tensor.shape).to(tensor.dtype))
-        if self._training:
-            self._read_optimizer_state(variables)
+        if self._device is not None:
+            self._device.download()
 
-    def _param_of(self):
-        return dict(torch.nn.Module.named_parameters(self._model, remove_duplicate=False))
-
-    def _write_optimizer_state(self, variables):
-        exe, initial = self._exe, self._programs.initial
-        for name, value in initial.items():
-            if name in variables:
-                exe.write_variable(name, value)
-        self._write_hyper_parameters(variables)
-        state = self._optimizer.state
-        params = self._param_of()
-        for name in self._programs.trained:
-            param_state = state.get(params[name])
-            if not param_state:
-                continue
-            for slot, value in param_state.items():
-                var = state_name(name, slot)
-                if slot == "step" and STEP in variables:
-                    exe.write_variable(STEP, np.array(float(value), dtype=np.float32))
-                elif var in variables and isinstance(value, torch.Tensor):
-                    exe.write_variable(var, value.detach().cpu().numpy())
-
-    def _write_hyper_parameters(self, variables):
-        for index, group in enumerate(self._spec.groups):
-            for hyper, value in group.values.items():
-                name = hyper_name(index, hyper)
-                if name in variables:
-                    self._exe.write_variable(name, np.array(value, dtype=np.float32))
-        if LOSS_SCALING in variables:
-            self._exe.write_variable(LOSS_SCALING, np.array(self._spec.loss_scaling, dtype=np.float32))
-
-    def _read_optimizer_state(self, variables):
-        params = self._param_of()
-        step = float(np.array(self._exe.read_variable(STEP))) if STEP in variables else None
-        prefix = "_opt."
-        for name in self._programs.trained:
-            param = params[name]
-            slots = {}
-            for var in variables:
-                if var.startswith(f"{prefix}{name}."):
-                    slot = var[len(prefix) + len(name) + 1 :]
-                    array = np.array(self._exe.read_variable(var))
-                    slots[slot] = torch.from_numpy(array).to(param.dtype)
-            if step is not None:
-                slots["step"] = torch.tensor(step)
-            if slots:
-                self._optimizer.state[param].update(slots)
+    def load_state_dict(self, state_dict, strict=True):
+        """Load ``state_dict`` into the wrapped model and upload it to the device (as PopTorch does)."""
+        result = self._model.load_state_dict(state_dict, strict)
+        if self._attached:
+            self.copyWeightsToDevice()
+        return result
 
     # -- optimizer ------------------------------------------------------------------------------
     def setOptimizer(self, optimizer):
-        """Use ``optimizer``'s hyper-parameters from the next call on (variable ones need no recompilation)."""
+        """Use ``optimizer`` from the next call on: its variable hyper-parameters need no recompilation, and
+        a state it holds (``optimizer.load_state_dict``) replaces the device's."""
         if not self._training:
             raise Error("setOptimizer() is only available on a trainingModel")
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
         self._optimizer, self._spec = optimizer, spec
-        if self._exe is not None and self._attached:
-            variables = self._device_variables()
-            self._write_hyper_parameters(variables)
-            if getattr(optimizer, "_poptorch_state_loaded", False):
-                self._write_optimizer_state(variables)
-                optimizer._poptorch_state_loaded = False
+        if self._device is not None:
+            self._device.set_optimizer(optimizer, spec)
 
     # -- device ---------------------------------------------------------------------------------
     def attachToDevice(self):
@@ -496,10 +513,8 @@ class PoplarExecutor:
         if self._exe is None:
             raise Error("The model must be compiled before it can be attached")
         self._attached = True
-        shared = self._shared
-        if shared.dirty is not None and shared.dirty is not self:
-            shared.dirty.copyWeightsToHost()
-        self.copyWeightsToDevice()
+        self._device.attach()
+        self._device.prepare()
 
     def detachFromDevice(self):
         """Copy weights to the host and release the device; the next call re-attaches."""
@@ -514,8 +529,7 @@ class PoplarExecutor:
 
     def destroy(self):
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
-        if self._exe is not None and self._shared.dirty is self:
-            self.copyWeightsToHost()
+        self.copyWeightsToHost()
         self._reset()
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
@@ -568,11 +582,32 @@ class PoplarExecutor:
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"
 
 
+def _append_time(perf, keys, when):
+    for key in keys:
+        for lists in perf[key]:
+            lists.append(when)
+
+
+def _interrupted_message(done, total):
+    return (
+        f"Interrupted after {done} of {total} device iterations of this call. The device's weights and optimizer "
+        "state include exactly those iterations (reading the model on the host copies them back); this call's "
+        "outputs are lost."
+    )
+
+
 def _run_on_device(exe, feeds, program):
     try:
-        return exe.run(feeds, program=program)
+        result = exe.run(feeds, program=program)
     except popsim.Error as exc:
-        raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
+        raise RecoverableError(
+            f"The simulated IPU failed while running the model: {exc}",
+            recovery_action="IPU_RESET",
+            type="popsim_runtime_error",
+        ) from exc
+    _fp_exceptions.check(result)
+    _host_print.emit(result)
+    return result
 
 
 _SIGNATURES = weakref.WeakKeyDictionary()

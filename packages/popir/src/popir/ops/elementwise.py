@@ -94,8 +94,9 @@ relu = defop(
     "relu",
     infer=numeric_unary,
     ref=lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    vjp=lambda ins, outs, cts: (where(gt(ins[0], _scalar(ins[0], 0)), cts[0], zeros_like(cts[0])),),
-    doc="max(x, 0); the gradient at 0 is 0, as in torch.",
+    # Zero where x <= 0, else the cotangent: at a NaN input the cotangent passes, as in torch.
+    vjp=lambda ins, outs, cts: (where(le(ins[0], _scalar(ins[0], 0)), zeros_like(cts[0]), cts[0]),),
+    doc="max(x, 0); the gradient at 0 is 0 and at NaN passes through, as in torch.",
 )
 
 

@@ -1,12 +1,14 @@
 """Loss composites with torch's reductions ("mean", "sum", "none") and ignore_index handling."""
 
+import math
+
 from popir.dtypes import DType
 from popir.errors import IRError
 from popir.ops.activations import log_softmax, softplus
 from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
-from popir.ops.elementwise import abs_, cast, eq, gt, log, lt, maximum, ne, where
+from popir.ops.elementwise import abs_, cast, eq, gt, log, lt, maximum, minimum, ne, sqrt, where
 from popir.ops.movement import gather, take_along_axis
-from popir.ops.stats import mean
+from popir.ops.stats import mean, norm
 
 
 def reduce_loss(loss, reduction):
@@ -155,3 +157,70 @@ def kl_div(log_input, target, reduction="mean", log_target=False):
     if reduction == "batchmean":
         return reduce_sum(loss, axes=None, keepdims=False) * (1.0 / log_input.shape[0] if log_input.ndim else 1.0)
     return reduce_loss(loss, reduction)
+
+
+def _hinge(x):
+    """max(x, 0)."""
+    return maximum(x, zeros_like(x))
+
+
+def _select(cond, x):
+    """``x`` where ``cond``, else 0."""
+    return where(cond, x, zeros_like(x))
+
+
+def poisson_nll_loss(x, target, log_input=True, full_loss=False, eps=1e-8, reduction="mean"):
+    """torch.nn.functional.poisson_nll_loss; ``full_loss`` adds Stirling's term where target > 1."""
+    loss = exp(x) - target * x if log_input else x - target * log(x + eps)
+    if full_loss:
+        above_one = gt(target, full(target.graph, (), 1.0, target.dtype))
+        safe = where(above_one, target, full(target.graph, target.shape, 1.0, target.dtype))
+        stirling = safe * log(safe) - safe + log(safe * (2.0 * math.pi)) * 0.5
+        loss = loss + _select(above_one, stirling)
+    return reduce_loss(loss, reduction)
+
+
+def hinge_embedding_loss(x, target, margin=1.0, reduction="mean"):
+    """torch.nn.functional.hinge_embedding_loss: x where target is 1, max(margin - x, 0) where it is -1."""
+    one = full(target.graph, (), 1.0, target.dtype)
+    loss = _select(ne(target, one), _hinge(margin - x)) + _select(ne(target, -one), x)
+    return reduce_loss(loss, reduction)
+
+
+def soft_margin_loss(x, target, reduction="mean"):
+    """torch.nn.functional.soft_margin_loss: log(1 + exp(-target x)), as a softplus that cannot overflow."""
+    return reduce_loss(softplus(-(target * x)), reduction)
+
+
+# torch's epsilon added to each squared magnitude in cosine_embedding_loss.
+_COSINE_EPS = 1e-12
+
+
+def cosine_embedding_loss(a, b, target, margin=0.0, reduction="mean"):
+    """torch.nn.functional.cosine_embedding_loss over the last axis; target is 1 or -1 per row."""
+    dot = reduce_sum(a * b, axes=(-1,), keepdims=False)
+    mag_a = reduce_sum(a * a, axes=(-1,), keepdims=False) + _COSINE_EPS
+    mag_b = reduce_sum(b * b, axes=(-1,), keepdims=False) + _COSINE_EPS
+    cos = dot / sqrt(mag_a * mag_b)
+    one = full(target.graph, (), 1.0, target.dtype)
+    loss = _select(eq(target, one), 1.0 - cos) + _select(eq(target, -one), _hinge(cos - margin))
+    return reduce_loss(loss, reduction)
+
+
+def margin_ranking_loss(a, b, target, margin=0.0, reduction="mean"):
+    """torch.nn.functional.margin_ranking_loss: max(-target (a - b) + margin, 0)."""
+    return reduce_loss(_hinge(-(target * (a - b)) + margin), reduction)
+
+
+def pairwise_distance(a, b, p=2.0, eps=1e-6):
+    """torch.nn.functional.pairwise_distance: the p-norm of a - b + eps over the last axis."""
+    return norm(a - b + eps, p=p, axes=(-1,), keepdims=False)
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False, reduction="mean"):
+    """torch.nn.functional.triplet_margin_loss (``swap``: the negative's distance is the smaller of the two)."""
+    d_pos = pairwise_distance(anchor, positive, p, eps)
+    d_neg = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        d_neg = minimum(d_neg, pairwise_distance(positive, negative, p, eps))
+    return reduce_loss(_hinge(d_pos - d_neg + margin), reduction)

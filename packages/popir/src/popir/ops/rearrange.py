@@ -2,8 +2,8 @@
 
 from popir.errors import IRError
 from popir.ops._infer import norm_axes
-from popir.ops.base import broadcast_to, reshape, zeros_like
-from popir.ops.elementwise import gt, where
+from popir.ops.base import broadcast_to, div, reshape, zeros_like
+from popir.ops.elementwise import gt, maximum, where
 from popir.ops.movement import concat, flip, gather, pad, scatter_add, slice_
 
 
@@ -86,11 +86,13 @@ def index_select(x, axis, indices):
 
 
 def scatter(x, axis, indices, src):
-    """torch.scatter (no reduce): src values written at indices along ``axis``; duplicate indices add up
-    (torch leaves them unspecified)."""
+    """torch.scatter (no reduce): src values written at indices along ``axis``. Duplicate indices (torch
+    leaves them unspecified) get the mean of their values, so a value written twice is written once."""
     a = _axis(x, axis)
-    hits = scatter_add(zeros_like(x), indices, broadcast_to(x.graph.constant(1.0, x.dtype), shape=src.shape), axis=a)
-    return where(gt(hits, zeros_like(hits)), scatter_add(zeros_like(x), indices, src, axis=a), x)
+    one = x.graph.constant(1.0, x.dtype)
+    hits = scatter_add(zeros_like(x), indices, broadcast_to(one, shape=src.shape), axis=a)
+    sums = scatter_add(zeros_like(x), indices, src, axis=a)
+    return where(gt(hits, zeros_like(hits)), div(sums, maximum(hits, broadcast_to(one, shape=x.shape))), x)
 
 
 def pad_mode(x, pads, mode="constant", value=0.0):

@@ -1,0 +1,207 @@
+"""Numerical safety against eager: gradients of activations whose masked-out branch overflows, NaN through
+ReLU, 0-d results, loss detection and integer ranges. Each case is one small model through the simulator."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import popir
+import poptorch
+from popir import ops
+
+
+def _options():
+    return poptorch.Options().showCompilationProgressBar(False)
+
+
+class _Activation(torch.nn.Module):
+    def __init__(self, fn, values, dtype=torch.float32):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(values, dtype=dtype))
+        self.fn = fn
+
+    def forward(self):
+        return poptorch.identity_loss(self.fn(self.w).float(), "sum")
+
+
+def _device_grad(model):
+    """The gradient the device applied: one SGD step with lr=1 moves each weight by minus its gradient."""
+    before = model.w.detach().clone()
+    training = poptorch.trainingModel(model, _options(), torch.optim.SGD(model.parameters(), lr=1.0))
+    training()
+    training.copyWeightsToHost()
+    training.destroy()
+    return (before - model.w.detach()).float()
+
+
+ACTIVATIONS = {
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, 0.5),
+    "softplus": F.softplus,
+    "softplus_beta": lambda x: F.softplus(x, beta=2.0, threshold=5.0),
+    "mish": F.mish,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_gradients_stay_finite_where_a_branch_overflows(name):
+    values = [100.0, 30.0, 1.0, -3.0, -100.0]
+    model = _Activation(ACTIVATIONS[name], values)
+    eager = copy.deepcopy(model)
+    eager().backward()
+    grad = _device_grad(model)
+    assert torch.isfinite(grad).all(), grad
+    torch.testing.assert_close(grad, eager.w.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_elu_gradient_in_float16_at_12():
+    values = [12.0, 1.0, -2.0]
+    eager = _Activation(F.elu, values, torch.float16)
+    eager().backward()
+    grad = _device_grad(_Activation(F.elu, values, torch.float16))
+    torch.testing.assert_close(grad, eager.w.grad.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_relu_passes_the_gradient_at_nan_as_eager():
+    g = popir.Graph("relu_nan")
+    x = g.add_input("x", (3,), "float32")
+    (grad,) = popir.autodiff.grad(g, ops.reduce_sum(ops.relu(x), axes=None, keepdims=False), [x])
+    g.output("grad", grad)
+    feeds = {"x": np.array([np.nan, 2.0, -1.0], np.float32)}
+    eager = torch.tensor(feeds["x"], requires_grad=True)
+    F.relu(eager).sum().backward()
+    np.testing.assert_array_equal(popir.interpreter.run(g, feeds)["grad"], eager.grad.numpy())
+
+
+# -- losses ------------------------------------------------------------------------------------------------
+def _signs(*shape):
+    return torch.randint(0, 2, shape) * 2 - 1
+
+
+LOSSES = {
+    "poisson_nll": (torch.nn.PoissonNLLLoss(), lambda out: (torch.rand(out.shape) * 3,)),
+    "poisson_nll_full": (
+        torch.nn.PoissonNLLLoss(log_input=False, full=True),
+        lambda out: (torch.rand(out.shape) * 3,),
+    ),
+    "hinge_embedding": (torch.nn.HingeEmbeddingLoss(margin=0.5), lambda out: (_signs(*out.shape).float(),)),
+    "soft_margin": (torch.nn.SoftMarginLoss(reduction="sum"), lambda out: (_signs(*out.shape).float(),)),
+    "cosine_embedding": (
+        torch.nn.CosineEmbeddingLoss(margin=0.1),
+        lambda out: (torch.randn(out.shape), _signs(out.shape[0])),
+    ),
+    "margin_ranking": (
+        torch.nn.MarginRankingLoss(margin=0.2),
+        lambda out: (torch.randn(out.shape), _signs(*out.shape).float()),
+    ),
+    "triplet_margin": (
+        torch.nn.TripletMarginLoss(margin=2.0, swap=True),
+        lambda out: (torch.randn(out.shape), torch.randn(out.shape)),
+    ),
+}
+
+
+class _LossModel(torch.nn.Module):
+    def __init__(self, loss):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+        self.loss = loss
+
+    def forward(self, x, *targets):
+        out = self.fc(x)
+        if isinstance(self.loss, torch.nn.PoissonNLLLoss) and not self.loss.log_input:
+            out = out.exp()
+        return self.loss(out, *targets)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_torch_losses_are_recognised_and_train_as_eager(name):
+    torch.manual_seed(0)
+    loss, make_targets = LOSSES[name]
+    model = _LossModel(loss)
+    eager = copy.deepcopy(model)
+    x = torch.randn(5, 3)
+    targets = make_targets(torch.empty(5, 4))
+    training = poptorch.trainingModel(model, _options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(2):
+        device_loss = training(x, *targets)
+        optimizer.zero_grad()
+        eager_loss = eager(x, *targets)
+        eager_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(device_loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    training.copyWeightsToHost()
+    for a, b in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    training.destroy()
+
+
+def test_a_non_scalar_loss_is_refused_as_eager_refuses_its_backward():
+    model = _LossModel(torch.nn.MSELoss(reduction="none"))
+    x, y = torch.randn(2, 3), torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match="only for scalar outputs"):
+        model(x, y).backward()
+    with pytest.raises(poptorch.Error, match=r"The final loss must be a scalar, got shape \[2, 4\].*reduction="):
+        poptorch.trainingModel(model, _options())(x, y)
+
+
+class _CustomLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x, target):
+        out = self.fc(x)
+        inner = poptorch.identity_loss(out - target, reduction="none")
+        return out, poptorch.identity_loss(inner**2 * 5, reduction="mean")
+
+
+def test_identity_loss_none_inside_a_custom_loss_trains_to_the_target_as_eager():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3)
+    target = x @ torch.randn(3, 2) + 0.5  # reachable exactly by the linear layer
+    model = _CustomLoss()
+    eager = copy.deepcopy(model)
+    steps_per_call, calls, lr = 25, 8, 0.02
+    options = _options().deviceIterations(steps_per_call)
+    training = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=lr))
+    optimizer = torch.optim.SGD(eager.parameters(), lr=lr)
+    for _ in range(calls):
+        # Each call runs steps_per_call SGD steps and returns the last step's loss (OutputMode.Final).
+        _, last_loss = training(x.repeat(steps_per_call, 1), target.repeat(steps_per_call, 1))
+        for _ in range(steps_per_call):
+            optimizer.zero_grad()
+            _, eager_loss = eager(x, target)
+            eager_loss.backward()
+            optimizer.step()
+        torch.testing.assert_close(last_loss, eager_loss.detach(), rtol=1e-4, atol=1e-6)
+    # Both converge: the loss fell by orders of magnitude and the prediction reaches the target.
+    assert eager_loss.item() < 1e-3
+    out, _ = training(x.repeat(steps_per_call, 1), target.repeat(steps_per_call, 1))
+    torch.testing.assert_close(out, target, atol=2e-2, rtol=0)
+
+
+# -- shapes --------------------------------------------------------------------------------------------------
+class _Reductions(torch.nn.Module):
+    def forward(self, x, y):
+        return x.sum(), torch.linalg.norm(x), F.mse_loss(x, y), x.mean(0)
+
+
+def test_zero_dim_results_keep_shape_of_eager_through_inference_model():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    eager = _Reductions()(x, y)
+    device = poptorch.inferenceModel(_Reductions(), _options())(x, y)
+    for d, e in zip(device, eager):
+        assert d.shape == e.shape
+        torch.testing.assert_close(d, e, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_dim_results_of_several_iterations_stack():
+    x, y = torch.randn(6, 4), torch.randn(6, 4)
+    total, *_ = poptorch.inferenceModel(_Reductions(), _options().deviceIterations(2))(x, y)
+    torch.testing.assert_close(total, torch.stack([x[:3].sum(), x[3:].sum()]))
