@@ -296,7 +296,7 @@ class Executable:
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, tensor in inputs.items():
-            array = np.asarray(feeds[name])
+            array = _numeric(feeds[name], f"feed {name!r}")
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
@@ -378,10 +378,18 @@ class Executable:
         if name not in self._vars:
             raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
         t = self._vars[name]
-        array = np.asarray(array)
+        array = _numeric(array, f"variable {name!r}")
         if array.shape != t.shape:
             raise Error(f"variable {name!r} has shape {t.shape}, got {array.shape}")
         self._write(t, self._var_blocks[name], array)
+
+
+def _numeric(value, what):
+    """``value`` as a NumPy array of numbers or bools; anything else (strings, objects, None) is an Error."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise Error(f"{what}: expected an array of numbers, got {type(value).__name__} of dtype {array.dtype}")
+    return array
 
 
 def _host_streams(lowered):
