@@ -67,6 +67,12 @@ def test_assigning_to_a_setter_raises():
     assert opts.device_iterations == 1 and opts.Training.gradient_accumulation == 1
 
 
+def test_to_dict_names_every_enum():
+    values = _opts().connectionType(poptorch.ConnectionType.OnDemand).toDict()
+    assert values["connectionType"] == "OnDemand" and values["syncPattern"] == "Full"
+    assert values["Precision.halfFloatCasting"] == "HalfUpcastToFloat" and values["outputMode"] == "Default"
+
+
 def test_paths_must_be_paths(tmp_path):
     with pytest.raises(poptorch.Error, match="enableExecutableCaching takes a directory path.*123"):
         poptorch.Options().enableExecutableCaching(123)
