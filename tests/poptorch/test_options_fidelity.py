@@ -237,6 +237,13 @@ def test_log_cycle_count_logs_each_call(records):
     assert model.cycleCount() > 0
 
 
+def test_trace_level_logs_the_compiled_programs(records):
+    poptorch.setLogLevel("TRACE")
+    poptorch.inferenceModel(torch.nn.Linear(4, 3), _opts())(torch.randn(2, 4))
+    listings = [m for level, m in records if level == _logging.TRACE]
+    assert len(listings) == 1 and listings[0].startswith("Program inference:") and "matmul" in listings[0]
+
+
 def test_max_repeat_logs_silences_repeats(records):
     poptorch.Options().maxRepeatLogs(2)
     for _ in range(5):
