@@ -102,7 +102,7 @@ def test_bad_compile(case):
 @pytest.mark.parametrize("value", ["0", "zero", "-2"])
 def test_bad_thread_count(monkeypatch, value):
     monkeypatch.setenv("POPSIM_NUM_THREADS", value)
-    with pytest.raises(popsim.Error, match="POPSIM_NUM_THREADS must be a positive integer"):
+    with pytest.raises(popsim.Error, match="POPSIM_NUM_THREADS must be an integer from 1 to"):
         popsim.compile(_graph(), TARGET)
 
 
