@@ -6,7 +6,7 @@ resolver ever pulls a CUDA build.
 
 import nox
 
-nox.options.sessions = ["lint", "popir", "popsim", "popdata", "poptorch"]
+nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch"]
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -50,6 +50,15 @@ def popsim(session):
     _install_layers(session, "popir", "popsim")
     session.run("python", "-c", ASSERT_NO_TORCH)
     _pytest(session, "tests/popsim", "tests/reliability/popsim")
+
+
+@nox.session
+def jax(session):
+    """The JAX frontend example (examples/jax_frontend.py) checked against JAX: popir + popsim, no torch."""
+    session.install(*TEST_DEPS, "jax", "jaxlib")
+    _install_layers(session, "popir", "popsim")
+    session.run("python", "-c", ASSERT_NO_TORCH)
+    _pytest(session, "tests/jax")
 
 
 @nox.session

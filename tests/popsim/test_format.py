@@ -66,7 +66,7 @@ def test_the_cost_model_and_the_lowering_table_cover_every_sub_op():
 def test_the_engine_sources_spell_no_format_number():
     """Kinds, sub-ops, dtypes and phases are compared by name in the engine, never by a bare literal."""
     package = pathlib.Path(_kernels.__file__).parent
-    bare = re.compile(r"\b(op|kind|sub|dt\w*)\s*[=!]=\s*\d")
+    bare = re.compile(r"\b(op|kind|sub|dt\w*)\s*[=!]=\s*\d|\b(row|ph|o|prog|stream|r)\[\d")
     for path in sorted(package.glob("*.p[yx][xd]")):
         hits = [line for line in path.read_text().splitlines() if bare.search(line)]
         assert hits == [], path.name
@@ -165,3 +165,17 @@ def test_add_vertex_takes_kinds_and_sub_ops_by_name():
     cs = dg.add_compute_set("neg")
     v = dg.add_vertex(cs, "UNARY", "neg", 1, N, {"a": t.region(0, N), "out": t.region(0, N)}, 1)
     assert (v.kind, v.sub) == (oc.UNARY, oc.UNARY_OPS["neg"])
+
+
+def test_a_run_that_traps_is_an_error_naming_the_row():
+    g = popir.Graph("g")
+    x = g.add_input("x", (N,), "float32")
+    g.output("y", popir.ops.exp(x))
+    exe = popsim.compile(g, TARGET)
+    flat = exe._programs["g"][0]
+    table = flat.instructions.copy()
+    table[0, oc.COL["sub"]] = len(oc.UNARY_OPS)  # a sub-op no codelet implements, past the build-time checks
+    flat.instructions = table
+    expected = rf"trapped instruction row 0 \(kind {oc.UNARY}, sub-op {len(oc.UNARY_OPS)}\)"
+    with pytest.raises(popsim.Error, match=expected):
+        exe.run({"x": np.ones(N, np.float32)})

@@ -18,7 +18,6 @@ UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR
 
 # Element types in tile memory (the DTA/DTB/DTOUT columns; popir dtype names).
 DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
-DTYPE_ITEMSIZES = {"float32": 4, "float16": 2, "int32": 4, "bool": 1}
 
 UNARY_OPS = {
     name: i
@@ -169,7 +168,9 @@ EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
 # Phase kinds (a phase row is (kind, a, b, c); see program.py).
 PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM")
 PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
-PHASE_COLS = 4
+PHASE_COLUMNS = ("kind", "a", "b", "c")
+PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}
+PHASE_COLS = len(PHASE_COLUMNS)
 
 # Columns of an exchange row (see copy_run), of a host stream's table row and of a stream row.
 COPY_COLUMNS = ("src", "dst", "count", "stride", "itemsize", "reps", "outer")
@@ -187,7 +188,8 @@ def enums():
         ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
         ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
         ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
-        ("phases", {f"PH_{n}": c for n, c in PHASES.items()} | {"PHASE_COLS": PHASE_COLS}),
+        ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
+        ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),
         ("copy_columns", _columns("CP", COPY_COLUMNS, "COPY_COLS")),
         ("stream_columns", _columns("ST", STREAM_COLUMNS, "ST_COLS")),
         ("stream_rows", _columns("SR", STREAM_ROW_COLUMNS, "SR_COLS")),

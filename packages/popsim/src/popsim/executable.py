@@ -22,7 +22,7 @@ MAX_ARENA_BYTES = 2**31 - 1
 
 
 def supported_ops():
-    """popir op names that popsim can lower onto tiles."""
+    """popir op names that popsim can lower onto tiles (every name is a popir op: see register_lowering)."""
     return set(LOWERINGS)
 
 
@@ -64,15 +64,19 @@ def _check_fits(graphs, target, relax_memory):
     )
 
 
-def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
+def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
+    an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
     if isinstance(graphs, popir.Graph):
         graphs = {graphs.name: graphs}
     if not graphs:
         raise Error("compile needs at least one graph")
+    if optimize:
+        graphs = {name: popir.passes.optimize(g) for name, g in graphs.items()}
     target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
@@ -111,8 +115,15 @@ def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_me
     ``inputs`` and ``outputs`` map host names to device tensors, streamed in before and out after each run.
     Tensors of category ``"variable"`` are variables by name; ``"constant"`` tensors hold their ``value``.
     """
+    inputs, outputs = dict(inputs or {}), dict(outputs or {})
+    for role, tensors in (("input", inputs), ("output", outputs)):
+        for host_name, t in tensors.items():
+            dg.check_own(t, f"{role} {host_name!r}")
+    for step in leaves(dg.program):
+        for storage in _storages_of(step):
+            dg.check_own(storage, f"program step {getattr(step, 'name', step)!r}")
     variables = {t.name: t for t in dg.tensors if t.storage is t and t.category == "variable"}
-    lowered = {name: (dg.program, dict(inputs or {}), dict(outputs or {}))}
+    lowered = {name: (dg.program, inputs, outputs)}
     return Executable(dg.target, dg, variables, lowered, relax_memory)
 
 

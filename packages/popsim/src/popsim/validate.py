@@ -8,6 +8,7 @@ is checked here, against the format _opcodes.py declares; every failure is a ``p
 
 import numpy as np
 
+from popir import as_dtype
 from popsim import _opcodes as oc
 from popsim.errors import Error
 
@@ -209,7 +210,7 @@ def _itemsizes(codes):
     """Bytes per element of dtype codes (an array); unknown codes were rejected before."""
     sizes = np.zeros(max(oc.DTYPE_CODES.values()) + 1, np.int64)
     for name, code in oc.DTYPE_CODES.items():
-        sizes[code] = oc.DTYPE_ITEMSIZES[name]
+        sizes[code] = as_dtype(name).itemsize
     return sizes[codes]
 
 
@@ -219,7 +220,7 @@ def _instruction_extents(table, rows):
     r = table[rows]
     col = oc.COL
     kind, n, p0, p1, p2 = r[:, col["op"]], r[:, col["n"]], r[:, col["p0"]], r[:, col["p1"]], r[:, col["p2"]]
-    # An EXPR row keeps leaf addresses in its dtype columns: measure it as float32 here, properly later.
+    # An EXPR row's dtype columns hold leaf addresses (its program holds the dtypes).
     isa, isb, iso = (_itemsizes(np.where(kind == oc.EXPR, 0, r[:, col[c]])) for c in ("dta", "dtb", "dtout"))
     addr = np.zeros((len(r), 7), np.int64)
     size = np.zeros((len(r), 7), np.int64)

@@ -13,6 +13,7 @@ it and advances it between steps (capture registers no update for it).
 
 import contextlib
 import contextvars
+import inspect
 import operator
 import os
 import re
@@ -28,6 +29,8 @@ from torch.utils import _pytree as pytree
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
+from poptorch._int_range import IndexBound, user_input_of
+from poptorch._logging import logger
 from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
 
@@ -59,6 +62,7 @@ class Captured:
     output_dtypes: torch dtypes of the outputs as eager torch returns them.
     input_mutations: user input name -> graph output name holding its in-place updated value.
     losses: final loss Values (outputs of identity_loss or of a torch loss that no other loss consumes).
+    index_bounds: user input name -> ``_int_range.IndexBound``s of the index operands it feeds directly.
     """
 
     graph: popir.Graph
@@ -74,6 +78,7 @@ class Captured:
     output_dtypes: list = field(default_factory=list)
     input_mutations: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
+    index_bounds: dict = field(default_factory=dict)
 
 
 def flatten_call(args, kwargs):
@@ -85,9 +90,62 @@ def flatten_call(args, kwargs):
 def capture(model, args, kwargs=None):
     """Export ``model(*args, **kwargs)`` and lower it to popir; raises poptorch.Error with the user's line."""
     args, kwargs = tuple(args), dict(kwargs or {})
-    program = _export(model, args, kwargs)
+    root = _TensorOutputs(model)
+    program = _export(root, args, kwargs)
     _check_supported(program)
-    return _Lowering(model, program, args, kwargs).run()
+    captured = _Lowering(model, program, args, kwargs).run()
+    captured.out_spec = root.out_spec()
+    return captured
+
+
+class _TensorOutputs(torch.nn.Module):
+    """Runs the user's model and hands export the flat leaves of its output, every leaf that is neither a
+    tensor nor a plain Python value (a transformers ``Cache``, any object torch's pytree does not know)
+    replaced by None, so export never fails on them. ``out_spec()`` rebuilds the output: containers pytree
+    knows (tuples, lists, dicts, Hugging Face ``ModelOutput``s...) keep their class and fields. The user's
+    parameters are under ``_WRAPPED``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.wrapped = model
+        specs = []  # a closure, not an attribute: export restores the module's attributes after tracing
+
+        def forward(*args, **kwargs):
+            leaves, spec = pytree.tree_flatten(pytree.tree_map(_returnable, model(*args, **kwargs)))
+            specs[:] = [spec]
+            return leaves
+
+        self.out_spec = lambda: specs[0]
+
+        # export names the graph inputs after forward's parameters: keep the user's names.
+        forward.__signature__ = inspect.signature(model.forward)
+        self.forward = forward
+
+
+_WRAPPED = "wrapped."
+_PLAIN_LEAVES = (torch.Tensor, int, float, bool, str)
+
+
+class _Dropped:
+    """Stands for an output leaf the IPU does not return: a pytree node with no leaves, rebuilt as None."""
+
+
+_DROPPED = _Dropped()
+pytree.register_pytree_node(
+    _Dropped, lambda _: ([], None), lambda _leaves, _context: None, serialized_type_name="poptorch.DroppedOutput"
+)
+
+
+def _returnable(leaf):
+    if isinstance(leaf, _PLAIN_LEAVES):
+        return leaf
+    if leaf is None:
+        return _DROPPED
+    log_once(
+        f"the model returns a {type(leaf).__module__}.{type(leaf).__qualname__}, which is not a tensor or a "
+        "container of tensors; the IPU model returns None in its place"
+    )
+    return _DROPPED
 
 
 def _check_output_leaf(node, position):
@@ -105,11 +163,12 @@ def _export(model, args, kwargs):
     table = torch.export.default_decompositions()
     for op in LOSS_OPS + UNDECOMPOSED_OPS:
         table.pop(op, None)
+    caught = []
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model):
+            with registered_once(model), _full_stack_traces():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
@@ -117,6 +176,29 @@ def _export(model, args, kwargs):
         raise
     except Exception as exc:
         raise Error(_export_failure(exc)) from exc
+    finally:
+        _show_once(caught)
+
+
+_SHOWN = set()
+
+
+def _show_once(caught):
+    """Show each distinct warning raised while exporting once per process. Without this, the warnings torch
+    raises about the model (an LSTM's ``_flat_weights ... assigned during export``) repeat on every compile:
+    catching warnings resets Python's own once-per-line registry."""
+    for w in caught:
+        key = (w.category, str(w.message))
+        if key not in _SHOWN:
+            _SHOWN.add(key)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def log_once(message):
+    """Log ``message`` as a warning the first time it comes up in this process."""
+    if message not in _SHOWN:
+        _SHOWN.add(message)
+        logger.warning(message)
 
 
 def _detach_grad_disabled_regions(program):
@@ -186,10 +268,35 @@ def _user_frame_of_traceback(tb):
 
 
 def _is_user_file(path):
+    """Code of the user or of a library they use (transformers...): neither torch, poptorch nor generated."""
+    if path.startswith("<"):  # <string>, <eval_with_key>: code torch generated
+        return False
     path = os.path.abspath(path)
     if any(fragment in path for fragment in _EXCLUDED.get()):
         return False
-    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR))
+
+
+class _EveryUserFrame:
+    """Stands in for torch.fx's set of stack-trace anchors during export: it holds every frame of user or
+    library code, so a node's recorded stack keeps helper functions (a mask utility), not only ``forward``s."""
+
+    def __contains__(self, frame):
+        return _is_user_file(frame[0])
+
+
+@contextlib.contextmanager
+def _full_stack_traces():
+    saved = torch.fx.proxy._STACK_TRACE_ANCHORS
+    torch.fx.proxy._STACK_TRACE_ANCHORS = _EveryUserFrame()
+    try:
+        yield
+    finally:
+        torch.fx.proxy._STACK_TRACE_ANCHORS = saved
+
+
+def _frame_text(m):
+    return f"{m['file']}:{m['line']}: {m['code'].strip()}"
 
 
 @contextlib.contextmanager
@@ -204,17 +311,23 @@ def excluding_sources(fragments):
 
 
 def source_line(node):
-    """The user's ``file:line: code`` that produced an exported fx node (None if unknown).
+    """Where an exported fx node was made: the innermost frame of user or library code as ``file:line:
+    code``, followed by the model-level line that led there when that is another one (None if unknown).
 
     Nodes made by decompositions may carry no stack trace; they take the line of the nearest user that has one.
     """
     pending, seen = [node], set()
     while pending:
         current = pending.pop(0)
-        frames = [m for m in _FRAME.finditer(current.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
+        frames = list(_FRAME.finditer(current.meta.get("stack_trace") or ""))
+        # The stack starts where the model was called; the model's own code starts at the first forward.
+        start = next((i for i, m in enumerate(frames) if m["func"] == "forward"), 0)
+        frames = [m for m in frames[start:] if _is_user_file(m["file"])]
         if frames:
-            m = frames[-1]
-            return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+            # The model-level line: in the outermost forward (decorators around it are not the model).
+            outer = next((m for m in frames if m["func"] == "forward"), frames[0])
+            inner, outer = _frame_text(frames[-1]), _frame_text(outer)
+            return inner if inner == outer else f"{inner} (from {outer})"
         seen.add(current)
         pending.extend(u for u in current.users if u not in seen)
     return None
@@ -262,6 +375,7 @@ class _Lowering:
         self.env = {}
         self._seed = None
         self._streams = 0
+        self.index_bounds = {}
 
     # -- services for the lowerings -----------------------------------------------------------------
     def random_seed(self):
@@ -274,6 +388,15 @@ class _Lowering:
             return self._seed
         return self._seed + self.graph.constant(np.array([0, stream], dtype=np.int32))
 
+    def bound_index(self, index, size, what, negative=False, allowed=()):
+        """Have each call check that the user input feeding ``index`` (if any) holds valid indices for an
+        axis of ``size``: [0, size), or [-size, size) when ``negative`` indices wrap; ``allowed`` are extra
+        values the op accepts (an ignore_index)."""
+        source = user_input_of(index)
+        if source is not None:
+            bound = IndexBound(-size if negative else 0, size, what, source_line(self.node), tuple(allowed))
+            self.index_bounds.setdefault(source.name, []).append(bound)
+
     # -- driver ----------------------------------------------------------------------------------------
     def run(self):
         captured = Captured(graph=self.graph)
@@ -285,6 +408,7 @@ class _Lowering:
             elif node.op == "output":
                 self._bind_outputs(captured, node.args[0])
         captured.out_spec = self.program.call_spec.out_spec
+        captured.index_bounds = self.index_bounds
         captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
         return captured
 
@@ -302,6 +426,7 @@ class _Lowering:
             captured.tensors[fqn] = b
 
     def _state_input(self, kind, target):
+        target = target.removeprefix(_WRAPPED)
         tensor = self.model.get_parameter(target) if kind == InputKind.PARAMETER else self.model.get_buffer(target)
         return self.state[id(tensor)]
 
@@ -350,9 +475,11 @@ class _Lowering:
                     return _constant(self.graph, node.target(*args, **kwargs))
                 raise Error(f"{node.target} has no lowering")
             except Error as exc:
-                raise type(exc)(f"{exc} (at {where or 'an unknown line'})") from None
+                raise type(exc)(f"{exc} (at {where or 'an unknown line'})", location=where) from None
             except popir.IRError as exc:
-                raise Error(f"could not lower {node.target} at {where or 'an unknown line'}: {exc}") from exc
+                raise Error(
+                    f"could not lower {node.target} at {where or 'an unknown line'}: {exc}", location=where
+                ) from exc
 
     def _read(self, node):
         value = self.env[node]

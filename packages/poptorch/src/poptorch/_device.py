@@ -25,6 +25,7 @@ def compile_programs(graphs, options):
             target=target_of(options),
             partials_type=options.Precision.partials_type,
             relax_memory=options.allow_out_of_memory,
+            optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:
         raise Error(

@@ -8,6 +8,7 @@ of each tensor is current is tracked per tensor object (``_weights``), so tied w
 several wrappers of one model stay coherent (``_device_weights``).
 """
 
+import copyreg
 import inspect
 import os
 import time
@@ -27,12 +28,16 @@ from poptorch import (
     _fp_exceptions,
     _host_print,
     _interrupt,
+    _logging,
+    _stochastic_rounding,
     _synthetic_data,
     _training,
     _weights,
+    optim,
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
+from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
 from poptorch.errors import Error, RecoverableError
@@ -97,14 +102,13 @@ def _syncing(method):
 
 
 def _reduce_as(original):
-    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``
+    (loadable without poptorch)."""
 
     def __reduce_ex__(self, protocol):
         _weights.sync_host(self)
         reduced = super(type(self), self).__reduce_ex__(protocol)
-        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
-            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
-        return reduced
+        return (copyreg._reconstructor, (original, object, None), *reduced[2:])
 
     return __reduce_ex__
 
@@ -175,6 +179,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._spec = describe(optimizer) if training else None
+        if training:
+            optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
@@ -207,7 +213,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """True once the model has been compiled (and not destroyed)."""
         return self._exe is not None
 
-    def _compile(self, args, kwargs):
+    def _compile(self, args, kwargs, exported=None):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
@@ -240,14 +246,17 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.stochastic_rounding:
+                programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
                 _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
-            cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key, programs.graphs) if cache else None
+            cache = _cache.ExecutableCache.open(self._options) if exported is None else None
+            exe = cache.load(key, programs.graphs) if cache else exported and exported.executable_for(key)
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options)
                 if cache:
@@ -260,8 +269,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
+            optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
+        self._key = key
         if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
             if self._options.profile_dir:
@@ -414,6 +425,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
+            check_input(name, tensor, captured.index_bounds.get(name, ()))
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
         synthetic = self._options.enable_synthetic_data
@@ -512,6 +524,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+        optim.release(self._optimizer, self)
+        optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
             self._device.set_optimizer(optimizer, spec)
@@ -542,6 +556,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
         self.copyWeightsToHost()
         self._reset()
+        if self._training:
+            optim.release(self._optimizer, self)
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
             del shared.executors[_kind(self._training)]
@@ -583,6 +599,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def model(self):
         """The wrapped user model."""
         return self._model
+
+    def __reduce__(self):
+        """Pickled (``torch.save``) as the recipe that wraps the model again, with the host's current weights
+        and optimizer state; the loaded wrapper compiles on its first call."""
+        self.copyWeightsToHost()
+        optimizer = self._optimizer if self._training else None
+        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":

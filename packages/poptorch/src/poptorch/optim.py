@@ -7,11 +7,24 @@ and defaults are compiled in; for torch's own optimizers only ``lr`` is variable
 """
 
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from poptorch import _weights
 from poptorch.errors import Error
+
+EMPTY_STATE = "Cannot load optimizer state dictionary because it is empty."
+NOT_IPU_STATE = "Only IPU optimizer states can be loaded onto the IPU."
+_IPU_KEYS = ("ipu_state", "ipu_param")
+HOST_STEP_WARNING = (
+    "optimizer.step() was called on an optimizer that a poptorch.trainingModel uses: the wrapped model already "
+    "performs the optimizer step on the IPU at each call, so this step only applies gradients computed on the "
+    "host, if any. Remove the optimizer.step() (and zero_grad() / backward()) calls from the training loop."
+)
+# Optimizer -> the wrappers that compile its update rule (a step() called by the user warns while any is alive).
+_USERS = weakref.WeakKeyDictionary()
 
 # Hyper-parameters of each rule, per parameter group; ``betas`` is split into beta1/beta2.
 HYPER_PARAMETERS = {
@@ -26,25 +39,104 @@ _STRUCTURE = {"sgd": ("nesterov",), "rmsprop": ("centered",), "adam": (), "adamw
 _DTYPES = {None: "float32", torch.float32: "float32", torch.float16: "float16", torch.half: "float16"}
 
 
+class VariableAttributes:
+    """``optimizer.variable_attrs`` of a poptorch optimizer: which hyper-parameters are variable (``setOptimizer``
+    changes them without recompiling) and which are compiled in as constants. Hyper-parameters passed to the
+    constructor start variable, defaults constant; mark them otherwise before the model is compiled."""
+
+    def __init__(self, variable, allowed):
+        self._variable = set(variable)
+        self._allowed = frozenset(allowed)
+
+    def isConstant(self, attr):
+        """True if ``attr`` is compiled in as a constant."""
+        return attr not in self._variable
+
+    def markAsConstant(self, attr):
+        """Compile ``attr`` in as a constant."""
+        self._check(attr)
+        self._variable.discard(attr)
+
+    def markAsVariable(self, attr):
+        """Make ``attr`` changeable through ``setOptimizer`` without recompiling."""
+        self._check(attr)
+        self._variable.add(attr)
+
+    def __contains__(self, attr):
+        return attr in self._variable
+
+    def _check(self, attr):
+        if attr not in self._allowed:
+            raise Error(f"Unknown attribute {attr}, allowed values: {sorted(self._allowed)}")
+
+
 class _PoptorchOptimizer:
     """Mixin for poptorch.optim classes: remembers which hyper-parameters the user passed explicitly."""
 
     def _remember_variables(self, explicit, group_keys):
-        self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
+        variable = {name for name, given in explicit.items() if given} | group_keys
+        hyper = HYPER_PARAMETERS[_rule_of(self)[1]]
+        allowed = {"betas" if name.startswith("beta") else name for name in hyper} | {"loss_scaling"}
+        self.variable_attrs = VariableAttributes(variable, allowed)
+
+    def __getstate__(self):
+        """Pickled with the current state (copied back from the device if it is ahead) and PopTorch's extras
+        (loss scaling, ...), which torch's own pickling leaves out."""
+        _weights.sync_optimizer_state(self)
+        state = super().__getstate__()
+        state.update({k: v for k, v in vars(self).items() if k not in state and not k.startswith("_")})
+        return state
 
     def state_dict(self):
-        """torch's state dict plus ``ipu_state`` (the state as last copied from the device)."""
+        """torch's state dict plus PopTorch's ``ipu_state`` (the per-parameter state) and ``ipu_param`` (the
+        hyper-parameters). Always current: a device holding a newer state copies it back first."""
         state = super().state_dict()
         state["ipu_state"] = {k: dict(v) for k, v in state["state"].items()}
+        state["ipu_param"] = _ipu_params(self)
         return state
 
     def load_state_dict(self, state_dict):
-        """Load a state dict saved from a poptorch optimizer; the next model call uploads it."""
-        if "ipu_state" not in state_dict:
-            raise Error("Only IPU optimizer states can be loaded onto the IPU.")
-        state_dict = {k: v for k, v in state_dict.items() if k != "ipu_state"}
+        """Load a state dict saved from a poptorch optimizer; the next call of the wrapped model uploads it."""
+        if not state_dict:
+            raise Error(EMPTY_STATE)
+        if not all(key in state_dict for key in _IPU_KEYS):
+            raise Error(NOT_IPU_STATE)
+        state_dict = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
+        _weights.check_loading_state(self, state_dict)
         super().load_state_dict(state_dict)
-        self._poptorch_state_loaded = True
+
+
+def use(optimizer, executor):
+    """``executor`` runs ``optimizer``'s update rule on the device: a ``step()`` the user calls warns."""
+    users = _USERS.get(optimizer)
+    if users is None:
+        users = _USERS[optimizer] = weakref.WeakSet()
+        optimizer.register_step_pre_hook(_warn_host_step)
+    users.add(executor)
+
+
+def release(optimizer, executor):
+    """``executor`` no longer uses ``optimizer``."""
+    users = _USERS.get(optimizer)
+    if users is not None:
+        users.discard(executor)
+
+
+def _warn_host_step(optimizer, args, kwargs):
+    if _USERS.get(optimizer):
+        # Above this hook: torch's step wrapper, then the user's call.
+        warnings.warn(HOST_STEP_WARNING, stacklevel=3)
+
+
+def _ipu_params(optimizer):
+    """Every numeric hyper-parameter by ``<name>.group<index>``, plus the loss scaling, as tensors."""
+    params = {"loss_scaling": torch.tensor(float(optimizer.loss_scaling))}
+    for index, group in enumerate(optimizer.param_groups):
+        for name, value in group.items():
+            values = value if name == "betas" else (value,)
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                params[f"{name}.group{index}"] = torch.tensor(values if name == "betas" else value, dtype=torch.float32)
+    return params
 
 
 def _groups(params):
@@ -66,7 +158,8 @@ def _default(value, default):
 
 
 class SGD(_PoptorchOptimizer, torch.optim.SGD):
-    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``max_grad_norm`` and ``accum_type``."""
+    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``use_combined_accum``, accumulation types and
+    ``max_grad_norm``."""
 
     def __init__(
         self,
@@ -81,13 +174,15 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
         differentiable=None,
         loss_scaling=None,
         velocity_scaling=None,
-        max_grad_norm=None,
+        use_combined_accum=None,
         accum_type=None,
         velocity_accum_type=None,
+        max_grad_norm=None,
     ):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             momentum=_default(momentum, 0.0),
             dampening=_default(dampening, 0.0),
@@ -95,6 +190,8 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
             nesterov=bool(nesterov),
         )
         self.loss_scaling = _default(loss_scaling, 1.0)
+        # PopTorch's two SGD variants differ only in float16 stability; both compute torch's rule, as here.
+        self.use_combined_accum = bool(use_combined_accum)
         self.max_grad_norm = max_grad_norm
         self.accum_type = accum_type
         self.velocity_accum_type = velocity_accum_type
@@ -140,6 +237,7 @@ class Adam(_PoptorchOptimizer, torch.optim.Adam):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -187,6 +285,7 @@ class AdamW(_PoptorchOptimizer, torch.optim.AdamW):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -232,6 +331,7 @@ class RMSprop(_PoptorchOptimizer, torch.optim.RMSprop):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             alpha=_default(alpha, 0.99),
             eps=_default(eps, 1e-8),
@@ -308,9 +408,41 @@ class LAMB(_PoptorchOptimizer, torch.optim.Optimizer):
             group_keys,
         )
 
+    @torch.no_grad()
     def step(self, closure=None):
-        """Not run: the update rule is compiled into the wrapped model's program."""
-        raise Error("poptorch.optim.LAMB only runs inside a poptorch.trainingModel.")
+        """One LAMB step on the host from the parameters' ``.grad`` (as PopTorch's LAMB runs on the CPU); a
+        wrapped model runs the same rule on the device. State slots and step count match the device's."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        trained = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        scale = 1.0
+        if self.max_grad_norm is not None and trained:
+            # Global-norm clipping as on the device (torch.nn.utils.clip_grad_norm_), without editing .grad.
+            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in trained]))
+            scale = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
+        for group, p in trained:
+            p.sub_(self._update(group, p, p.grad * scale))
+        return loss
+
+    def _update(self, group, p, grad):
+        """lr * trust ratio * update for one parameter, advancing its state."""
+        state = self.state[p]
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if self.bias_correction:
+            step = float(state["step"])
+            m, v = m / (1 - beta1**step), v / (1 - beta2**step)
+        update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+        r1, r2 = p.norm().clamp(max=group["max_weight_norm"]), update.norm()
+        trust = 1.0 if r1 == 0 or r2 == 0 else float(r1 / r2)
+        return update * (group["lr"] * trust)
 
 
 def _adaptive_extras(opt, loss_scaling, accum_type, first, second, max_grad_norm):
@@ -380,17 +512,22 @@ _KINDS = (
 _OURS = (SGD, Adam, AdamW, RMSprop, LAMB)
 
 
+def _rule_of(optimizer):
+    """(The supported class ``optimizer`` is an instance of, its update rule), or (None, None)."""
+    return next(((cls, kind) for cls, kind in _KINDS if isinstance(optimizer, cls)), (None, None))
+
+
 def _kind_of(optimizer):
-    for cls, kind in _KINDS:
-        if isinstance(optimizer, cls):
-            if type(optimizer) not in _OURS and type(optimizer) is not cls:
-                warnings.warn(
-                    f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
-                    f"as {cls.__name__}, any custom behaviour is ignored.",
-                    stacklevel=4,
-                )
-            return kind
-    raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    cls, kind = _rule_of(optimizer)
+    if kind is None:
+        raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    if type(optimizer) not in _OURS and type(optimizer) is not cls:
+        warnings.warn(
+            f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
+            f"as {cls.__name__}, any custom behaviour is ignored.",
+            stacklevel=4,
+        )
+    return kind
 
 
 def describe(optimizer):

@@ -6,6 +6,7 @@ losses, layers, rearrange and recurrent. Public names match the registry's op na
 ``ops.pow``, ``ops.abs``, ``ops.round`` shadow builtins on purpose).
 """
 
+from popir.ops import resize
 from popir.ops.activations import (
     celu,
     clamp,
@@ -22,12 +23,14 @@ from popir.ops.activations import (
     mish,
     prelu,
     relu6,
+    rrelu,
     selu,
     silu,
     softmax,
     softplus,
     softsign,
 )
+from popir.ops.attention import scaled_dot_product_attention
 from popir.ops.base import (
     add,
     broadcast_to,
@@ -76,20 +79,34 @@ from popir.ops.elementwise import (
 from popir.ops.elementwise import (
     pow_ as pow,  # noqa: A004
 )
+from popir.ops.indexing import (
+    bincount,
+    bucketize,
+    embedding_bag,
+    index_fill,
+    index_reduce,
+    isnan,
+    scatter_reduce,
+)
 from popir.ops.layers import (
     adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
     adaptive_max_pool2d,
     avg_pool1d,
     avg_pool2d,
+    avg_pool3d,
+    bilinear,
     conv1d,
     conv3d,
     conv_transpose1d,
     conv_transpose2d,
+    conv_transpose3d,
     embedding,
     flatten,
     linear,
     masked_fill,
     max_pool1d,
+    max_pool3d,
 )
 from popir.ops.linalg import matmul
 from popir.ops.losses import (
@@ -160,13 +177,16 @@ from popir.ops.rearrange import (
 )
 from popir.ops.recurrent import gru_cell, lstm_cell, rnn_cell
 from popir.ops.reduction import argmax, argmin, reduce_max, reduce_min, reduce_prod
-from popir.ops.stats import logsumexp, mean, norm, std, var
+from popir.ops.resize import interpolate
+from popir.ops.sampling import exponential, normal, randperm, uniform
+from popir.ops.stats import cdist, cumprod, logsumexp, mean, median, norm, std, var
 
 __all__ = [
     "abs",
     "acos",
     "acosh",
     "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
     "adaptive_max_pool2d",
     "add",
     "argmax",
@@ -179,15 +199,20 @@ __all__ = [
     "atanh",
     "avg_pool1d",
     "avg_pool2d",
+    "avg_pool3d",
     "batch_norm",
+    "bilinear",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
+    "bincount",
     "bitwise_and",
     "bitwise_not",
     "bitwise_or",
     "bitwise_xor",
     "broadcast_to",
+    "bucketize",
     "cast",
+    "cdist",
     "ceil",
     "celu",
     "chunk",
@@ -201,21 +226,25 @@ __all__ = [
     "conv3d",
     "conv_transpose1d",
     "conv_transpose2d",
+    "conv_transpose3d",
     "cos",
     "cosh",
     "cosine_embedding_loss",
     "cross_entropy",
+    "cumprod",
     "cumsum",
     "div",
     "dropout",
     "elu",
     "embedding",
+    "embedding_bag",
     "eq",
     "erf",
     "exp",
     "exp2",
     "expand",
     "expm1",
+    "exponential",
     "flatten",
     "flip",
     "floor",
@@ -233,8 +262,12 @@ __all__ = [
     "hinge_embedding_loss",
     "huber_loss",
     "hypot",
+    "index_fill",
+    "index_reduce",
     "index_select",
     "instance_norm",
+    "interpolate",
+    "isnan",
     "kl_div",
     "l1_loss",
     "layer_norm",
@@ -260,8 +293,10 @@ __all__ = [
     "max_pool2d",
     "max_pool2d_grad",
     "max_pool2d_select",
+    "max_pool3d",
     "maximum",
     "mean",
+    "median",
     "minimum",
     "mish",
     "mse_loss",
@@ -271,6 +306,7 @@ __all__ = [
     "neg",
     "nll_loss",
     "norm",
+    "normal",
     "pad",
     "pad_mode",
     "pairwise_distance",
@@ -278,6 +314,7 @@ __all__ = [
     "pow",
     "prelu",
     "random_uniform",
+    "randperm",
     "reciprocal",
     "reduce_loss",
     "reduce_max",
@@ -288,12 +325,16 @@ __all__ = [
     "relu6",
     "remainder",
     "reshape",
+    "resize",
     "rnn_cell",
     "roll",
     "round",
+    "rrelu",
     "rsqrt",
+    "scaled_dot_product_attention",
     "scatter",
     "scatter_add",
+    "scatter_reduce",
     "selu",
     "sigmoid",
     "sign",
@@ -323,6 +364,7 @@ __all__ = [
     "transpose",
     "triplet_margin_loss",
     "trunc",
+    "uniform",
     "unsqueeze",
     "var",
     "where",
