@@ -101,7 +101,7 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings():
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model):
+            with registered_once(model), poptorch._losses.CaptureCtcLoss():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
