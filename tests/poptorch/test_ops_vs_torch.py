@@ -402,7 +402,8 @@ def _torch_function(dotted):
 
 def _to_torch(value):
     if isinstance(value, np.ndarray):
-        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        # np.array, not np.ascontiguousarray: the latter turns a rank-0 sample into shape (1,).
+        tensor = torch.from_numpy(np.array(value, order="C"))
         return tensor.long() if tensor.dtype == torch.int32 else tensor
     if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
         return getattr(torch, value)
