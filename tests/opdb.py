@@ -1939,3 +1939,29 @@ entry(
     None,
     primitive=False,
 )
+
+
+def _ctc(d):
+    steps, n, classes = d.int(2, 5), d.int(1, 2), d.int(2, 4)
+    s = d.int(1, 2)
+    target_lengths = d.ints((n,), 1, s + 1)
+    log_probs = np.log(np.asarray(d.rng.dirichlet(np.ones(classes), (steps, n)), np.float32))
+    inputs = {
+        "log_probs": log_probs,
+        "targets": d.ints((n, s), 1, classes),
+        "input_lengths": d.ints((n,), steps - 1, steps + 1),
+        "target_lengths": target_lengths,
+    }
+    return Sample(inputs, {"reduction": d.choice(["mean", "sum", "none"]), "zero_infinity": True})
+
+
+entry(
+    "ctc_loss",
+    _ctc,
+    ops.ctc_loss,
+    "torch.nn.functional.ctc_loss",
+    primitive=False,
+    grad=("log_probs",),
+    rtol=1e-4,
+    atol=1e-5,
+)

@@ -294,9 +294,10 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
     at_end = logical_or(eq(state, last), eq(state, last - 1))
     ends = where(at_end, alpha, minus_inf)
     top = reduce_max(ends, axes=(1,), keepdims=True)
-    dead = eq(top, minus_inf)
+    dead = eq(top, minus_inf)  # no alignment fits the input length: an infinite loss
     shift = where(dead, zeros_like(top), top)
-    loss = -(reshape(log(reduce_sum(exp(ends - shift), axes=(1,), keepdims=True)) + shift, shape=(n,)))
+    total = where(dead, full(g, (), 1.0, dtype), reduce_sum(exp(ends - shift), axes=(1,), keepdims=True))
+    loss = -reshape(where(dead, minus_inf, log(total) + shift), shape=(n,))
     if zero_infinity:
         loss = where(eq(loss, full(g, (), math.inf, dtype)), zeros_like(loss), loss)
     if reduction == "mean":
