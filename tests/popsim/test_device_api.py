@@ -65,6 +65,15 @@ def test_a_dtype_given_as_a_string_is_refused_with_the_fix():
         dg.add_tensor((4,), "float32")
 
 
+def test_a_tensor_of_another_device_graph_is_refused():
+    dg, x, y, cs = _graph()
+    other, foreign, _, _ = _graph()
+    with pytest.raises(popsim.Error, match="not a tensor of this DeviceGraph"):
+        dg.add_vertex(cs, oc.UNARY, "neg", 0, N, {"a": foreign.region(0, N), "out": y.region(0, N)}, 1)
+    with pytest.raises(popsim.Error, match="not a tensor of this DeviceGraph"):
+        dg.add_copy("c", y, [foreign], np.arange(N))
+
+
 def test_a_gather_size_passed_as_fparam_is_refused():
     dg = popsim.DeviceGraph(TARGET)
     here = popsim.TileMapping.on_tiles([N], [0])

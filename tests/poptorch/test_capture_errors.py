@@ -95,12 +95,29 @@ def test_other_export_failures_are_poptorch_errors_with_the_line():
     assert "return x @ x" in str(info.value)
 
 
-class TwoIndexTensors(nn.Module):
-    def forward(self, x, i):
-        return x[i, i]
+class MaskRead(nn.Module):
+    def forward(self, x):
+        return x[x > 0]
 
 
 def test_lowering_errors_name_the_line():
     with pytest.raises(poptorch.errors.Error) as info:
-        capture(TwoIndexTensors(), (torch.randn(3, 3), torch.tensor([0, 2])))
-    assert "more than one index tensor" in str(info.value) and "return x[i, i]" in str(info.value)
+        capture(MaskRead(), (torch.randn(3, 3),))
+    assert "torch.where" in str(info.value) and "return x[x > 0]" in str(info.value)
+
+
+def _positive_entries(x):
+    return x[x > 0]  # the op is made here, in a helper that is not a forward
+
+
+class HelperMaskRead(nn.Module):
+    def forward(self, x):
+        return _positive_entries(x) * 2
+
+
+def test_errors_name_the_innermost_frame_and_the_model_line_that_led_there():
+    with pytest.raises(poptorch.errors.Error) as info:
+        capture(HelperMaskRead(), (torch.randn(3, 3),))
+    message = str(info.value)
+    assert "return x[x > 0]  # the op is made here" in message
+    assert "(from " in message and "return _positive_entries(x) * 2" in message

@@ -130,10 +130,12 @@ def test_ipu_model_environment(monkeypatch):
         lambda o: o.syncPattern(poptorch.SyncPattern.SinglePipeline),
         lambda o: o._Popart.set("autoRecomputation", 3),
         lambda o: o._Popart.setPatterns({"PadSum": True}, 0),
+        lambda o: o.useIpuId(1),
+        lambda o: o.setAvailableMemoryProportion({"IPU0": 0.5}),
+        lambda o: o.anchorTensor("grad", "Gradient___fc.weight"),
         lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
             poptorch.MeanReductionStrategy.PostAndLoss
         ),
-        lambda o: o.Precision.enableStochasticRounding(True),
     ],
 )
 def test_unmodelled_options_are_refused(call):
@@ -168,6 +170,18 @@ def test_connection_type():
     always = poptorch.inferenceModel(torch.nn.Linear(4, 3), _opts())
     always.compile(x)
     assert always.isAttachedToDevice()
+
+
+def test_offline_ipu_target_compiles_without_running():
+    opts = _opts().useOfflineIpuTarget(21)
+    assert opts.ipu_version == "ipu21" and opts.connection_type == poptorch.ConnectionType.Never
+    model = poptorch.inferenceModel(torch.nn.Linear(4, 3), opts)
+    model.compile(torch.randn(2, 4))
+    assert model.isCompiled() and model.profile.target.name == "ipu21"
+    with pytest.raises(poptorch.Error, match="ConnectionType.Never"):
+        model(torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match="not modelled"):
+        model.getTensorNames()
 
 
 def test_enable_profiling_writes_the_profile_under_the_model_name(tmp_path):
@@ -333,3 +347,28 @@ def test_source_location_excludes_skip_library_modules(tmp_path, monkeypatch):
         locations.append(info.value.location)
     assert "numerics_library.py:6: return x / y" in locations[0]
     assert "test_options_fidelity.py" in locations[1] and "self.divide(x, y)" in locations[1]
+
+
+class _Accumulate(torch.nn.Module):
+    """Adds an increment below half a float16 step (at 1.0) 64 times: rounding to nearest loses every one."""
+
+    def forward(self, x, increment):
+        return poptorch.for_loop(64, lambda a: a + increment, [x])[0]
+
+
+def test_stochastic_rounding_keeps_small_increments_on_average():
+    x = torch.ones(512, dtype=torch.half)
+    increment = torch.tensor(2.0**-12, dtype=torch.half)
+    nearest = poptorch.inferenceModel(_Accumulate(), _opts())(x, increment)
+    assert torch.equal(nearest, x)  # as eager float16: 1 + 2**-12 rounds back to 1
+    assert torch.equal(_Accumulate()(x, increment), x)
+    opts = _opts().randomSeed(1)
+    opts.Precision.enableStochasticRounding(True)
+    model = poptorch.inferenceModel(_Accumulate(), opts)
+    first, second = model(x, increment), model(x, increment)
+    assert first.dtype == torch.half
+    # Exact arithmetic gives 1 + 64 * 2**-12 = 1.015625; each element is a multiple of the float16 step.
+    assert float(first.float().mean()) == pytest.approx(1.015625, abs=0.002)
+    steps = (first.float() - 1) * 2**10
+    assert torch.equal(steps, steps.round())
+    assert not torch.equal(first, second)  # fresh random numbers on every run

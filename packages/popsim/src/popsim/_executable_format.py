@@ -123,6 +123,8 @@ def from_bytes(cls, data, num_threads, max_arena_bytes):
 
 
 def _unpack(data):
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise Error(f"Executable.from_bytes needs bytes (from Executable.to_bytes), got {type(data).__name__}")
     data = bytes(data)
     if not data.startswith(MAGIC):
         raise Error("not a popsim executable: the bytes do not start with the popsim executable tag")

@@ -100,7 +100,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
     cdef bint zero
     while p < e.num_phases:
         ph = e.phases + PHASE_COLS * p
-        kind, start, stop = ph[0], ph[1], ph[2]
+        kind, start, stop = ph[PC_KIND], ph[PC_A], ph[PC_B]
         cycles += e.phase_cycles[p]
         p += 1
         if kind == PH_BRANCH_IF_ZERO:
@@ -109,7 +109,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
                 if e.base[start + i] != 0:
                     zero = False
             if zero:
-                p = ph[3]
+                p = ph[PC_C]
         elif kind == PH_JUMP:
             p = start
         elif kind == PH_LOOP_INIT:
@@ -121,7 +121,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
         elif kind == PH_SYNC:
             pass
         elif kind == PH_STREAM:
-            if not stream_copy(e.base, e.host, e.streams + ST_COLS * start, e.stream_rows, stop, ph[3]):
+            if not stream_copy(e.base, e.host, e.streams + ST_COLS * start, e.stream_rows, stop, ph[PC_C]):
                 dry = start
                 break
         elif shared and stop - start > 1:

@@ -169,7 +169,9 @@ EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
 # Phase kinds (a phase row is (kind, a, b, c); see program.py).
 PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM")
 PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
-PHASE_COLS = 4
+PHASE_COLUMNS = ("kind", "a", "b", "c")
+PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}
+PHASE_COLS = len(PHASE_COLUMNS)
 
 # Columns of an exchange row (see copy_run), of a host stream's table row and of a stream row.
 COPY_COLUMNS = ("src", "dst", "count", "stride", "itemsize", "reps", "outer")
@@ -187,7 +189,8 @@ def enums():
         ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
         ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
         ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
-        ("phases", {f"PH_{n}": c for n, c in PHASES.items()} | {"PHASE_COLS": PHASE_COLS}),
+        ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
+        ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),
         ("copy_columns", _columns("CP", COPY_COLUMNS, "COPY_COLS")),
         ("stream_columns", _columns("ST", STREAM_COLUMNS, "ST_COLS")),
         ("stream_rows", _columns("SR", STREAM_ROW_COLUMNS, "SR_COLS")),

@@ -22,7 +22,7 @@ MAX_ARENA_BYTES = 2**31 - 1
 
 
 def supported_ops():
-    """popir op names that popsim can lower onto tiles."""
+    """popir op names that popsim can lower onto tiles (every name is a popir op: see register_lowering)."""
     return set(LOWERINGS)
 
 
@@ -64,15 +64,19 @@ def _check_fits(graphs, target, relax_memory):
     )
 
 
-def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
+def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
+    an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
     if isinstance(graphs, popir.Graph):
         graphs = {graphs.name: graphs}
     if not graphs:
         raise Error("compile needs at least one graph")
+    if optimize:
+        graphs = {name: popir.passes.optimize(g) for name, g in graphs.items()}
     target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
@@ -285,7 +289,7 @@ class Executable:
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, tensor in inputs.items():
-            array = np.asarray(feeds[name])
+            array = _numeric(feeds[name], f"feed {name!r}")
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
@@ -367,10 +371,18 @@ class Executable:
         if name not in self._vars:
             raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
         t = self._vars[name]
-        array = np.asarray(array)
+        array = _numeric(array, f"variable {name!r}")
         if array.shape != t.shape:
             raise Error(f"variable {name!r} has shape {t.shape}, got {array.shape}")
         self._write(t, self._var_blocks[name], array)
+
+
+def _numeric(value, what):
+    """``value`` as a NumPy array of numbers or bools; anything else (strings, objects, None) is an Error."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise Error(f"{what}: expected an array of numbers, got {type(value).__name__} of dtype {array.dtype}")
+    return array
 
 
 def _host_streams(lowered):

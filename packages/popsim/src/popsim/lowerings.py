@@ -1,8 +1,12 @@
-"""The table from popir op names to planners: each entry lowers one node onto tiles."""
+"""The table from popir op names to planners: each entry lowers one node onto tiles.
+
+``register_lowering`` is the public way to add an entry (popsim's own ops use it too); see the frontend
+guide in docs/ for the planner helpers a lowering calls.
+"""
 
 import numpy as np
 
-from popir import DType, get_op
+from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
 from popsim import cost, window
 from popsim.errors import Error
@@ -11,13 +15,32 @@ from popsim.mapping import TileMapping
 LOWERINGS = {}
 
 
-def lowering(*names):
+def register_lowering(*names, replace=False):
+    """Decorator registering ``fn(lw, node, *inputs, **attrs)`` as the lowering of the popir ops ``names``.
+
+    ``lw`` is the ``popsim.Lowerer`` building the device graph, ``node`` the popir node (its ``outputs``
+    give the result types), ``inputs`` the device Tensors of the node's inputs and ``attrs`` its attributes.
+    The function builds the result with the Lowerer's planner helpers and returns one device Tensor per
+    output (a list or tuple for several), each of the output's shape and dtype. Each name must be a popir
+    op (``popir.defop`` it first); an op that already has a lowering is refused unless ``replace=True``.
+    """
+    for name in names:
+        try:
+            get_op(name)
+        except IRError:
+            raise Error(f"register_lowering: popir has no op {name!r}; define it with popir.defop first") from None
+        if name in LOWERINGS and not replace:
+            raise Error(f"register_lowering: op {name!r} already has a lowering; pass replace=True to override it")
+
     def register(fn):
         for name in names:
             LOWERINGS[name] = fn
         return fn
 
     return register
+
+
+lowering = register_lowering  # the spelling popsim's own table below uses
 
 
 def _norm_axes(axes, ndim):
@@ -194,7 +217,7 @@ def _broadcast_to(lw, node, x, shape):
     )
 
 
-@lowering("transpose", "slice", "concat", "flip", "squeeze", "unsqueeze", "expand_dims", "tile", "repeat", "roll")
+@lowering("transpose", "slice", "concat", "flip")
 def _movement(lw, node, *xs, **attrs):
     """Apply the op's NumPy reference to index arrays: the result says where each element comes from."""
     offsets = np.cumsum([0] + [x.size for x in xs])

@@ -24,6 +24,7 @@ from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCop
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
 DT = oc.DTYPE_CODES
+_TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the column of a jump's target
 
 # Instruction columns holding field addresses; an EXPR vertex's leaves a..f sit in EXPR_LEAF_COLUMNS (its
 # program holds their dtypes).
@@ -203,11 +204,11 @@ class _Flattener:
         if step.else_body is not None:
             jump = self.phase(JUMP, cycles=cost.CONTROL_CYCLES)
             then = then + _totals(control=cost.CONTROL_CYCLES)
-            self.phases[test][3] = len(self.phases)
+            self.phases[test][_TARGET_OF[BRANCH_IF_ZERO]] = len(self.phases)
             otherwise = self.emit(step.else_body)
-            self.phases[jump][1] = len(self.phases)
+            self.phases[jump][_TARGET_OF[JUMP]] = len(self.phases)
         else:
-            self.phases[test][3] = len(self.phases)
+            self.phases[test][_TARGET_OF[BRANCH_IF_ZERO]] = len(self.phases)
         # Both branches end here; an exchange after the If must not be costed as part of either.
         self.open = None
         return decide + (then if then.sum() >= otherwise.sum() else otherwise)

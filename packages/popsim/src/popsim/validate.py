@@ -219,7 +219,7 @@ def _instruction_extents(table, rows):
     r = table[rows]
     col = oc.COL
     kind, n, p0, p1, p2 = r[:, col["op"]], r[:, col["n"]], r[:, col["p0"]], r[:, col["p1"]], r[:, col["p2"]]
-    # An EXPR row keeps leaf addresses in its dtype columns: measure it as float32 here, properly later.
+    # An EXPR row's dtype columns hold leaf addresses (its program holds the dtypes).
     isa, isb, iso = (_itemsizes(np.where(kind == oc.EXPR, 0, r[:, col[c]])) for c in ("dta", "dtb", "dtout"))
     addr = np.zeros((len(r), 7), np.int64)
     size = np.zeros((len(r), 7), np.int64)

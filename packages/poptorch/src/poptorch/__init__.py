@@ -20,6 +20,7 @@ from poptorch._executor_api import (
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
+from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
     ConnectionType,
@@ -152,6 +153,7 @@ __all__ = [
     "ipuHardwareIsAvailable",
     "ipuHardwareVersion",
     "isRunningOnIpu",
+    "load",
     "nop",
     "ipu_print_tensor",
     "optim",

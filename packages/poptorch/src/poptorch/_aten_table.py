@@ -56,6 +56,8 @@ UNDECOMPOSED_OPS = (
     aten.softplus.default,
     aten.mish.default,
     aten.celu.default,
+    # Its decomposition returns strides that later views of the exported graph cannot take (GPT-2's attention).
+    aten.scaled_dot_product_attention.default,
     # Lowered whole, through popir composites.
     aten.index_fill.int_Scalar,
     aten.index_fill.int_Tensor,
@@ -1221,6 +1223,16 @@ def _native_dropout(ctx, x, p, train):
         zeros = _op("broadcast_to", _const(ctx.graph, 0.0, x.dtype), shape=x.shape)
         return zeros, _op("broadcast_to", _const(ctx.graph, False, "bool"), shape=x.shape)
     return dropout(ctx, x, p)
+
+
+@lowers(aten.scaled_dot_product_attention.default)
+def _attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    if attn_mask is not None and attn_mask.dtype != "bool":
+        attn_mask = _cast(attn_mask, q.dtype)
+    seed = ctx.random_seed() if dropout_p > 0 else None
+    return popir.ops.scaled_dot_product_attention(
+        q, k, v, attn_mask, float(dropout_p), bool(is_causal), scale, seed, bool(enable_gqa)
+    )
 
 
 @lowers(aten.bernoulli.p)

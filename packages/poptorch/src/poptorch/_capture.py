@@ -13,6 +13,7 @@ it and advances it between steps (capture registers no update for it).
 
 import contextlib
 import contextvars
+import inspect
 import operator
 import os
 import re
@@ -29,6 +30,7 @@ import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._int_range import IndexBound, user_input_of
+from poptorch._logging import logger
 from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
 
@@ -88,20 +90,85 @@ def flatten_call(args, kwargs):
 def capture(model, args, kwargs=None):
     """Export ``model(*args, **kwargs)`` and lower it to popir; raises poptorch.Error with the user's line."""
     args, kwargs = tuple(args), dict(kwargs or {})
-    program = _export(model, args, kwargs)
+    root = _TensorOutputs(model)
+    program = _export(root, args, kwargs)
     _check_supported(program)
-    return _Lowering(model, program, args, kwargs).run()
+    captured = _Lowering(model, program, args, kwargs).run()
+    captured.out_spec = root.out_spec()
+    return captured
+
+
+class _TensorOutputs(torch.nn.Module):
+    """Runs the user's model and hands export the flat leaves of its output, every leaf that is neither a
+    tensor nor a plain Python value (a transformers ``Cache``, any object torch's pytree does not know)
+    replaced by None, so export never fails on them. ``out_spec()`` rebuilds the output: containers pytree
+    knows (tuples, lists, dicts, Hugging Face ``ModelOutput``s...) keep their class and fields. The user's
+    parameters are under ``_WRAPPED``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.wrapped = model
+        specs = []  # a closure, not an attribute: export restores the module's attributes after tracing
+
+        def forward(*args, **kwargs):
+            leaves, spec = pytree.tree_flatten(pytree.tree_map(_returnable, model(*args, **kwargs)))
+            specs[:] = [spec]
+            return leaves
+
+        self.out_spec = lambda: specs[0]
+
+        # export names the graph inputs after forward's parameters: keep the user's names.
+        forward.__signature__ = inspect.signature(model.forward)
+        self.forward = forward
+
+
+_WRAPPED = "wrapped."
+_PLAIN_LEAVES = (torch.Tensor, int, float, bool, str)
+
+
+class _Dropped:
+    """Stands for an output leaf the IPU does not return: a pytree node with no leaves, rebuilt as None."""
+
+
+_DROPPED = _Dropped()
+pytree.register_pytree_node(
+    _Dropped, lambda _: ([], None), lambda _leaves, _context: None, serialized_type_name="poptorch.DroppedOutput"
+)
+
+
+def _returnable(leaf):
+    if isinstance(leaf, _PLAIN_LEAVES):
+        return leaf
+    if leaf is None:
+        return _DROPPED
+    log_once(
+        f"the model returns a {type(leaf).__module__}.{type(leaf).__qualname__}, which is not a tensor or a "
+        "container of tensors; the IPU model returns None in its place"
+    )
+    return _DROPPED
+
+
+def _check_output_leaf(node, position):
+    """A model's outputs are tensors (or numbers, returned as tensors); None, strings and other objects are
+    refused with the fix rather than failing inside torch."""
+    if isinstance(node, torch.fx.Node | int | float):
+        return
+    raise Error(
+        f"The model's output {position} is {node!r} ({type(node).__name__}): a PopTorch model returns tensors, "
+        "alone or in tuples, lists or dicts. Return a tensor there, or leave the value out of the outputs."
+    )
 
 
 def _export(model, args, kwargs):
     table = torch.export.default_decompositions()
     for op in LOSS_OPS + UNDECOMPOSED_OPS:
         table.pop(op, None)
+    caught = []
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model), poptorch._losses.CaptureCtcLoss():
+            with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
@@ -109,6 +176,29 @@ def _export(model, args, kwargs):
         raise
     except Exception as exc:
         raise Error(_export_failure(exc)) from exc
+    finally:
+        _show_once(caught)
+
+
+_SHOWN = set()
+
+
+def _show_once(caught):
+    """Show each distinct warning raised while exporting once per process. Without this, the warnings torch
+    raises about the model (an LSTM's ``_flat_weights ... assigned during export``) repeat on every compile:
+    catching warnings resets Python's own once-per-line registry."""
+    for w in caught:
+        key = (w.category, str(w.message))
+        if key not in _SHOWN:
+            _SHOWN.add(key)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def log_once(message):
+    """Log ``message`` as a warning the first time it comes up in this process."""
+    if message not in _SHOWN:
+        _SHOWN.add(message)
+        logger.warning(message)
 
 
 def _detach_grad_disabled_regions(program):
@@ -178,10 +268,35 @@ def _user_frame_of_traceback(tb):
 
 
 def _is_user_file(path):
+    """Code of the user or of a library they use (transformers...): neither torch, poptorch nor generated."""
+    if path.startswith("<"):  # <string>, <eval_with_key>: code torch generated
+        return False
     path = os.path.abspath(path)
     if any(fragment in path for fragment in _EXCLUDED.get()):
         return False
-    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR) or path.startswith("<"))
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR))
+
+
+class _EveryUserFrame:
+    """Stands in for torch.fx's set of stack-trace anchors during export: it holds every frame of user or
+    library code, so a node's recorded stack keeps helper functions (a mask utility), not only ``forward``s."""
+
+    def __contains__(self, frame):
+        return _is_user_file(frame[0])
+
+
+@contextlib.contextmanager
+def _full_stack_traces():
+    saved = torch.fx.proxy._STACK_TRACE_ANCHORS
+    torch.fx.proxy._STACK_TRACE_ANCHORS = _EveryUserFrame()
+    try:
+        yield
+    finally:
+        torch.fx.proxy._STACK_TRACE_ANCHORS = saved
+
+
+def _frame_text(m):
+    return f"{m['file']}:{m['line']}: {m['code'].strip()}"
 
 
 @contextlib.contextmanager
@@ -196,17 +311,23 @@ def excluding_sources(fragments):
 
 
 def source_line(node):
-    """The user's ``file:line: code`` that produced an exported fx node (None if unknown).
+    """Where an exported fx node was made: the innermost frame of user or library code as ``file:line:
+    code``, followed by the model-level line that led there when that is another one (None if unknown).
 
     Nodes made by decompositions may carry no stack trace; they take the line of the nearest user that has one.
     """
     pending, seen = [node], set()
     while pending:
         current = pending.pop(0)
-        frames = [m for m in _FRAME.finditer(current.meta.get("stack_trace") or "") if _is_user_file(m["file"])]
+        frames = list(_FRAME.finditer(current.meta.get("stack_trace") or ""))
+        # The stack starts where the model was called; the model's own code starts at the first forward.
+        start = next((i for i, m in enumerate(frames) if m["func"] == "forward"), 0)
+        frames = [m for m in frames[start:] if _is_user_file(m["file"])]
         if frames:
-            m = frames[-1]
-            return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+            # The model-level line: in the outermost forward (decorators around it are not the model).
+            outer = next((m for m in frames if m["func"] == "forward"), frames[0])
+            inner, outer = _frame_text(frames[-1]), _frame_text(outer)
+            return inner if inner == outer else f"{inner} (from {outer})"
         seen.add(current)
         pending.extend(u for u in current.users if u not in seen)
     return None
@@ -305,6 +426,7 @@ class _Lowering:
             captured.tensors[fqn] = b
 
     def _state_input(self, kind, target):
+        target = target.removeprefix(_WRAPPED)
         tensor = self.model.get_parameter(target) if kind == InputKind.PARAMETER else self.model.get_buffer(target)
         return self.state[id(tensor)]
 
@@ -370,6 +492,7 @@ class _Lowering:
         for spec, node in zip(self.program.graph_signature.output_specs, results):
             value = self.env[node] if isinstance(node, torch.fx.Node) else node
             if spec.kind == OutputKind.USER_OUTPUT:
+                _check_output_leaf(node, len(captured.outputs))
                 name = f"output_{len(captured.outputs)}"
                 meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else torch.tensor(node)
                 if not isinstance(value, popir.Value):

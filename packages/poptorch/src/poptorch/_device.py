@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import popir
 import popsim
 from poptorch.errors import Error
 
@@ -23,6 +24,7 @@ def compile_programs(graphs, options):
             graphs,
             target=target_of(options),
             partials_type=options.Precision.partials_type,
+            optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:
         raise Error(f"Out of memory on the simulated IPU: {exc}") from exc
@@ -41,3 +43,38 @@ def check_input_fits(name, shape, itemsize, options):
             f"x {target.tile_bytes:,} bytes). Use a smaller batch, or split it over more micro-batches with "
             "Options.deviceIterations or Options.Training.gradientAccumulation."
         )
+
+
+def locate_index_error(exe, graph, feeds):
+    """Where a run's out-of-range gather/scatter index came from, found by replaying the run on the popir
+    reference interpreter (only on this error path): the op with its source line, the range of the indices,
+    and the model inputs they derive from. None when the replay does not fail."""
+    values = dict(feeds)
+    for v in graph.inputs:
+        if v.kind != "input":
+            values[v.name] = exe.read_variable(v.name)
+    try:
+        popir.interpreter.run(graph, values)
+    except popir.IRError as exc:
+        message = str(exc)
+        node = next((n for n in graph.nodes if message.startswith(n.describe())), None)
+        sources = sorted(_int_inputs_behind(node)) if node is not None else []
+        where = f"; the indices derive from input {', '.join(sources)}" if sources else ""
+        return message + where
+    return None
+
+
+def _int_inputs_behind(node):
+    """Names of the integer model inputs ``node`` reads, directly or through other ops."""
+    found, pending, seen = set(), list(node.inputs), set()
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if value.producer is None:
+            if value.kind == "input" and not value.dtype.is_float:
+                found.add(value.name)
+        else:
+            pending.extend(value.producer.inputs)
+    return found

@@ -8,10 +8,12 @@ of each tensor is current is tracked per tensor object (``_weights``), so tied w
 several wrappers of one model stay coherent (``_device_weights``).
 """
 
+import copyreg
 import inspect
 import os
 import time
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,9 +28,11 @@ from poptorch import (
     _fp_exceptions,
     _host_print,
     _interrupt,
+    _stochastic_rounding,
     _synthetic_data,
     _training,
     _weights,
+    optim,
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
@@ -97,14 +101,13 @@ def _syncing(method):
 
 
 def _reduce_as(original):
-    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``
+    (loadable without poptorch)."""
 
     def __reduce_ex__(self, protocol):
         _weights.sync_host(self)
         reduced = super(type(self), self).__reduce_ex__(protocol)
-        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
-            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
-        return reduced
+        return (copyreg._reconstructor, (original, object, None), *reduced[2:])
 
     return __reduce_ex__
 
@@ -175,6 +178,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._spec = describe(optimizer) if training else None
+        if training:
+            optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
@@ -196,6 +201,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def compile(self, *args, **kwargs):
         """Capture and compile for these inputs without running."""
         self._check_arguments(args, kwargs)
+        args, kwargs = _bind_positionally(self._model, args, kwargs)
         if self._exe is None:
             with _executor_api.compile_hooks():
                 self._compile(args, kwargs)
@@ -206,7 +212,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """True once the model has been compiled (and not destroyed)."""
         return self._exe is not None
 
-    def _compile(self, args, kwargs):
+    def _compile(self, args, kwargs, exported=None):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
@@ -239,11 +245,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.stochastic_rounding:
+                programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
                 _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
-            cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key, programs.graphs) if cache else None
+            cache = _cache.ExecutableCache.open(self._options) if exported is None else None
+            exe = cache.load(key, programs.graphs) if cache else exported and exported.executable_for(key)
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
@@ -259,8 +267,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
+            optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
+        self._key = key
         if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
             if self._options.profile_dir:
@@ -291,7 +301,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     @staticmethod
     def _input_signature(leaf):
-        return (leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
+        return _TensorSignature(leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
 
     def _group_of(self, captured):
         """Parameter-group index of each captured parameter the optimizer trains (matched by tensor identity)."""
@@ -352,13 +362,21 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise Error(f"Missing arguments: {', '.join(missing)}.")
             if unexpected:
                 raise Error(f"Unexpected arguments: {', '.join(unexpected)}.")
-            raise Error(f"The structure of the inputs changed since compilation: expected {compiled_spec}, got {spec}")
+            compiled_text = _structure_text(self._model, compiled_spec, signatures)
+            given_text = _structure_text(self._model, spec, [self._input_signature(leaf) for leaf in leaves])
+            raise Error(
+                f"The structure of the inputs changed since compilation: the model was compiled for forward"
+                f"({compiled_text}) and is now called with forward({given_text}). Pass the arguments with the "
+                "structure they had, or call destroy() to recompile."
+            )
 
         def name(position):
             # Built only to report a mismatch: naming every leaf costs more than checking it.
             return _leaf_names(self._model, args, kwargs)[position]
 
         for i, (leaf, expected) in enumerate(zip(leaves, signatures)):
+            if isinstance(leaf, torch.Tensor) != isinstance(expected, _TensorSignature):
+                raise Error(_kind_change(name(i), leaf, expected))
             if isinstance(leaf, torch.Tensor):
                 shape, dtype = expected
                 if leaf.requires_grad:
@@ -379,6 +397,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         self._check_arguments(args, kwargs)
+        args, kwargs = _bind_positionally(self._model, args, kwargs)
         if self._exe is None:
             with _executor_api.compile_hooks():
                 self._compile(args, kwargs)
@@ -446,7 +465,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch)
+                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     cycles += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
@@ -503,6 +522,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+        optim.release(self._optimizer, self)
+        optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
             self._device.set_optimizer(optimizer, spec)
@@ -533,6 +554,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
         self.copyWeightsToHost()
         self._reset()
+        if self._training:
+            optim.release(self._optimizer, self)
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
             del shared.executors[_kind(self._training)]
@@ -575,6 +598,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """The wrapped user model."""
         return self._model
 
+    def __reduce__(self):
+        """Pickled (``torch.save``) as the recipe that wraps the model again, with the host's current weights
+        and optimizer state; the loaded wrapper compiles on its first call."""
+        self.copyWeightsToHost()
+        optimizer = self._optimizer if self._training else None
+        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
+
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
@@ -598,12 +628,16 @@ def _interrupted_message(done, total):
     )
 
 
-def _run_on_device(exe, feeds, program):
+def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
     except popsim.Error as exc:
+        where = None
+        if graph is not None and "index(es) out of range" in str(exc):
+            where = _device.locate_index_error(exe, graph, feeds)
+        detail = f"\nThe failing op: {where}" if where else ""
         raise RecoverableError(
-            f"The simulated IPU failed while running the model: {exc}",
+            f"The simulated IPU failed while running the model: {exc}{detail}",
             recovery_action="IPU_RESET",
             type="popsim_runtime_error",
         ) from exc
@@ -623,6 +657,61 @@ def _forward_parameters(model):
     if cached is None:
         cached = _SIGNATURES[key] = inspect.signature(forward).parameters
     return cached
+
+
+def _bind_positionally(model, args, kwargs):
+    """(args, kwargs) with each argument forward takes by position moved into ``args``, so passing it by
+    keyword or by position is one and the same call, as in eager PyTorch."""
+    if not kwargs:
+        return args, kwargs
+    try:
+        bound = inspect.Signature(list(_forward_parameters(model).values())).bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
+    return bound.args, bound.kwargs
+
+
+class _TensorSignature(NamedTuple):
+    """What a tensor input is checked against after compilation (other inputs keep their value)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+class _Shown:
+    """A leaf shown by its description when a call's structure is printed."""
+
+    def __init__(self, signature):
+        if isinstance(signature, _TensorSignature):
+            self.text = f"Tensor{list(signature.shape)} {str(signature.dtype).replace('torch.', '')}"
+        else:
+            self.text = repr(signature)
+
+    def __repr__(self):
+        return self.text
+
+
+def _structure_text(model, spec, signatures):
+    """A call's arguments as ``x=Tensor[2] float32, y=(Tensor[3] int64,)``."""
+    args, kwargs = pytree.tree_unflatten([_Shown(s) for s in signatures], spec)
+    names = list(_forward_parameters(model))
+    shown = [f"{names[i] if i < len(names) else f'args[{i}]'}={value!r}" for i, value in enumerate(args)]
+    return ", ".join(shown + [f"{key}={value!r}" for key, value in kwargs.items()])
+
+
+def _kind_change(name, leaf, expected):
+    """The error for an argument that was a tensor at compilation and is not now, or the other way round."""
+    if isinstance(expected, _TensorSignature):
+        return (
+            f"Input {name} was a tensor ({list(expected.shape)}, {expected.dtype}) when the model was compiled, "
+            f"but got {leaf!r}. Pass a tensor of that shape and dtype, or call destroy() "
+            "to recompile."
+        )
+    return (
+        f"Argument {name} was {expected!r} when the model was compiled, so that value is compiled into the "
+        f"model, but got a tensor. Pass {expected!r} again, or call destroy() and call the model with the tensor "
+        "to recompile with it as an input."
+    )
 
 
 def _leaf_names(model, args, kwargs):
@@ -667,7 +756,11 @@ def _check_compatible(old, new):
     """Raise unless ``new`` only changes variable hyper-parameters of the compiled ``old``."""
     for attr, dtype in new.state_dtypes.items():
         if old.state_dtypes.get(attr) != dtype:
-            raise ValueError(f"{attr} is already compiled")
+            raise ValueError(
+                f"{attr} is already compiled: the model was compiled with {attr}={old.state_dtypes.get(attr)} and "
+                f"the new optimizer asks for {dtype}. Keep {attr} as it was, or call destroy() and wrap the model "
+                "again to change it."
+            )
     if old.kind != new.kind or len(old.groups) != len(new.groups):
         raise Error("setOptimizer() needs an optimizer of the same type and parameter groups: call destroy() first")
     for index, (a, b) in enumerate(zip(old.groups, new.groups)):

@@ -17,9 +17,11 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 import popsim
-from poptorch import _weights
+from poptorch import _precompiled, _weights
 from poptorch._training import RNG_SEED
+from poptorch.enums import ConnectionType
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict, which a plain dict does not allow.
 _PRE_COMPILE_HOOKS = collections.OrderedDict()
@@ -227,6 +229,43 @@ class ExecutorQueries:
         if unknown:
             raise Error(f"updatableNamedBuffers names buffers the compiled model does not have: {', '.join(unknown)}")
         self._device.upload(names)
+
+    def compileAndExport(self, filename, *args, export_model=True, **kwargs):
+        """Compile for ``args`` / ``kwargs`` and save the executable to ``filename``; with ``export_model``
+        the model, options and optimizer are saved too, for ``poptorch.load``."""
+        self._check_arguments(args, kwargs)
+        if self._exe is None:
+            with compile_hooks():
+                self._compile(args, kwargs)
+        model_state = None
+        if export_model:
+            self.copyWeightsToHost()
+            model_state = {"model": self._model, "options": self._user_options._values, "optimizer": self._optimizer}
+        _precompiled.export(filename, self._key, self._exe, (args, kwargs), self._training, model_state)
+
+    def loadExecutable(self, filename):
+        """Use the executable ``compileAndExport`` saved to ``filename`` instead of compiling this model."""
+        self._load_exported(_precompiled.Exported(filename))
+
+    def _load_exported(self, exported):
+        if self._exe is not None:
+            raise Error("The model is already compiled: call destroy() before loadExecutable()")
+        if exported.header["training"] != self._training:
+            kind = "trainingModel" if exported.header["training"] else "inferenceModel"
+            raise Error(f"{exported.filename} holds a {kind}: wrap the model with poptorch.{kind}")
+        args, kwargs = exported.inputs()
+        self._check_arguments(args, kwargs)
+        self._compile(args, kwargs, exported=exported)
+        if not self._attached and self._options.connection_type == ConnectionType.Always:
+            self.attachToDevice()
+
+    def getTensorNames(self):
+        """Refused: graph values are not named after PopART tensors (see Options.anchorTensor)."""
+        raise not_modelled("getTensorNames()", "return the tensors you want to read from the model's forward")
+
+    def getAnchoredTensor(self, short_name):
+        """Refused, as Options.anchorTensor is."""
+        raise not_modelled(f"getAnchoredTensor({short_name!r})", "return the tensor from the model's forward")
 
     def copyWeightsToHostIfNeeded(self):
         """Copy the device's weights to the host if the host copy is out of date; True if it copied."""

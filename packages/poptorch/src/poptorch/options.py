@@ -228,13 +228,8 @@ class _PrecisionOptions(_Group):
         return self._set("partialsType", _PARTIALS[dtype])
 
     def enableStochasticRounding(self, enabled):
-        """Stochastic rounding of half-precision results: only False is accepted."""
-        if _bool("enableStochasticRounding", enabled):
-            raise not_modelled(
-                "Precision.enableStochasticRounding(True)",
-                "float16 results are rounded to nearest; keep the model in float32 where rounding bias matters",
-            )
-        return self._set("stochasticRounding", False)
+        """Round float16 results stochastically (from the device's seeded random numbers) instead of to nearest."""
+        return self._set("stochasticRounding", _bool("enableStochasticRounding", enabled))
 
     def enableFloatingPointExceptions(self, enabled):
         """Raise poptorch.Error, naming the op and source line, when an op produces inf or NaN."""
@@ -257,6 +252,10 @@ class _PrecisionOptions(_Group):
     @property
     def partials_type(self):
         return self._get("partialsType")
+
+    @property
+    def stochastic_rounding(self):
+        return self._get("stochasticRounding")
 
     @property
     def floating_point_exceptions(self):
@@ -572,6 +571,29 @@ class Options(_NoAssignment):
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
             raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
         return self._set("sourceLocationExcludes", tuple(excludes))
+
+    def useOfflineIpuTarget(self, ipu_version=2):
+        """Compile for an IPU of ``ipu_version`` (1, 2 or 21) without attaching to a device
+        (ConnectionType.Never)."""
+        self.ipuVersion(ipu_version)
+        return self.connectionType(ConnectionType.Never)
+
+    def useIpuId(self, ipu_id):
+        """Refused: there are no physical IPUs to choose from."""
+        raise not_modelled(f"useIpuId({ipu_id!r})", "there are no physical IPUs; remove the call")
+
+    def setAvailableMemoryProportion(self, available_memory_proportion):
+        """Refused: the simulator's matmul and convolution planners do not take a temporary-memory budget."""
+        raise not_modelled(
+            "setAvailableMemoryProportion", "the planners size temporary memory themselves; remove the call"
+        )
+
+    def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
+        """Refused: tensors inside the graph have no PopART names to anchor; return the value from forward."""
+        raise not_modelled(
+            f"anchorTensor({short_name!r}, {long_name!r})",
+            "return the tensor from the model's forward (add it to the outputs) to read it after a run",
+        )
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
     @property

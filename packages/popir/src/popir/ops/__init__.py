@@ -30,6 +30,7 @@ from popir.ops.activations import (
     softplus,
     softsign,
 )
+from popir.ops.attention import scaled_dot_product_attention
 from popir.ops.base import (
     add,
     broadcast_to,
@@ -332,6 +333,7 @@ __all__ = [
     "round",
     "rrelu",
     "rsqrt",
+    "scaled_dot_product_attention",
     "scatter",
     "scatter_add",
     "scatter_reduce",
