@@ -306,3 +306,57 @@ def test_a_forked_child_runs_the_engine_after_its_parent():
         child.kill()
     assert not alive and child.exitcode == 0
     np.testing.assert_array_equal(queue.get(timeout=10), expected)
+
+
+# -- random invalid programs ---------------------------------------------------------------------------------
+def _program_case(dg, x, y, how):
+    """A program step (or compile arguments) broken in one way; building or compiling it must fail."""
+    other = popsim.DeviceGraph(TARGET).add_tensor((N,), DType.float32, popsim.TileMapping.on_tiles([N], [0]))
+    flag = dg.add_tensor((2,), DType.float32, popsim.TileMapping.on_tiles([2], [0]))
+    cases = {
+        "negative_repeat": lambda: popsim.Repeat(-1, []),
+        "fractional_repeat": lambda: popsim.Repeat(1.5, []),
+        "float_condition": lambda: popsim.If(flag.region(0, 1), []),
+        "wide_condition": lambda: popsim.If(flag, []),
+        "copy_index_outside": lambda: popsim.Copy("c", y, [x], np.arange(N) + 1),
+        "copy_short_index": lambda: popsim.Copy("c", y, [x], np.arange(N - 1)),
+        "copy_dtype": lambda: popsim.Copy("c", dg.add_tensor((2,), DType.int32, flag.mapping), [x], np.arange(2)),
+        "stream_of_array": lambda: popsim.StreamCopy("s", np.zeros(N)),
+        "not_a_step": lambda: 42,
+        "foreign_copy": lambda: popsim.Copy("c", y, [other], np.arange(N)),
+        "foreign_output": lambda: {"outputs": {"y": other}},
+        "array_output": lambda: {"outputs": {"y": np.zeros(N)}},
+    }
+    return cases[how]()
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    how=st.sampled_from(
+        [
+            "negative_repeat",
+            "fractional_repeat",
+            "float_condition",
+            "wide_condition",
+            "copy_index_outside",
+            "copy_short_index",
+            "copy_dtype",
+            "stream_of_array",
+            "not_a_step",
+            "foreign_copy",
+            "foreign_output",
+            "array_output",
+        ]
+    ),
+    nest=st.integers(0, 2),
+)
+def test_random_invalid_programs_are_refused_before_they_run(how, nest):
+    dg, x, y, _ = _graph()
+    with pytest.raises(popsim.Error):
+        step = _program_case(dg, x, y, how)
+        arguments = step if isinstance(step, dict) else {}
+        if not arguments:
+            for _ in range(nest):  # bury the broken step inside loops
+                step = popsim.Repeat(2, [step])
+            dg.program = [step]
+        popsim.compile_device_graph(dg, **arguments)

@@ -165,3 +165,17 @@ def test_add_vertex_takes_kinds_and_sub_ops_by_name():
     cs = dg.add_compute_set("neg")
     v = dg.add_vertex(cs, "UNARY", "neg", 1, N, {"a": t.region(0, N), "out": t.region(0, N)}, 1)
     assert (v.kind, v.sub) == (oc.UNARY, oc.UNARY_OPS["neg"])
+
+
+def test_a_run_that_traps_is_an_error_naming_the_row():
+    g = popir.Graph("g")
+    x = g.add_input("x", (N,), "float32")
+    g.output("y", popir.ops.exp(x))
+    exe = popsim.compile(g, TARGET)
+    flat = exe._programs["g"][0]
+    table = flat.instructions.copy()
+    table[0, oc.COL["sub"]] = len(oc.UNARY_OPS)  # a sub-op no codelet implements, past the build-time checks
+    flat.instructions = table
+    expected = rf"trapped instruction row 0 \(kind {oc.UNARY}, sub-op {len(oc.UNARY_OPS)}\)"
+    with pytest.raises(popsim.Error, match=expected):
+        exe.run({"x": np.ones(N, np.float32)})

@@ -230,3 +230,17 @@ def test_error_attributes():
     recoverable = poptorch.RecoverableError("device failed", recovery_action="IPU_RESET")
     assert isinstance(recoverable, poptorch.Error) and recoverable.recovery_action == "IPU_RESET"
     assert issubclass(poptorch.UnrecoverableError, poptorch.Error)
+
+
+def test_capture_errors_carry_the_source_location():
+    class _Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(5, 2, scale_grad_by_freq=True)
+
+        def forward(self, x):
+            return self.embedding(x) * 2
+
+    with pytest.raises(poptorch.Error, match="scale_grad_by_freq") as info:
+        poptorch.inferenceModel(_Embed(), _opts())(torch.tensor([[1, 2]]))
+    assert "test_api_queries.py" in info.value.location and "self.embedding(x)" in info.value.location

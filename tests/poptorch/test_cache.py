@@ -93,7 +93,7 @@ def _added(exe):
 
 def test_lru_eviction(tmp_path):
     probe = _cache.ExecutableCache(str(tmp_path / "probe"))
-    probe.store("x", _tiny_executable(0))
+    probe.store("x", _tiny_executable(3))  # x + 0 would optimise away and make a smaller entry
     entry_bytes = os.path.getsize(tmp_path / "probe" / ("x" + _cache._SUFFIX))
     cache = _cache.ExecutableCache(str(tmp_path / "cache"), max_bytes=2 * entry_bytes + 1)
     cache.store("a", _tiny_executable(1))

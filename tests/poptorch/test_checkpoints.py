@@ -247,12 +247,12 @@ def test_ctrl_c_in_a_long_call_keeps_the_completed_steps_and_the_executor_usable
 
     run_on_device, runs = poptorch._executor._run_on_device, []
 
-    def interrupting(exe, feeds, program):
+    def interrupting(exe, feeds, program, *args):
         if feeds:
             runs.append(program)
             if len(runs) == 3:
                 os.kill(os.getpid(), signal.SIGINT)
-        return run_on_device(exe, feeds, program)
+        return run_on_device(exe, feeds, program, *args)
 
     monkeypatch.setattr(poptorch._executor, "_run_on_device", interrupting)
     with pytest.raises(KeyboardInterrupt, match="Interrupted after 3 of 6 device iterations"):

@@ -235,3 +235,67 @@ def test_default_optimizer_is_sgd_lr_0_01():
     reference(*_data())[1].backward()
     cpu.step()
     _close(model, reference)
+
+
+def test_variable_momentum_set_after_zero_starts_afresh_as_torch():
+    """While momentum is 0 torch leaves its buffer untouched (and creates none): a momentum set later goes on
+    from the buffer as it was, or starts from that step's gradient."""
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    cpu = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.0)
+    x, y = _data()
+    for momentum in (0.0, 0.0, 0.9, 0.9, 0.0, 0.5):
+        for group, cpu_group in zip(optimizer.param_groups, cpu.param_groups):
+            group["momentum"] = cpu_group["momentum"] = momentum
+        training.setOptimizer(optimizer)
+        training(x, y)
+        cpu.zero_grad()
+        reference(x, y)[1].backward()
+        cpu.step()
+        _close(model, reference)
+
+
+def test_variable_attributes_choose_what_set_optimizer_may_change():
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    attrs = optimizer.variable_attrs
+    assert not attrs.isConstant("lr") and attrs.isConstant("momentum")
+    attrs.markAsVariable("momentum")
+    attrs.markAsConstant("lr")
+    with pytest.raises(poptorch.Error, match="Unknown attribute nesterov, allowed values"):
+        attrs.markAsVariable("nesterov")
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    cpu = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = _data()
+    for momentum in (0.9, 0.5, 0.5):
+        for group, cpu_group in zip(optimizer.param_groups, cpu.param_groups):
+            group["momentum"] = cpu_group["momentum"] = momentum
+        training.setOptimizer(optimizer)
+        training(x, y)
+        cpu.zero_grad()
+        reference(x, y)[1].backward()
+        cpu.step()
+    _close(model, reference)
+    optimizer.param_groups[0]["lr"] = 0.05
+    with pytest.raises(poptorch.Error, match="lr of parameter group 0 was compiled in as a constant"):
+        training.setOptimizer(optimizer)
+
+
+@pytest.mark.parametrize("cls", [poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW, poptorch.optim.RMSprop])
+def test_maximize_is_refused_not_ignored(cls):
+    model = Regressor()
+    with pytest.raises(poptorch.Error, match="maximize=True is not supported"):
+        poptorch.trainingModel(model, _opts(), cls(model.parameters(), lr=0.01, maximize=True))
+
+
+def test_sgd_combined_accumulator_variant_trains_as_torch():
+    model, reference, _ = _train_both(
+        lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.9, use_combined_accum=True),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    )
+    _close(model, reference)

@@ -67,6 +67,12 @@ def test_assigning_to_a_setter_raises():
     assert opts.device_iterations == 1 and opts.Training.gradient_accumulation == 1
 
 
+def test_to_dict_names_every_enum():
+    values = _opts().connectionType(poptorch.ConnectionType.OnDemand).toDict()
+    assert values["connectionType"] == "OnDemand" and values["syncPattern"] == "Full"
+    assert values["Precision.halfFloatCasting"] == "HalfUpcastToFloat" and values["outputMode"] == "Default"
+
+
 def test_paths_must_be_paths(tmp_path):
     with pytest.raises(poptorch.Error, match="enableExecutableCaching takes a directory path.*123"):
         poptorch.Options().enableExecutableCaching(123)
@@ -229,6 +235,13 @@ def test_log_cycle_count_logs_each_call(records):
     model(torch.randn(2, 4))
     assert (logging.INFO, f"Simulated cycle count of the last call: {model.cycleCount()}") in records
     assert model.cycleCount() > 0
+
+
+def test_trace_level_logs_the_compiled_programs(records):
+    poptorch.setLogLevel("TRACE")
+    poptorch.inferenceModel(torch.nn.Linear(4, 3), _opts())(torch.randn(2, 4))
+    listings = [m for level, m in records if level == _logging.TRACE]
+    assert len(listings) == 1 and listings[0].startswith("Program inference:") and "matmul" in listings[0]
 
 
 def test_max_repeat_logs_silences_repeats(records):

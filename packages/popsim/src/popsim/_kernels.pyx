@@ -9,8 +9,8 @@ from popsim._arena cimport TileArena
 from popsim._codelets cimport TRAPPED, run_instruction
 from popsim._exchange cimport copy_run, stream_copy
 from popsim._opcodes_enums cimport *
-from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_set_once,
-                           ps_store, ps_team, pthread_create, pthread_join, pthread_t)
+from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_release,
+                           ps_set_once, ps_store, ps_team, pthread_create, pthread_detach, pthread_t)
 from popsim._types cimport byte_t, copy_t, offset_t
 
 include "_opcodes_report.pxi"
@@ -34,7 +34,8 @@ cdef struct Engine:
     const offset_t* stream_rows
     offset_t* streams
     long long trap  # the first instruction row that trapped, else -1
-    ps_team* team
+    ps_team team
+    long long refs  # threads still using this struct: the last to leave frees it
 
 
 # Rows claimed at a time. Claims of a few rows made the threads fight over the ticket's cache line (the CNN
@@ -59,34 +60,39 @@ cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py
     return bad
 
 
-cdef Py_ssize_t work_on(Engine* e, ps_team* team, long long gen) noexcept nogil:
-    """Claim and run chunks of the published phase ``gen`` until none is left."""
+cdef void work_on(Engine* e, ps_team* team, long long gen) noexcept nogil:
+    """Claim and run chunks of the published phase ``gen`` until none is left. A chunk's bad indices are
+    counted before its rows are marked done, so thread 0 has every count once the phase is done."""
     cdef long long first, n
-    cdef Py_ssize_t bad = 0
     while True:
         n = ps_claim(team, gen, &first)
         if n == 0:
-            return bad
-        bad += run_rows(e, team.kind, first, first + n)
+            return
+        ps_add(&team.helper_bad, run_rows(e, team.kind, first, first + n))
         ps_add(&team.done, n)
 
 
+cdef void leave(Engine* e) noexcept nogil:
+    if ps_release(&e.refs) == 0:
+        free(e)
+
+
 cdef void* helper_main(void* arg) noexcept nogil:
-    """A helper thread: work on each newly published phase until thread 0 says the program is done."""
+    """A helper thread: work on each newly published phase until thread 0 says the program is done. It may
+    start late, even after the run: by then every phase is claimed, so it only leaves."""
     cdef Engine* e = <Engine*> arg
-    cdef ps_team* team = e.team
+    cdef ps_team* team = &e.team
     cdef long long seen = 0, gen
-    cdef Py_ssize_t bad = 0
     while True:
         gen = ps_load(&team.gen)
         if gen != seen:
             seen = gen
-            bad += work_on(e, team, gen)
+            work_on(e, team, gen)
         elif ps_quitting(team):
             break
         else:
             ps_pause()
-    ps_add(&team.helper_bad, bad)
+    leave(e)
     return NULL
 
 
@@ -132,7 +138,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
             team.done = 0
             ps_store(&team.ticket, gen << 32)
             ps_store(&team.gen, gen)
-            bad += work_on(e, team, gen)
+            work_on(e, team, gen)
             while ps_load(&team.done) < stop - start:
                 ps_pause()
         else:
@@ -142,19 +148,34 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
     result[0], result[1], result[2] = bad, cycles, dry
 
 
+cdef bint worth_sharing(Engine* e) noexcept nogil:
+    """Whether some compute or exchange phase has more rows than one claim, so a helper could take any."""
+    cdef Py_ssize_t p
+    cdef const offset_t* ph
+    for p in range(e.num_phases):
+        ph = e.phases + PHASE_COLS * p
+        if ph[PC_KIND] == PH_COMPUTE and ph[PC_B] - ph[PC_A] > COMPUTE_CHUNK:
+            return True
+        if ph[PC_KIND] == PH_EXCHANGE and ph[PC_B] - ph[PC_A] > EXCHANGE_CHUNK:
+            return True
+    return False
+
+
 cdef void run_team(Engine* e, int num_threads, offset_t* result) noexcept nogil:
-    """Run the phases on this thread with up to ``num_threads - 1`` helpers started for this run and joined
-    before it returns. A helper that cannot be started is simply missing: this thread does its rows."""
-    cdef pthread_t* helpers = <pthread_t*> malloc((num_threads - 1) * sizeof(pthread_t)) if num_threads > 1 else NULL
+    """Run the phases on this thread with up to ``num_threads - 1`` detached helpers started for this run;
+    it waits only for the rows they claimed, never for a helper to be scheduled or to exit. A helper that
+    cannot be started is simply missing: this thread does its rows. Frees ``e`` (or its last helper does)."""
+    cdef pthread_t helper
     cdef int started = 0, i
-    if helpers != NULL:
+    if num_threads > 1 and worth_sharing(e):
         for i in range(num_threads - 1):
-            if pthread_create(&helpers[started], NULL, helper_main, e) == 0:
+            ps_add(&e.refs, 1)
+            if pthread_create(&helper, NULL, helper_main, e) == 0:
+                pthread_detach(helper)
                 started += 1
-    run_phases(e, e.team, started > 0, result)
-    for i in range(started):
-        pthread_join(helpers[i], NULL)
-    free(helpers)
+            else:
+                ps_release(&e.refs)
+    run_phases(e, &e.team, started > 0, result)
 
 
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
@@ -173,12 +194,15 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
     trapped (an unknown kind or sub-op; it did nothing) else -1. The arrays must have passed
     popsim.validate.check_program for this arena.
     """
-    cdef Engine e
-    cdef ps_team team
+    cdef Engine* e
     cdef offset_t result[3]
+    cdef long long bad, trap
     if not 1 <= num_threads <= MAX_THREADS:
         raise ValueError(f"num_threads must be between 1 and {MAX_THREADS}, got {num_threads}")
-    memset(&team, 0, sizeof(team))
+    e = <Engine*> malloc(sizeof(Engine))
+    if e == NULL:
+        raise MemoryError()
+    memset(e, 0, sizeof(Engine))
     e.base = arena.base
     e.host = &host[0] if host.shape[0] else NULL
     e.phases = &phases[0, 0] if phases.shape[0] else NULL
@@ -191,7 +215,9 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
     e.stream_rows = &stream_rows[0, 0] if stream_rows.shape[0] else NULL
     e.streams = &streams[0, 0] if streams.shape[0] else NULL
     e.trap = -1
-    e.team = &team
+    e.refs = 1
     with nogil:
-        run_team(&e, num_threads, result)
-    return result[0] + team.helper_bad, result[1], result[2], e.trap
+        run_team(e, num_threads, result)
+        bad, trap = result[0] + ps_load(&e.team.helper_bad), ps_load(&e.trap)
+        leave(e)
+    return bad, result[1], result[2], trap

@@ -18,7 +18,6 @@ UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR
 
 # Element types in tile memory (the DTA/DTB/DTOUT columns; popir dtype names).
 DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
-DTYPE_ITEMSIZES = {"float32": 4, "float16": 2, "int32": 4, "bool": 1}
 
 UNARY_OPS = {
     name: i

@@ -1,5 +1,5 @@
-# The engine's thread team (see _kernels.run_program): atomics on one shared struct, and POSIX threads
-# started for one run and joined at its end, so no thread outlives a run and a forked child starts clean.
+# The engine's thread team (see _kernels.run_program): atomics on one shared struct, and detached POSIX
+# threads started for one run, so no pool outlives a run and a forked child starts clean.
 
 cdef extern from *:
     """
@@ -16,6 +16,7 @@ cdef extern from *:
     static inline long long ps_load(long long* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void ps_store(long long* p, long long v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline void ps_add(long long* p, long long v) { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+    static inline long long ps_release(long long* p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
     static inline int ps_quitting(ps_team* t) { return __atomic_load_n(&t->quit, __ATOMIC_ACQUIRE); }
     static inline void ps_quit(ps_team* t) { __atomic_store_n(&t->quit, 1, __ATOMIC_RELEASE); }
     /* Close the ticket to claims before a new phase's fields are written: a helper still holding the old
@@ -54,6 +55,7 @@ cdef extern from *:
     long long ps_load(long long* p) noexcept nogil
     void ps_store(long long* p, long long v) noexcept nogil
     void ps_add(long long* p, long long v) noexcept nogil
+    long long ps_release(long long* p) noexcept nogil
     int ps_quitting(ps_team* t) noexcept nogil
     void ps_quit(ps_team* t) noexcept nogil
     void ps_close(ps_team* t, long long gen) noexcept nogil
@@ -68,4 +70,4 @@ cdef extern from "<pthread.h>" nogil:
         pass
     int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*) noexcept nogil,
                        void* arg)
-    int pthread_join(pthread_t thread, void** result)
+    int pthread_detach(pthread_t thread)

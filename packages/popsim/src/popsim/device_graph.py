@@ -192,7 +192,7 @@ class DeviceGraph:
             params.setdefault(names[0], value)
         params = {name: int(v) if isinstance(v, int | np.integer) else v for name, v in params.items()}
         for name, region in fields.items():
-            self._check_own(region.tensor, f"vertex field {name!r}")
+            self.check_own(region.tensor, f"vertex field {name!r}")
             where = region.tile()
             if where != tile:
                 raise Error(
@@ -208,11 +208,12 @@ class DeviceGraph:
     def add_copy(self, name, dst, srcs, index):
         """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
         for t in [dst, *srcs]:
-            self._check_own(t, f"copy {name!r}")
+            self.check_own(t, f"copy {name!r}")
         self.program.append(Copy(name, dst, srcs, index))
 
-    def _check_own(self, tensor, what):
-        """A tensor of another DeviceGraph has no memory in this one's programs."""
+    def check_own(self, tensor, what):
+        """Raise a popsim.Error unless ``tensor`` is a Tensor of this DeviceGraph (another graph's tensors have
+        no memory in this one's programs); ``what`` names the use."""
         if not isinstance(tensor, Tensor) or tensor.id >= len(self.tensors) or self.tensors[tensor.id] is not tensor:
             raise Error(f"{what}: {tensor!r} is not a tensor of this DeviceGraph")
 

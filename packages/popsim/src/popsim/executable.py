@@ -115,8 +115,15 @@ def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_me
     ``inputs`` and ``outputs`` map host names to device tensors, streamed in before and out after each run.
     Tensors of category ``"variable"`` are variables by name; ``"constant"`` tensors hold their ``value``.
     """
+    inputs, outputs = dict(inputs or {}), dict(outputs or {})
+    for role, tensors in (("input", inputs), ("output", outputs)):
+        for host_name, t in tensors.items():
+            dg.check_own(t, f"{role} {host_name!r}")
+    for step in leaves(dg.program):
+        for storage in _storages_of(step):
+            dg.check_own(storage, f"program step {getattr(step, 'name', step)!r}")
     variables = {t.name: t for t in dg.tensors if t.storage is t and t.category == "variable"}
-    lowered = {name: (dg.program, dict(inputs or {}), dict(outputs or {}))}
+    lowered = {name: (dg.program, inputs, outputs)}
     return Executable(dg.target, dg, variables, lowered, relax_memory)
 
 

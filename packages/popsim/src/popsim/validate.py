@@ -8,6 +8,7 @@ is checked here, against the format _opcodes.py declares; every failure is a ``p
 
 import numpy as np
 
+from popir import as_dtype
 from popsim import _opcodes as oc
 from popsim.errors import Error
 
@@ -209,7 +210,7 @@ def _itemsizes(codes):
     """Bytes per element of dtype codes (an array); unknown codes were rejected before."""
     sizes = np.zeros(max(oc.DTYPE_CODES.values()) + 1, np.int64)
     for name, code in oc.DTYPE_CODES.items():
-        sizes[code] = oc.DTYPE_ITEMSIZES[name]
+        sizes[code] = as_dtype(name).itemsize
     return sizes[codes]
 
 

@@ -475,9 +475,11 @@ class _Lowering:
                     return _constant(self.graph, node.target(*args, **kwargs))
                 raise Error(f"{node.target} has no lowering")
             except Error as exc:
-                raise type(exc)(f"{exc} (at {where or 'an unknown line'})") from None
+                raise type(exc)(f"{exc} (at {where or 'an unknown line'})", location=where) from None
             except popir.IRError as exc:
-                raise Error(f"could not lower {node.target} at {where or 'an unknown line'}: {exc}") from exc
+                raise Error(
+                    f"could not lower {node.target} at {where or 'an unknown line'}: {exc}", location=where
+                ) from exc
 
     def _read(self, node):
         value = self.env[node]

@@ -28,6 +28,7 @@ from poptorch import (
     _fp_exceptions,
     _host_print,
     _interrupt,
+    _logging,
     _stochastic_rounding,
     _synthetic_data,
     _training,
@@ -255,6 +256,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options)
                 if cache:

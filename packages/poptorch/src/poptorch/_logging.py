@@ -57,6 +57,13 @@ def set_level(level):
     logger.setLevel(_LEVELS[name])
 
 
+def log_programs(graphs):
+    """At TRACE, the listing of every optimised program ``{name: popir.Graph}`` about to be compiled."""
+    if logger.isEnabledFor(TRACE):
+        for name, graph in graphs.items():
+            logger.log(TRACE, "Program %s:\n%s", name, graph.to_text())
+
+
 def set_max_repeats(number):
     """Silence a message after it has been logged ``number`` times in a row."""
     _repeats.max_repeats = number

@@ -130,24 +130,32 @@ class OptimizerBuilder:
         return {name: g * coef for name, g in grads.items()}
 
     def _sgd(self, graph, gi, name, p, g, t):
-        h = lambda name: self.hyper(graph, gi, name)  # noqa: E731
-        lr, momentum, dampening, wd = h("lr"), h("momentum"), h("dampening"), h("weight_decay")
+        lr, momentum, wd = (self.hyper(graph, gi, n) for n in ("lr", "momentum", "weight_decay"))
         if not _is_zero(wd):
             g = g + p * wd
         if not _is_zero(momentum):
-            vs = h("velocity_scaling")
-            buf_var, buf = self._state(graph, name, p, "momentum_buffer", 0.0, "velocity_accum_type")
-            scaled_g = g if _is_one(vs) else g * vs
-            new_buf = buf * momentum + (
-                scaled_g if _is_zero(dampening) else scaled_g * (1.0 - _scalar(graph, dampening))
-            )
-            if t is not None:
-                # torch starts the buffer at the first gradient, undamped.
-                new_buf = _op("where", _op("eq", t, _scalar(graph, 1.0)), scaled_g, new_buf)
-            self._store(graph, buf_var, new_buf)
-            velocity = new_buf if _is_one(vs) else new_buf / vs
-            g = g + velocity * momentum if self.spec.groups[gi].structure["nesterov"] else velocity
+            g = self._momentum(graph, gi, name, p, g, t, momentum)
         return p - g * lr
+
+    def _momentum(self, graph, gi, name, p, g, t, momentum):
+        """The gradient through torch's momentum buffer (stored in place) for a non-zero momentum."""
+        vs, dampening = self.hyper(graph, gi, "velocity_scaling"), self.hyper(graph, gi, "dampening")
+        buf_var, buf = self._state(graph, name, p, "momentum_buffer", 0.0, "velocity_accum_type")
+        scaled_g = g if _is_one(vs) else g * vs
+        new_buf = buf * momentum + (scaled_g if _is_zero(dampening) else scaled_g * (1.0 - _scalar(graph, dampening)))
+        if t is not None:
+            # torch starts the buffer at the first gradient, undamped.
+            new_buf = _op("where", _op("eq", t, _scalar(graph, 1.0)), scaled_g, new_buf)
+        velocity = new_buf if _is_one(vs) else new_buf / vs
+        moved = g + velocity * momentum if self.spec.groups[gi].structure["nesterov"] else velocity
+        if not hasattr(momentum, "graph"):
+            self._store(graph, buf_var, new_buf)
+            return moved
+        # A variable momentum may be 0: torch then uses the plain gradient and leaves the buffer as it is
+        # (or creates none, so a momentum set later starts from that step's gradient, as from 0 here).
+        off = _op("eq", momentum, _scalar(graph, 0.0))
+        self._store(graph, buf_var, _op("where", off, buf, new_buf))
+        return _op("where", off, g, moved)
 
     def _adam_moments(self, graph, gi, name, p, g, t):
         h = lambda name: self.hyper(graph, gi, name)  # noqa: E731

@@ -39,11 +39,45 @@ _STRUCTURE = {"sgd": ("nesterov",), "rmsprop": ("centered",), "adam": (), "adamw
 _DTYPES = {None: "float32", torch.float32: "float32", torch.float16: "float16", torch.half: "float16"}
 
 
+class VariableAttributes:
+    """``optimizer.variable_attrs`` of a poptorch optimizer: which hyper-parameters are variable (``setOptimizer``
+    changes them without recompiling) and which are compiled in as constants. Hyper-parameters passed to the
+    constructor start variable, defaults constant; mark them otherwise before the model is compiled."""
+
+    def __init__(self, variable, allowed):
+        self._variable = set(variable)
+        self._allowed = frozenset(allowed)
+
+    def isConstant(self, attr):
+        """True if ``attr`` is compiled in as a constant."""
+        return attr not in self._variable
+
+    def markAsConstant(self, attr):
+        """Compile ``attr`` in as a constant."""
+        self._check(attr)
+        self._variable.discard(attr)
+
+    def markAsVariable(self, attr):
+        """Make ``attr`` changeable through ``setOptimizer`` without recompiling."""
+        self._check(attr)
+        self._variable.add(attr)
+
+    def __contains__(self, attr):
+        return attr in self._variable
+
+    def _check(self, attr):
+        if attr not in self._allowed:
+            raise Error(f"Unknown attribute {attr}, allowed values: {sorted(self._allowed)}")
+
+
 class _PoptorchOptimizer:
     """Mixin for poptorch.optim classes: remembers which hyper-parameters the user passed explicitly."""
 
     def _remember_variables(self, explicit, group_keys):
-        self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
+        variable = {name for name, given in explicit.items() if given} | group_keys
+        hyper = HYPER_PARAMETERS[_rule_of(self)[1]]
+        allowed = {"betas" if name.startswith("beta") else name for name in hyper} | {"loss_scaling"}
+        self.variable_attrs = VariableAttributes(variable, allowed)
 
     def __getstate__(self):
         """Pickled with the current state (copied back from the device if it is ahead) and PopTorch's extras
@@ -124,7 +158,8 @@ def _default(value, default):
 
 
 class SGD(_PoptorchOptimizer, torch.optim.SGD):
-    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``max_grad_norm`` and ``accum_type``."""
+    """torch.optim.SGD plus ``loss_scaling``, ``velocity_scaling``, ``use_combined_accum``, accumulation types and
+    ``max_grad_norm``."""
 
     def __init__(
         self,
@@ -139,13 +174,15 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
         differentiable=None,
         loss_scaling=None,
         velocity_scaling=None,
-        max_grad_norm=None,
+        use_combined_accum=None,
         accum_type=None,
         velocity_accum_type=None,
+        max_grad_norm=None,
     ):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             momentum=_default(momentum, 0.0),
             dampening=_default(dampening, 0.0),
@@ -153,6 +190,8 @@ class SGD(_PoptorchOptimizer, torch.optim.SGD):
             nesterov=bool(nesterov),
         )
         self.loss_scaling = _default(loss_scaling, 1.0)
+        # PopTorch's two SGD variants differ only in float16 stability; both compute torch's rule, as here.
+        self.use_combined_accum = bool(use_combined_accum)
         self.max_grad_norm = max_grad_norm
         self.accum_type = accum_type
         self.velocity_accum_type = velocity_accum_type
@@ -198,6 +237,7 @@ class Adam(_PoptorchOptimizer, torch.optim.Adam):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -245,6 +285,7 @@ class AdamW(_PoptorchOptimizer, torch.optim.AdamW):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.001),
             betas=_default(betas, (0.9, 0.999)),
             eps=_default(eps, 1e-8),
@@ -290,6 +331,7 @@ class RMSprop(_PoptorchOptimizer, torch.optim.RMSprop):
         params, group_keys = _groups(params)
         super().__init__(
             params,
+            maximize=bool(maximize),
             lr=_default(lr, 0.01),
             alpha=_default(alpha, 0.99),
             eps=_default(eps, 1e-8),
@@ -470,17 +512,22 @@ _KINDS = (
 _OURS = (SGD, Adam, AdamW, RMSprop, LAMB)
 
 
+def _rule_of(optimizer):
+    """(The supported class ``optimizer`` is an instance of, its update rule), or (None, None)."""
+    return next(((cls, kind) for cls, kind in _KINDS if isinstance(optimizer, cls)), (None, None))
+
+
 def _kind_of(optimizer):
-    for cls, kind in _KINDS:
-        if isinstance(optimizer, cls):
-            if type(optimizer) not in _OURS and type(optimizer) is not cls:
-                warnings.warn(
-                    f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
-                    f"as {cls.__name__}, any custom behaviour is ignored.",
-                    stacklevel=4,
-                )
-            return kind
-    raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    cls, kind = _rule_of(optimizer)
+    if kind is None:
+        raise Error(f"Unsupported optimizer {type(optimizer).__name__}: use SGD, Adam, AdamW, RMSprop or LAMB.")
+    if type(optimizer) not in _OURS and type(optimizer) is not cls:
+        warnings.warn(
+            f"Poptorch does not run Python optimizer code directly: {type(optimizer).__name__} is compiled "
+            f"as {cls.__name__}, any custom behaviour is ignored.",
+            stacklevel=4,
+        )
+    return kind
 
 
 def describe(optimizer):

@@ -9,6 +9,7 @@ to an option (``opts.deviceIterations = 4``) raises instead of silently shadowin
 
 import ast
 import copy
+import enum
 import json
 import os
 
@@ -415,10 +416,7 @@ class Options(_NoAssignment):
 
     def toDict(self):
         """Every option by dotted name (enums as their names)."""
-        return {
-            k: (v.name if isinstance(v, OutputMode | ReductionType | MeanReductionStrategy) else v)
-            for k, v in self._values.items()
-        }
+        return {k: (v.name if isinstance(v, enum.Enum) else v) for k, v in self._values.items()}
 
     def __repr__(self):
         return "Options(" + ", ".join(f"{k}={v!r}" for k, v in self.toDict().items()) + ")"
