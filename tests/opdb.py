@@ -1678,3 +1678,290 @@ entry(
     grad=("anchor", "positive", "negative"),
     rtol=1e-4,
 )
+
+
+# -- composites added for the supported-ops list ----------------------------------------------------------------
+entry("isnan", _unary(), ops.isnan, "torch.isnan", primitive=False)
+
+
+def _along_axis(d, min_rank=1):
+    shape = d.shape(min_rank=min_rank)
+    return shape, d.int(0, len(shape) - 1)
+
+
+def _cumprod(d):
+    shape, axis = _along_axis(d)
+    return Sample({"x": d.away_from_zero(shape)}, {"axis": axis})
+
+
+entry(
+    "cumprod",
+    _cumprod,
+    ops.cumprod,
+    "torch.cumprod",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _median(d):
+    shape, axis = _along_axis(d)
+    # Distinct values: ties make the index (and the gradient's target) ambiguous.
+    x = np.asarray(d.rng.permutation(math.prod(shape)).reshape(shape) * 0.25, d.dtype)
+    return Sample({"x": x}, {"axis": axis, "keepdims": d.bool()})
+
+
+entry(
+    "median",
+    _median,
+    ops.median,
+    "torch.median",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.attrs["keepdims"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _bucketize(d):
+    edges = np.sort(d.floats((d.int(1, 4),)))
+    return Sample({"x": d.floats(d.shape()), "boundaries": edges}, {"right": d.bool()})
+
+
+entry("bucketize", _bucketize, ops.bucketize, "torch.bucketize", primitive=False)
+
+
+def _cdist(d):
+    lead, m = d.shape(max_rank=1), d.int(1, 3)
+    a = d.floats(lead + (d.int(1, 3), m))
+    return Sample({"a": a, "b": d.floats(lead + (d.int(1, 3), m))}, {"p": d.choice([1.0, 2.0, 3.0])})
+
+
+entry("cdist", _cdist, ops.cdist, "torch.cdist", primitive=False, grad=("a", "b"), rtol=1e-4)
+
+
+def _index_fill(d):
+    shape, axis = _along_axis(d)
+    index = d.ints((d.int(1, 3),), 0, shape[axis])
+    return Sample({"x": d.floats(shape), "index": index}, {"axis": axis, "value": d.choice([-1.0, 0.5])})
+
+
+entry(
+    "index_fill",
+    _index_fill,
+    lambda x, index, axis, value: ops.index_fill(x, axis, index, value),
+    "torch.index_fill",
+    torch_args=lambda s: ([s.inputs["x"], s.attrs["axis"], s.inputs["index"], s.attrs["value"]], {}),
+    primitive=False,
+    grad=("x",),
+)
+_REDUCE_MODES = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _index_reduce(d):
+    shape, axis = _along_axis(d)
+    k = d.int(1, 4)
+    source_shape = tuple(k if a == axis else n for a, n in enumerate(shape))
+    index = d.ints((k,), 0, shape[axis])
+    attrs = {"axis": axis, "reduce": d.choice(_REDUCE_MODES[1:]), "include_self": d.bool()}
+    return Sample({"x": d.floats(shape), "index": index, "source": d.floats(source_shape)}, attrs)
+
+
+def _fold_torch(s):
+    i, a = s.inputs, s.attrs
+    src = i["source"] if "source" in i else i["src"]
+    return [i["x"], a["axis"], i["index"], src, a["reduce"]], {"include_self": a["include_self"]}
+
+
+# Ties between contributions (amax/amin, repeated values) split gradients differently: values only.
+entry(
+    "index_reduce",
+    _index_reduce,
+    lambda x, index, source, axis, **attrs: ops.index_reduce(x, axis, index, source, **attrs),
+    "torch.Tensor.index_reduce",
+    torch_args=_fold_torch,
+    primitive=False,
+)
+
+
+def _scatter_reduce(d):
+    shape, axis = _along_axis(d)
+    index_shape = tuple(d.int(1, n) if a == axis else n for a, n in enumerate(shape))
+    index = d.ints(index_shape, 0, shape[axis])
+    attrs = {"axis": axis, "reduce": d.choice(_REDUCE_MODES), "include_self": d.bool()}
+    return Sample({"x": d.floats(shape), "index": index, "src": d.floats(index_shape)}, attrs)
+
+
+entry(
+    "scatter_reduce",
+    _scatter_reduce,
+    lambda x, index, src, axis, **attrs: ops.scatter_reduce(x, axis, index, src, **attrs),
+    "torch.scatter_reduce",
+    torch_args=_fold_torch,
+    primitive=False,
+)
+
+
+def _bincount(d):
+    length = d.int(1, 6)
+    x = d.ints((d.int(1, 8),), 0, length)
+    inputs = {"x": x, "weights": d.floats(x.shape)} if d.bool() else {"x": x}
+    return Sample(inputs, {"length": length})
+
+
+entry(
+    "bincount",
+    _bincount,
+    lambda x, weights=None, length=1: ops.bincount(x, length, weights),
+    "torch.bincount",
+    torch_args=lambda s: ([s.inputs["x"], s.inputs.get("weights")], {"minlength": s.attrs["length"]}),
+    primitive=False,
+)
+
+
+def _embedding_bag(d):
+    rows, length = d.int(1, 5), d.int(1, 6)
+    offsets = np.sort(d.ints((d.int(1, 3),), 0, length))
+    offsets[0] = 0
+    inputs = {"weight": d.floats((rows, d.int(1, 3))), "indices": d.ints((length,), 0, rows), "offsets": offsets}
+    return Sample(inputs, {"mode": d.choice(["sum", "mean", "max"])})
+
+
+entry(
+    "embedding_bag",
+    _embedding_bag,
+    ops.embedding_bag,
+    "torch.nn.functional.embedding_bag",
+    torch_args=lambda s: ([s.inputs["indices"], s.inputs["weight"], s.inputs["offsets"]], {"mode": s.attrs["mode"]}),
+    primitive=False,
+    grad=("weight",),
+)
+
+
+def _volume(d):
+    return (d.int(1, 2), d.int(1, 2), d.int(2, 4), d.int(2, 4), d.int(2, 4))
+
+
+def _pool3d(d, with_dilation):
+    shape = _volume(d)
+    kernel = tuple(d.int(1, 2) for _ in range(3))
+    attrs = {"kernel": kernel, "stride": tuple(d.int(1, 2) for _ in range(3)), "ceil_mode": d.bool()}
+    attrs["padding"] = tuple(d.int(0, k // 2) for k in kernel)
+    if with_dilation:
+        attrs["dilation"] = 1
+    else:
+        attrs["count_include_pad"] = d.bool()
+    return Sample({"x": d.floats(shape)}, attrs)
+
+
+def _pool3d_torch(s):
+    a = dict(s.attrs)
+    return [s.inputs["x"], a.pop("kernel")], a
+
+
+entry(
+    "max_pool3d",
+    lambda d: _pool3d(d, True),
+    ops.max_pool3d,
+    "torch.nn.functional.max_pool3d",
+    torch_args=_pool3d_torch,
+    primitive=False,
+    grad=("x",),
+)
+entry(
+    "avg_pool3d",
+    lambda d: _pool3d(d, False),
+    ops.avg_pool3d,
+    "torch.nn.functional.avg_pool3d",
+    torch_args=_pool3d_torch,
+    primitive=False,
+    grad=("x",),
+)
+entry(
+    "adaptive_avg_pool3d",
+    lambda d: Sample({"x": d.floats(_volume(d))}, {"output_size": tuple(d.int(1, 3) for _ in range(3))}),
+    ops.adaptive_avg_pool3d,
+    "torch.nn.functional.adaptive_avg_pool3d",
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _conv_transpose3d(d):
+    groups = d.int(1, 2)
+    x = d.floats((d.int(1, 2), groups * d.int(1, 2), d.int(1, 3), d.int(1, 3), d.int(1, 3)))
+    w = d.floats((x.shape[1], d.int(1, 2), d.int(1, 2), d.int(1, 2), d.int(1, 2)))
+    stride = tuple(d.int(1, 2) for _ in range(3))
+    attrs = {"stride": stride, "groups": groups, "output_padding": tuple(d.int(0, s - 1) for s in stride)}
+    return Sample({"x": x, "weight": w}, attrs)
+
+
+entry(
+    "conv_transpose3d",
+    _conv_transpose3d,
+    ops.conv_transpose3d,
+    "torch.nn.functional.conv_transpose3d",
+    primitive=False,
+    grad=("x", "weight"),
+    rtol=1e-4,
+)
+
+
+def _bilinear(d):
+    lead, i, j, o = d.shape(min_rank=1, max_rank=2), d.int(1, 3), d.int(1, 3), d.int(1, 3)
+    inputs = {"a": d.floats(lead + (i,)), "b": d.floats(lead + (j,)), "weight": d.floats((o, i, j))}
+    if d.bool():
+        inputs["bias"] = d.floats((o,))
+    return Sample(inputs)
+
+
+entry("bilinear", _bilinear, ops.bilinear, "torch.nn.functional.bilinear", primitive=False, grad=("a", "b", "weight"))
+entry(
+    "rrelu",
+    lambda d: Sample({"x": d.floats(d.shape())}, {"lower": 0.1, "upper": 0.3}),
+    ops.rrelu,
+    "torch.nn.functional.rrelu",
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _sampler(d):
+    return Sample({"seed": d.ints((2,), 0, 1000)}, {"shape": d.shape(min_rank=1)})
+
+
+for _name in ("normal", "exponential", "uniform"):
+    entry(_name, _sampler, getattr(ops, _name), None, primitive=False)
+entry(
+    "randperm",
+    lambda d: Sample({"seed": d.ints((2,), 0, 1000)}, {"n": d.int(1, 6)}),
+    ops.randperm,
+    None,
+    primitive=False,
+)
+
+
+def _ctc(d):
+    steps, n, classes = d.int(2, 5), d.int(1, 2), d.int(2, 4)
+    s = d.int(1, 2)
+    target_lengths = d.ints((n,), 1, s + 1)
+    log_probs = np.log(np.asarray(d.rng.dirichlet(np.ones(classes), (steps, n)), np.float32))
+    inputs = {
+        "log_probs": log_probs,
+        "targets": d.ints((n, s), 1, classes),
+        "input_lengths": d.ints((n,), steps - 1, steps + 1),
+        "target_lengths": target_lengths,
+    }
+    return Sample(inputs, {"reduction": d.choice(["mean", "sum", "none"]), "zero_infinity": True})
+
+
+entry(
+    "ctc_loss",
+    _ctc,
+    ops.ctc_loss,
+    "torch.nn.functional.ctc_loss",
+    primitive=False,
+    grad=("log_probs",),
+    rtol=1e-4,
+    atol=1e-5,
+)

@@ -2,6 +2,7 @@
 inferenceModel and, where differentiable, the gradient through one trainingModel step. Random samplers are
 checked by their statistics and by the device RNG's seeding (same randomSeed, same numbers)."""
 
+import copy
 import math
 
 import pytest
@@ -96,6 +97,51 @@ CASES = {
     ),
     "rrelu_eval": (F.rrelu, [X], True),
 }
+_LOG_PROBS, _TARGETS = _randn(6, 3, 5), torch.tensor([[1, 2, 2], [3, 1, 0], [4, 0, 0]])
+_IN_LENGTHS, _TARGET_LENGTHS = torch.tensor([6, 5, 4]), torch.tensor([3, 2, 1])
+for _reduction in ("mean", "sum", "none"):
+    CASES[f"ctc_loss_{_reduction}"] = (
+        lambda x, r=_reduction: F.ctc_loss(
+            torch.log_softmax(x, 2), _TARGETS, _IN_LENGTHS, _TARGET_LENGTHS, reduction=r
+        ),
+        [_LOG_PROBS],
+        True,
+    )
+# Blank 4, an impossible alignment (target longer than its input: infinite loss, zeroed), list lengths.
+CASES["ctc_loss_module"] = (
+    lambda x: torch.nn.CTCLoss(blank=4, zero_infinity=True)(
+        torch.log_softmax(x, 2), _TARGETS % 4, [6, 1, 6], [3, 2, 1]
+    ),
+    [_LOG_PROBS],
+    True,
+)
+
+
+class _CtcModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 5)
+        self.loss = torch.nn.CTCLoss()
+
+    def forward(self, x, targets, input_lengths, target_lengths):
+        return self.loss(torch.log_softmax(self.fc(x), 2), targets, input_lengths, target_lengths)
+
+
+def test_ctc_loss_is_the_final_loss_and_trains_as_eager():
+    torch.manual_seed(0)
+    model = _CtcModel()
+    eager = copy.deepcopy(model)
+    args = (_randn(6, 3, 4), _TARGETS, _IN_LENGTHS, _TARGET_LENGTHS)
+    training = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = training(*args)
+        optimizer.zero_grad()
+        eager_loss = eager(*args)
+        eager_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    training.destroy()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

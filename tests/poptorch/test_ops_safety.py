@@ -288,3 +288,11 @@ def _module(fn):
             return fn(*args)
 
     return Module()
+
+
+def test_rank_zero_inputs_stay_rank_zero():
+    model = _module(lambda s, v: (s * v + 1.0, torch.exp(s)))
+    s, v = torch.tensor(0.5), torch.randn(3)
+    scaled, e = poptorch.inferenceModel(model, _options())(s, v)
+    assert scaled.shape == (3,) and e.shape == ()
+    torch.testing.assert_close(e, torch.exp(s))

@@ -389,6 +389,11 @@ def test_single_op_case_captures_alone(name):
 
 # -- the popir op database: every entry that names a torch equivalent -------------------------------------
 
+# torch's ctc_loss backward returns the gradient through a log_softmax of its input (exp(log_probs) minus the
+# posteriors), not d loss / d log_probs; popir's is the latter (finite differences check it), and both agree
+# once a log_softmax precedes the loss, as test_added_ops checks through the simulator.
+TORCH_GRADIENT_IS_NOT_THE_DERIVATIVE = {"ctc_loss"}
+
 # Gradient primitives (torch.nn.grad.*) are never captured: popir autodiff builds backward passes itself.
 _OPDB_SKIPPED_TORCH = ("torch.nn.grad.",)
 
@@ -402,7 +407,8 @@ def _torch_function(dotted):
 
 def _to_torch(value):
     if isinstance(value, np.ndarray):
-        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        # np.array, not np.ascontiguousarray: the latter turns a rank-0 sample into shape (1,).
+        tensor = torch.from_numpy(np.array(value, order="C"))
         return tensor.long() if tensor.dtype == torch.int32 else tensor
     if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
         return getattr(torch, value)
@@ -418,6 +424,8 @@ def opdb_cases(draw):
             continue
         sample = draw(entry.samples())
         differentiable = {id(sample.inputs[name]) for name in entry.grad if name in sample.inputs}
+        if name in TORCH_GRADIENT_IS_NOT_THE_DERIVATIVE:
+            differentiable = set()
         target = sample.inputs.get("target")
         if "weight" in sample.inputs and target is not None and not np.issubdtype(target.dtype, np.floating):
             # torch's class-index losses (nll_loss2d) refuse gradients for class weights; popir has them.

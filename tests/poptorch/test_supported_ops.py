@@ -4,7 +4,6 @@ compile); when a bundle fails, each case runs alone to name the failing ops."""
 
 import copy
 
-import pytest
 import torch
 from op_check import assert_matches, options
 from supported_ops import CASES, KNOWN_FAILURES, SUPPORTED_OPS, THIRD_PARTY
@@ -146,12 +145,3 @@ def test_supported_ops_forward_match_eager():
 
 def test_supported_ops_gradients_match_eager():
     _check_all(_run_gradient, [n for n in CHECKED if CASES[n].grad is not None])
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN_FAILURES))
-def test_known_failures_still_fail(name):
-    """A listed failure that starts passing must leave KNOWN_FAILURES (and the README's list)."""
-    with pytest.raises(Exception):  # noqa: B017, PT011 - any failure
-        _run_forward([name])
-        if CASES[name].grad is not None:
-            _run_gradient([name])

@@ -44,6 +44,7 @@ LOSS_OPS = (
     aten.cosine_embedding_loss.default,
     aten.margin_ranking_loss.default,
     aten.triplet_margin_loss.default,
+    torch.ops.poptorch.ctc_loss.default,
     torch.ops.poptorch.identity_loss.default,
 )
 
@@ -1427,6 +1428,13 @@ def _margin_ranking_loss(ctx, a, b, target, margin=0.0, reduction=1):
 @lowers(aten.triplet_margin_loss.default)
 def _triplet_margin_loss(ctx, anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False, reduction=1):
     return popir.ops.triplet_margin_loss(anchor, positive, negative, margin, p, eps, bool(swap), _reduction(reduction))
+
+
+@lowers(torch.ops.poptorch.ctc_loss.default)
+def _ctc_loss(ctx, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    ctx.bound_index(targets, log_probs.shape[2], f"CTC targets of {log_probs.shape[2]} classes")
+    lengths = [_cast(v, "int32") for v in (targets, input_lengths, target_lengths)]
+    return popir.ops.ctc_loss(log_probs, *lengths, blank, reduction, bool(zero_infinity))
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]

@@ -168,7 +168,7 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model), _full_stack_traces():
+            with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)

@@ -1,4 +1,5 @@
-"""PopTorch's graph-marking ops as torch custom ops: ``identity_loss`` and ``ipu_print_tensor``.
+"""PopTorch's graph-marking ops as torch custom ops: ``identity_loss`` and ``ipu_print_tensor``; and
+``ctc_loss``, which capture substitutes for torch's (see ``CaptureCtcLoss``).
 
 They are ``torch.library`` ops (``poptorch::identity_loss``, ``poptorch::ipu_print_tensor``) with CPU,
 fake and autograd implementations, so a model using them runs eagerly on the CPU, exports as a single
@@ -6,6 +7,8 @@ recognisable node, and capture lowers that node to popir.
 """
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from poptorch import _host_print
 
@@ -81,3 +84,41 @@ def ipu_print_tensor(tensor, title="", print_gradient=True):
     device as on the CPU; in training, the gradient reaching it prints in the backward pass too (unless
     ``print_gradient`` is False). Use the returned tensor, so the print stays part of the model."""
     return _ipu_print_tensor(tensor, title, bool(print_gradient))
+
+
+@torch.library.custom_op("poptorch::ctc_loss", mutates_args=())
+def _ctc_loss(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+) -> torch.Tensor:
+    return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+
+
+@_ctc_loss.register_fake
+def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    return log_probs.new_empty(() if reduction != "none" else (log_probs.shape[1],))
+
+
+_CTC_DEFAULTS = {"blank": 0, "reduction": "mean", "zero_infinity": False}
+_CTC_ARGS = ("log_probs", "targets", "input_lengths", "target_lengths", *_CTC_DEFAULTS)
+
+
+class CaptureCtcLoss(TorchFunctionMode):
+    """During capture, route F.ctc_loss to ``poptorch::ctc_loss``: torch's own kernel has an output shape that
+    depends on the target lengths' values, which torch.export refuses; ours is one loss node of fixed shape."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.ctc_loss:
+            return func(*args, **kwargs)
+        call = {**_CTC_DEFAULTS, **dict(zip(_CTC_ARGS, args)), **kwargs}
+        for name in ("input_lengths", "target_lengths"):
+            call[name] = torch.as_tensor(call[name])
+        if call["targets"].ndim != 2:
+            raise ValueError("CTCLoss on the IPU needs padded (N, S) targets, not concatenated 1-D targets")
+        return _ctc_loss(*(call[name] for name in _CTC_ARGS))

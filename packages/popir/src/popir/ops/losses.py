@@ -2,12 +2,29 @@
 
 import math
 
+import numpy as np
+
 from popir.dtypes import DType
 from popir.errors import IRError
 from popir.ops.activations import log_softmax, softplus
 from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
-from popir.ops.elementwise import abs_, cast, eq, gt, log, lt, maximum, minimum, ne, sqrt, where
-from popir.ops.movement import gather, take_along_axis
+from popir.ops.elementwise import (
+    abs_,
+    cast,
+    eq,
+    gt,
+    log,
+    logical_and,
+    logical_or,
+    lt,
+    maximum,
+    minimum,
+    ne,
+    sqrt,
+    where,
+)
+from popir.ops.movement import concat, gather, slice_, take_along_axis
+from popir.ops.reduction import reduce_max
 from popir.ops.stats import mean, norm
 
 
@@ -224,3 +241,66 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
     if swap:
         d_neg = minimum(d_neg, pairwise_distance(positive, negative, p, eps))
     return reduce_loss(_hinge(d_pos - d_neg + margin), reduction)
+
+
+def _logsumexp3(a, b, c):
+    """log(e^a + e^b + e^c) elementwise; -inf where all three are, with zero (not NaN) gradients there."""
+    g, dtype = a.graph, a.dtype
+    top = maximum(maximum(a, b), c)
+    dead = eq(top, full(g, (), -math.inf, dtype))
+    shift = where(dead, zeros_like(top), top)
+    total = exp(a - shift) + exp(b - shift) + exp(c - shift)
+    alive = log(where(dead, full(g, (), 1.0, dtype), total)) + shift
+    return where(dead, full(g, (), -math.inf, dtype), alive)
+
+
+def _shift_states(alpha, by):
+    """alpha (N, L) moved ``by`` states to the right along L, -inf filling the start."""
+    n, length = alpha.shape
+    filler = full(alpha.graph, (n, by), -math.inf, alpha.dtype)
+    return concat(filler, slice_(alpha, starts=(0, 0), stops=(n, length - by)), axis=1)
+
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """torch.nn.functional.ctc_loss of log_probs (T, N, C) and padded int32 targets (N, S), with int32
+    input_lengths and target_lengths (N,): the forward algorithm over the blank-extended labels, unrolled over
+    T. Frames beyond a sample's input length leave its state unchanged; its loss is read at its own length."""
+    steps, n, classes = log_probs.shape
+    s = targets.shape[1]
+    g, dtype, i32 = log_probs.graph, log_probs.dtype, DType.int32
+    length = 2 * s + 1
+    # Extended labels: blank, t1, blank, t2, ..., blank (N, L).
+    blank_column = full(g, (n, 1), blank, i32)
+    parts = [blank_column]
+    for k in range(s):
+        parts += [slice_(targets, starts=(0, k), stops=(n, k + 1)), blank_column]
+    labels = concat(*parts, axis=1)
+    # A label may skip the blank before it when it differs from the label two states back.
+    two_back = concat(full(g, (n, 2), blank, i32), slice_(labels, starts=(0, 0), stops=(n, length - 2)), axis=1)
+    skip = logical_and(ne(labels, full(g, (), blank, i32)), ne(labels, two_back))
+    minus_inf = full(g, (), -math.inf, dtype)
+    state = g.constant(np.arange(length, dtype=np.int32).reshape(1, length))
+    alpha = None
+    for t in range(steps):
+        frame = reshape(slice_(log_probs, starts=(t, 0, 0), stops=(t + 1,) + log_probs.shape[1:]), shape=(n, classes))
+        emit = take_along_axis(frame, labels, axis=1)  # (N, L)
+        if alpha is None:
+            alpha = where(lt(state, full(g, (), 2, i32)), emit, minus_inf)
+            continue
+        step = _logsumexp3(alpha, _shift_states(alpha, 1), where(skip, _shift_states(alpha, 2), minus_inf)) + emit
+        running = reshape(lt(full(g, (), t, i32), input_lengths), shape=(n, 1))
+        alpha = where(running, step, alpha)
+    last = reshape(target_lengths * 2, shape=(n, 1))
+    at_end = logical_or(eq(state, last), eq(state, last - 1))
+    ends = where(at_end, alpha, minus_inf)
+    top = reduce_max(ends, axes=(1,), keepdims=True)
+    dead = eq(top, minus_inf)  # no alignment fits the input length: an infinite loss
+    shift = where(dead, zeros_like(top), top)
+    total = where(dead, full(g, (), 1.0, dtype), reduce_sum(exp(ends - shift), axes=(1,), keepdims=True))
+    loss = -reshape(where(dead, minus_inf, log(total) + shift), shape=(n,))
+    if zero_infinity:
+        loss = where(eq(loss, full(g, (), math.inf, dtype)), zeros_like(loss), loss)
+    if reduction == "mean":
+        per_label = maximum(cast(target_lengths, dtype=dtype), full(g, (), 1.0, dtype))
+        return mean(loss / per_label)
+    return reduce_loss(loss, reduction)
