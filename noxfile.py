@@ -6,7 +6,7 @@ resolver ever pulls a CUDA build.
 
 import nox
 
-nox.options.sessions = ["lint", "popir", "popsim", "popdata", "poptorch", "models"]
+nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch", "models"]
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -41,7 +41,7 @@ def popir(session):
     session.install("packages/popir")
     session.run("python", "-c", ASSERT_NO_TORCH)
     session.run("python", "-c", "import popir")
-    _pytest(session, "tests/popir")
+    _pytest(session, "tests/popir", "tests/reliability/popir")
 
 
 @nox.session
@@ -49,7 +49,16 @@ def popsim(session):
     session.install(*TEST_DEPS)
     _install_layers(session, "popir", "popsim")
     session.run("python", "-c", ASSERT_NO_TORCH)
-    _pytest(session, "tests/popsim")
+    _pytest(session, "tests/popsim", "tests/reliability/popsim")
+
+
+@nox.session
+def jax(session):
+    """The JAX frontend example (examples/jax_frontend.py) checked against JAX: popir + popsim, no torch."""
+    session.install(*TEST_DEPS, "jax", "jaxlib")
+    _install_layers(session, "popir", "popsim")
+    session.run("python", "-c", ASSERT_NO_TORCH)
+    _pytest(session, "tests/jax")
 
 
 @nox.session
@@ -57,7 +66,7 @@ def popdata(session):
     session.install(TORCH)
     session.install(*TEST_DEPS)
     session.install("packages/popdata")
-    _pytest(session, "tests/popdata")
+    _pytest(session, "tests/popdata", "tests/reliability/popdata")
 
 
 @nox.session
@@ -65,7 +74,7 @@ def poptorch(session):
     session.install(TORCH)
     session.install(*TEST_DEPS, "scikit-learn>=1.3")
     _install_layers(session, "popir", "popsim", "popdata", "poptorch")
-    _pytest(session, "tests/poptorch", "tests/common", "tests/examples")
+    _pytest(session, "tests/poptorch", "tests/common", "tests/examples", "tests/reliability/poptorch")
 
 
 @nox.session

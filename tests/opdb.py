@@ -1538,3 +1538,143 @@ def _prelu(d):
 
 
 entry("prelu", _prelu, ops.prelu, "torch.nn.functional.prelu", primitive=False, grad=("x", "weight"))
+
+
+# -- resampling and the remaining losses -----------------------------------------------------------------------
+def _interpolate(d):
+    spatial = d.int(1, 3)
+    mode = d.choice(["nearest", "nearest-exact", {1: "linear", 2: "bilinear", 3: "trilinear"}[spatial]])
+    if spatial == 2 and d.bool():
+        mode = "bicubic"
+    shape = (d.int(1, 2), d.int(1, 2)) + tuple(d.int(1, 4) for _ in range(spatial))
+    attrs = {"mode": mode, "align_corners": mode not in ("nearest", "nearest-exact") and d.bool()}
+    if d.bool():
+        attrs["size"] = tuple(d.int(1, 6) for _ in range(spatial))
+    else:
+        factors = tuple(d.choice([0.5, 1.0, 1.5, 2.0, 3.0] if n > 1 else [1.5, 2.0]) for n in shape[2:])
+        attrs["size"] = tuple(max(1, int(math.floor(n * f))) for n, f in zip(shape[2:], factors))
+        attrs["scales"] = factors
+    return Sample({"x": d.floats(shape)}, attrs)
+
+
+def _interpolate_torch(s):
+    a = s.attrs
+    kwargs = {"mode": a["mode"]}
+    if a["mode"] not in ("nearest", "nearest-exact"):
+        kwargs["align_corners"] = a["align_corners"]
+    if a.get("scales") is not None:
+        kwargs["scale_factor"] = a["scales"]
+    else:
+        kwargs["size"] = a["size"]
+    return [s.inputs["x"]], kwargs
+
+
+entry(
+    "interpolate",
+    _interpolate,
+    ops.interpolate,
+    "torch.nn.functional.interpolate",
+    torch_args=_interpolate_torch,
+    primitive=False,
+    grad=("x",),
+    rtol=1e-4,
+    atol=1e-5,
+)
+
+
+def _sign_target(d, shape):
+    return np.asarray(d.rng.choice([-1.0, 1.0], shape), d.dtype)
+
+
+def _reduction_attr(d):
+    return {"reduction": d.choice(["mean", "sum", "none"])}
+
+
+def _poisson(d):
+    shape = d.shape()
+    log_input = d.bool()
+    x = d.floats(shape) if log_input else d.floats(shape, (0.1, 3.0))
+    attrs = {"log_input": log_input, "full_loss": d.bool(), **_reduction_attr(d)}
+    return Sample({"x": x, "target": d.floats(shape, (0.0, 4.0))}, attrs)
+
+
+def _poisson_torch(s):
+    a = s.attrs
+    kwargs = {"log_input": a["log_input"], "full": a["full_loss"], "reduction": a["reduction"]}
+    return [s.inputs["x"], s.inputs["target"]], kwargs
+
+
+entry(
+    "poisson_nll_loss",
+    _poisson,
+    ops.poisson_nll_loss,
+    "torch.nn.functional.poisson_nll_loss",
+    torch_args=_poisson_torch,
+    primitive=False,
+    grad=("x",),
+)
+
+
+def _signed_pair(d, with_b, margin):
+    shape = (d.int(1, 3), d.int(1, 4)) if margin == "cosine" else d.shape(min_rank=1)
+    inputs = {"a": d.floats(shape)}
+    if with_b:
+        inputs["b"] = d.floats(shape)
+    inputs["target"] = _sign_target(d, shape if margin != "cosine" else shape[:-1])
+    attrs = _reduction_attr(d)
+    if margin:
+        attrs["margin"] = d.choice([0.0, 0.3])
+    return Sample(inputs, attrs)
+
+
+entry(
+    "hinge_embedding_loss",
+    lambda d: _signed_pair(d, False, True),
+    ops.hinge_embedding_loss,
+    "torch.nn.functional.hinge_embedding_loss",
+    primitive=False,
+    grad=("a",),
+)
+entry(
+    "soft_margin_loss",
+    lambda d: _signed_pair(d, False, False),
+    ops.soft_margin_loss,
+    "torch.nn.functional.soft_margin_loss",
+    primitive=False,
+    grad=("a",),
+)
+entry(
+    "cosine_embedding_loss",
+    lambda d: _signed_pair(d, True, "cosine"),
+    ops.cosine_embedding_loss,
+    "torch.nn.functional.cosine_embedding_loss",
+    primitive=False,
+    grad=("a", "b"),
+    rtol=1e-4,
+)
+entry(
+    "margin_ranking_loss",
+    lambda d: _signed_pair(d, True, True),
+    ops.margin_ranking_loss,
+    "torch.nn.functional.margin_ranking_loss",
+    primitive=False,
+    grad=("a", "b"),
+)
+
+
+def _triplet(d):
+    shape = (d.int(1, 3), d.int(1, 4))
+    inputs = {k: d.floats(shape) for k in ("anchor", "positive", "negative")}
+    attrs = {"margin": d.choice([0.5, 1.0]), "p": d.choice([1.0, 2.0]), "swap": d.bool(), **_reduction_attr(d)}
+    return Sample(inputs, attrs)
+
+
+entry(
+    "triplet_margin_loss",
+    _triplet,
+    ops.triplet_margin_loss,
+    "torch.nn.functional.triplet_margin_loss",
+    primitive=False,
+    grad=("anchor", "positive", "negative"),
+    rtol=1e-4,
+)

@@ -13,6 +13,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 _here = pathlib.Path(__file__).resolve().parent
+_package = _here / "src" / "popsim"
 _meta = runpy.run_path(str(_here.parents[1] / "versioning.py"))
 _debug = os.environ.get("POPSIM_DEBUG_BUILD") == "1"
 
@@ -25,8 +26,13 @@ _directives = {
     "nonecheck": _debug,
     "embedsignature": True,
 }
-# OpenMP runs the independent rows of one BSP phase (a compute set's vertices, an exchange's copies) in threads.
-_compile_args = (["-O0", "-g"] if _debug else ["-O3"]) + ["-fopenmp"]
+_compile_args = (["-O0", "-g"] if _debug else ["-O3"]) + ["-pthread"]
+
+# The engine's numbers are declared once, in _opcodes.py; the Cython modules cimport them from generated files.
+for _name, _text in runpy.run_path(str(_package / "_opcodes.py"))["generated_files"]().items():
+    _path = _package / _name
+    if not _path.exists() or _path.read_text() != _text:
+        _path.write_text(_text)
 
 _extensions = [
     Extension(
@@ -35,9 +41,9 @@ _extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=_compile_args,
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-pthread"],
     )
-    for path in sorted((_here / "src" / "popsim").glob("*.pyx"))
+    for path in sorted(_package.glob("*.pyx"))
 ]
 
 setup(

@@ -3,21 +3,10 @@ a UNet with bilinear upsampling and skip concatenations. Inference equals eager;
 steps equal eager step by step (losses, parameters and BatchNorm statistics)."""
 
 import pytest
-import torch
 from equivalence import check_inference, check_training
 from zoo import CONVOLUTIONAL, build
 
-from poptorch._aten_table import TABLE
-from poptorch.errors import UnsupportedOpError
-
-# Bilinear upsampling is being added to the lowering table; until then the UNet fails on exactly that.
-BILINEAR_PENDING = pytest.mark.xfail(
-    torch.ops.aten.upsample_bilinear2d.vec not in TABLE,
-    reason="aten.upsample_bilinear2d has no lowering yet",
-    raises=UnsupportedOpError,
-    strict=True,
-)
-NAMES = [pytest.param(n, marks=BILINEAR_PENDING) if n == "unet" else n for n in sorted(CONVOLUTIONAL)]
+NAMES = sorted(CONVOLUTIONAL)
 
 
 @pytest.mark.parametrize("name", NAMES)

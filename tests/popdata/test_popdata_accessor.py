@@ -234,8 +234,11 @@ def test_an_epoch_iterator_continues_where_it_stopped():
         stale = iter(accessor)
         next(stale)
         fresh = iter(accessor)
-        assert list(stale) == []
+        # The superseded iterator neither ends silently nor takes the new epoch's batches.
+        with pytest.raises(RuntimeError, match="superseded.*one iterator at a time"):
+            next(stale)
         assert [b[1].tolist() for b in fresh] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert list(fresh) == []
     finally:
         accessor.terminate()
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import popir
 import popsim
 from popir import ops
-from popsim import _kernels
+from popsim import _exchange
 
 
 def _expand(rows):
@@ -32,7 +32,7 @@ def test_copy_runs_move_exactly_the_given_elements(segments):
         dst += [4 * (at + j) for j in range(count)]
         at += count + (start % 3 == 0)  # sometimes a gap in the destination
     src, dst = np.array(src, np.int64), np.array(dst, np.int64)
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1).reshape(-1, 2))
     assert len(rows) <= max(len(segments), 0) + sum(c for _, _, c in segments) // 2 + 1
 
@@ -41,7 +41,7 @@ def test_copy_runs_move_a_window_in_one_two_dimensional_row():
     # A 3-wide window taken from 4 image rows of pitch 10: one row of 4 repetitions of a 3-element run.
     src = np.array([4 * (10 * r + c) for r in range(4) for c in range(3)], np.int64)
     dst = np.arange(12, dtype=np.int64) * 4
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     assert rows.tolist() == [[0, 0, 3, 4, 4, 4, 40]]
 
 
@@ -49,7 +49,7 @@ def test_copy_runs_move_a_transposed_block_in_one_row():
     # dst (3, 5) = src (5, 3).T: every destination row is a column of the source (stride 12 bytes).
     src = (np.arange(15).reshape(5, 3).T.reshape(-1) * 4).astype(np.int64)
     dst = np.arange(15, dtype=np.int64) * 4
-    rows = _kernels.copy_runs(src, dst, 4)
+    rows = _exchange.copy_runs(src, dst, 4)
     assert rows.tolist() == [[0, 0, 5, 12, 4, 3, 4]]
     np.testing.assert_array_equal(_expand(rows), np.stack([src, dst], axis=1))
 

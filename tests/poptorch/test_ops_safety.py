@@ -205,3 +205,86 @@ def test_zero_dim_results_of_several_iterations_stack():
     x, y = torch.randn(6, 4), torch.randn(6, 4)
     total, *_ = poptorch.inferenceModel(_Reductions(), _options().deviceIterations(2))(x, y)
     torch.testing.assert_close(total, torch.stack([x[:3].sum(), x[3:].sum()]))
+
+
+# -- integers ------------------------------------------------------------------------------------------------
+class _AddOne(torch.nn.Module):
+    def forward(self, k):
+        return k + 1
+
+
+def test_int64_values_beyond_int32_are_an_error_naming_the_input():
+    big = torch.tensor([2**40, 3])
+    assert _AddOne()(big)[0] == 2**40 + 1
+    model = poptorch.inferenceModel(_AddOne(), _options())
+    with pytest.raises(poptorch.Error, match=r"Input k holds the value 1099511627776, which does not fit .*32-bit"):
+        model(big)
+    assert model(torch.tensor([2**31 - 2, -(2**31)])).tolist() == [2**31 - 1, -(2**31) + 1]
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(5, 2)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 2**32 + 1])
+def test_embedding_index_out_of_range_is_an_error_as_in_eager(bad):
+    ids = torch.tensor([0, bad, 2])
+    with pytest.raises(IndexError):
+        _Embed()(ids)
+    model = poptorch.inferenceModel(_Embed(), _options())
+    with pytest.raises(poptorch.Error, match=rf"Input ids holds the (index|value) {bad}"):
+        model(ids)
+    assert model(torch.tensor([4, 0, 1])).shape == (3, 2)
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self, ignore_index=-100):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+        self.loss = torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
+
+    def forward(self, x, labels):
+        return self.loss(self.fc(x), labels)
+
+
+def test_class_label_out_of_range_is_an_error_as_in_eager():
+    x, labels = torch.randn(3, 3), torch.tensor([1, -1, 0])
+    with pytest.raises(IndexError):
+        _Classifier()(x, labels)
+    model = poptorch.trainingModel(_Classifier(), _options())
+    with pytest.raises(poptorch.Error, match=r"Input labels holds the index -1, out of range for class labels of 4"):
+        model(x, labels)
+    # ignore_index is a valid label.
+    eager = _Classifier(ignore_index=-1)
+    device = poptorch.inferenceModel(copy.deepcopy(eager), _options())
+    torch.testing.assert_close(device(x, labels), eager(x, labels).detach())
+
+
+class _Select(torch.nn.Module):
+    def forward(self, x, index):
+        return x.index_select(0, index), x[index]
+
+
+def test_index_select_refuses_negative_indices_where_plain_indexing_wraps_them():
+    x = torch.randn(4, 2)
+    model = poptorch.inferenceModel(_Select(), _options())
+    with pytest.raises(poptorch.Error, match="index -1, out of range for index_select"):
+        model(x, torch.tensor([-1, 2]))
+    model.destroy()
+    plain = poptorch.inferenceModel(_module(lambda x, i: x[i]), _options())
+    torch.testing.assert_close(plain(x, torch.tensor([-1, 2])), x[torch.tensor([-1, 2])])
+    with pytest.raises(poptorch.Error, match="index -5, out of range for indexing"):
+        plain(x, torch.tensor([-5, 2]))
+
+
+def _module(fn):
+    class Module(torch.nn.Module):
+        def forward(self, *args):
+            return fn(*args)
+
+    return Module()

@@ -108,6 +108,18 @@ def test_lamb_matches_its_definition():
     _close(model, reference)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"bias_correction": False, "weight_decay": 0.1}, {"max_weight_norm": 0.5, "max_grad_norm": 0.05}],
+    ids=["default", "no_bias_correction", "clipped"],
+)
+def test_lamb_step_on_the_cpu_matches_the_device(settings):
+    """poptorch.optim.LAMB.step() runs on the host, as PopTorch's does, with the device's rule and state."""
+    ipu = lambda p: poptorch.optim.LAMB(p, lr=0.01, **settings)  # noqa: E731
+    model, reference, _ = _train_both(ipu, ipu)
+    _close(model, reference)
+
+
 def test_rmsprop_tf_variant_differs_from_torch():
     model, reference, _ = _train_both(
         lambda p: poptorch.optim.RMSprop(p, lr=0.01, use_tf_variant=True),

@@ -39,8 +39,14 @@ def _payload(dataset, strategy):
     return ("file", path), path
 
 
-def _shutdown(process, control, conn, leftover):
-    """Stop the worker (politely, then by force), close the pipe, remove a dataset file it did not read."""
+def _shutdown(owner, process, control, conn, leftover):
+    """Stop the worker (politely, then by force), close the pipe, remove a dataset file it did not read.
+
+    Only the process that started the worker does this: a forked child (a later accessor's worker, a torch
+    worker) inherits this finalizer with the accessor, and must neither stop a worker still in use nor join
+    a process that is not its child."""
+    if os.getpid() != owner:
+        return
     control.stop()
     conn.close()
     if process.pid is not None:
@@ -105,6 +111,7 @@ class AsynchronousDataAccessor:
         self._read = 0
         self._held = None
         self._epoch = 0
+        self._iterators = 0  # iter() calls so far: only the latest iterator may advance
         self._consumed = False
         self._failure = None
         self._next_check = 0.0
@@ -135,7 +142,9 @@ class AsynchronousDataAccessor:
                 os.unlink(leftover)
             raise
         child_conn.close()
-        self._finalizer = weakref.finalize(self, _shutdown, self._process, self._control, self._conn, leftover)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, os.getpid(), self._process, self._control, self._conn, leftover
+        )
 
     def __len__(self):
         return len(self._dataset)
@@ -144,6 +153,9 @@ class AsynchronousDataAccessor:
         """Stop the worker process and release its resources (idempotent)."""
         self._release_held()
         self._finalizer()
+        # The ring's shared-memory slots (one file descriptor each) go with the worker; batches the caller
+        # still holds keep their own slot alive.
+        self._slots = None
 
     def __iter__(self):
         if self._failure is not None:
@@ -154,7 +166,8 @@ class AsynchronousDataAccessor:
             self._epoch += 1
             self._consumed = False
         self._control.want = self._epoch
-        return _Epoch(self, self._epoch)
+        self._iterators += 1
+        return _Epoch(self, self._epoch, self._iterators)
 
     def __next__(self):
         """The next batch of the current epoch (StopIteration at its end)."""
@@ -261,16 +274,33 @@ class AsynchronousDataAccessor:
 
 
 class _Epoch:
-    """The iterator ``iter(accessor)`` returns: one epoch, exhausted once a later epoch starts."""
+    """The iterator ``iter(accessor)`` returns: one epoch. A later ``iter()`` restarts the dataset, so this
+    iterator then refuses to go on (it must not silently end or hand out the new epoch's batches)."""
 
-    def __init__(self, accessor, epoch):
+    def __init__(self, accessor, epoch, serial):
         self._accessor = accessor
         self._epoch = epoch
+        self._serial = serial
+        self._done = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._accessor._epoch != self._epoch:
+        if self._done:
             raise StopIteration
-        return next(self._accessor)
+        if self._accessor._iterators != self._serial:
+            raise RuntimeError(
+                "this iterator of an asynchronous DataLoader / AsynchronousDataAccessor was superseded: iter() was "
+                "called on the same loader again, which restarts its single background stream. Use one iterator at "
+                "a time (finish or leave the first loop before starting another), or create a second loader for "
+                "independent iteration."
+            )
+        if self._accessor._epoch != self._epoch:
+            self._done = True
+            raise StopIteration
+        try:
+            return next(self._accessor)
+        except StopIteration:
+            self._done = True
+            raise

@@ -20,7 +20,10 @@ class TensorType(NamedTuple):
 
     @staticmethod
     def of(shape, dtype):
-        return TensorType(tuple(int(d) for d in shape), as_dtype(dtype))
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise IRError(f"shape {list(shape)} has a negative dimension")
+        return TensorType(shape, as_dtype(dtype))
 
     @property
     def size(self):

@@ -7,7 +7,8 @@ movement is an exchange the engine performs and charges for.
     outputs = exe.run(feeds, program=None)
 
 A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy) compiles with
-``popsim.compile_device_graph(dg, inputs, outputs)``.
+``popsim.compile_device_graph(dg, inputs, outputs)``. ``popsim.register_lowering(op_name)`` adds the lowering
+of a popir op defined outside popir (see docs/frontends.md).
 """
 
 from importlib.metadata import version as _version
@@ -29,7 +30,9 @@ from popsim.device_graph import (
 )
 from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
+from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
+from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.target import Device, Target
 
@@ -44,6 +47,7 @@ __all__ = [
     "Executable",
     "Execute",
     "If",
+    "Lowerer",
     "OutOfMemoryError",
     "Profile",
     "Region",
@@ -60,5 +64,6 @@ __all__ = [
     "__version__",
     "compile",
     "compile_device_graph",
+    "register_lowering",
     "supported_ops",
 ]

@@ -20,13 +20,12 @@ from types import SimpleNamespace
 import numpy as np
 
 import popir
-from popsim import _kernels
 from popsim import _opcodes as oc
-from popsim import program as prog
 from popsim._arena import TileArena
 from popsim.errors import Error
 from popsim.profile import Profile
 from popsim.target import Target
+from popsim.validate import check_program
 
 MAGIC = b"POPSIM-EXECUTABLE-1\n"
 FORMAT_VERSION = 1
@@ -34,18 +33,13 @@ _DIGEST_HEX = 64
 HEADER = "header"
 # The engine's tables: name -> (dtype, columns or None for one dimension).
 _TABLES = {
-    "phases": (np.int64, 4),
+    "phases": (np.int64, oc.PHASE_COLS),
     "phase_cycles": (np.int64, None),
     "instructions": (np.int64, oc.NCOLS),
     "fparams": (np.float64, None),
-    "copies": (np.int32, _kernels.COPY_ROW_COLUMNS),
-    "stream_rows": (np.int64, 3),
+    "copies": (np.int32, len(oc.COPY_COLUMNS)),
+    "stream_rows": (np.int64, len(oc.STREAM_ROW_COLUMNS)),
 }
-# Instruction columns that hold arena byte offsets (see program._COLUMNS / _EXPR_COLUMNS).
-_ADDRESS_COLUMNS = (3, 4, 5, 6)
-_EXPR_ADDRESS_COLUMNS = (7, 8, 9)
-# An EXPR program's op rows: destination and source registers (see run_expression in _kernels.pyx).
-_EXPR_REGISTER_COLUMNS = [2, 3, 4, 5]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +123,8 @@ def from_bytes(cls, data, num_threads, max_arena_bytes):
 
 
 def _unpack(data):
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise Error(f"Executable.from_bytes needs bytes (from Executable.to_bytes), got {type(data).__name__}")
     data = bytes(data)
     if not data.startswith(MAGIC):
         raise Error("not a popsim executable: the bytes do not start with the popsim executable tag")
@@ -186,7 +182,7 @@ def _restore(cls, header, arrays, num_threads, max_arena_bytes):
     exe._streams = {n: _Stream(_tensor(s), bool(s["to_device"])) for n, s in header["streams"].items()}
     exe._programs = {}
     for name, entry in header["programs"].items():
-        flat = _flat(entry["flat"], arrays, arena_bytes, exe._streams, f"program {name!r}")
+        flat = _flat(entry["flat"], arrays, (num_tiles, tile_bytes), exe._streams, f"program {name!r}")
         feeds, inputs, outs, outputs = {}, {}, {}, {}
         for n, e in entry["inputs"].items():
             inputs[n], feeds[n] = _placed(e, arrays, arena_bytes, f"input {n!r}")
@@ -240,7 +236,7 @@ def _value(entry, t, arrays, what):
     return value
 
 
-def _flat(tables, arrays, arena_bytes, streams, what):
+def _flat(tables, arrays, arena, streams, what):
     """A flattened program's tables, each checked against the arena and the other tables."""
     attrs = {}
     for key, stored in tables.items():
@@ -258,88 +254,10 @@ def _flat(tables, arrays, arena_bytes, streams, what):
     if missing:
         raise Error(f"not a valid popsim executable: {what} lacks tables {sorted(missing)}")
     flat = SimpleNamespace(**attrs)
-    _check_tables(flat, arena_bytes, streams, what)
+    if int(flat.num_counters) < 0 or not set(flat.stream_uses) <= set(streams):
+        raise Error(f"not a valid popsim executable: {what} uses unknown loop counters or host streams")
+    try:
+        check_program(flat, *arena, len(streams))
+    except Error as exc:
+        raise Error(f"not a valid popsim executable: {what}: {exc}") from None
     return flat
-
-
-def _bad(what, message):
-    return Error(f"not a valid popsim executable: {what}: {message}")
-
-
-def _check_tables(flat, arena_bytes, streams, what):
-    """Every phase's rows, jump targets, loop slots and stream slots exist; every offset lies in the arena."""
-    phases, rows = flat.phases, flat.instructions
-    if len(flat.phase_cycles) != len(phases) or len(flat.fparams) != len(rows):
-        raise _bad(what, "table lengths disagree")
-    counters, slots = int(flat.num_counters), len(streams)
-    if counters < 0 or not set(flat.stream_uses) <= set(streams):
-        raise _bad(what, "unknown loop counters or host streams")
-    limits = {
-        prog.COMPUTE: len(rows),
-        prog.EXCHANGE: len(flat.copies),
-    }
-    for kind, a, b, c in phases.tolist():
-        if kind in limits:
-            ok = 0 <= a <= b <= limits[kind]
-        elif kind == prog.BRANCH_IF_ZERO:
-            ok = a >= 0 and b >= 0 and a + b <= arena_bytes and 0 <= c <= len(phases)
-        elif kind == prog.JUMP:
-            ok = 0 <= a <= len(phases)
-        elif kind in (prog.LOOP_INIT, prog.LOOP_BACK):
-            ok = 0 <= a < counters and (kind == prog.LOOP_INIT or 0 <= b <= len(phases))
-        elif kind == prog.SYNC:
-            ok = True
-        elif kind == prog.STREAM:
-            ok = 0 <= a < slots and 0 <= b <= c <= len(flat.stream_rows)
-        else:
-            ok = False
-        if not ok:
-            raise _bad(what, f"phase ({kind}, {a}, {b}, {c}) refers outside its tables")
-    compute = phases[phases[:, 0] == prog.COMPUTE]
-    _check_instructions(rows, int(compute[:, 2].max(initial=0)), arena_bytes, what)
-    _check_copies(flat.copies, arena_bytes, what)
-    s = flat.stream_rows
-    if len(s) and (s.min() < 0 or (s[:, 1] + s[:, 2]).max() > arena_bytes):
-        raise _bad(what, "a host stream row lies outside the tile arena")
-
-
-def _check_instructions(rows, vertex_rows, arena_bytes, what):
-    """Vertex rows (those the compute phases run) address the arena; each fused vertex's program (after the
-    vertex rows, laid out as _opcodes.py describes) stays inside the table and its registers."""
-    vertices = rows[:vertex_rows]
-    if not len(vertices):
-        return
-    kinds = vertices[:, 0]
-    if kinds.min() < oc.UNARY or kinds.max() > oc.EXPR or (vertices[:, 2] < 0).any():
-        raise _bad(what, "an instruction row has an unknown kind or a negative count")
-    addresses = [vertices[:, list(_ADDRESS_COLUMNS)].reshape(-1)]
-    expr = vertices[kinds == oc.EXPR]
-    registers = len(oc.EXPR_FIELDS) + oc.EXPR_MAX_OPS
-    for start in np.unique(expr[:, prog.P0_COLUMN]).tolist():
-        leaves, ops, result = (int(x) for x in rows[start, :3]) if vertex_rows <= start < len(rows) else (-1, -1, -1)
-        if not (0 <= leaves <= len(oc.EXPR_FIELDS) and 0 <= ops <= oc.EXPR_MAX_OPS and start + ops < len(rows)):
-            raise _bad(what, "a fused vertex's program lies outside the instruction table")
-        used = rows[start + 1 : start + 1 + ops, _EXPR_REGISTER_COLUMNS]
-        if not 0 <= result < registers or (len(used) and (used.min() < 0 or used.max() >= registers)):
-            raise _bad(what, "a fused vertex's program uses registers it does not have")
-    if len(expr):
-        addresses.append(expr[:, list(_EXPR_ADDRESS_COLUMNS)].reshape(-1))
-    addresses = np.concatenate(addresses)
-    if addresses.min() < 0 or addresses.max() >= arena_bytes:
-        raise _bad(what, "an instruction operand lies outside the tile arena")
-
-
-def _check_copies(copies, arena_bytes, what):
-    """Each exchange row (src, dst, count, stride, itemsize, reps, outer) reads and writes inside the arena."""
-    if not len(copies):
-        return
-    c = copies.astype(np.int64)
-    src, dst, count, stride, isz, reps, outer = c.T
-    if (count < 1).any() or (isz < 1).any() or (reps < 1).any() or (dst < 0).any():
-        raise _bad(what, "an exchange row has a non-positive count, size or repeat")
-    if (dst + reps * count * isz).max() > arena_bytes:
-        raise _bad(what, "an exchange row writes outside the tile arena")
-    corners = [src + r * outer + k * stride for r in (0, reps - 1) for k in (0, count - 1)]
-    low, high = np.min(corners, axis=0), np.max(corners, axis=0) + isz
-    if low.min() < 0 or high.max() > arena_bytes:
-        raise _bad(what, "an exchange row reads outside the tile arena")

@@ -1,12 +1,24 @@
-"""Opcode and sub-op numbers shared by the planners and the Cython engine (one place per number)."""
+"""The engine's instruction format, declared once.
 
-NCOLS = 12  # columns of one instruction row (C_OP .. C_P1 in _kernels.pxd)
+Every number the planners, the program builder, the cost model and the Cython engine share is declared here:
+vertex kinds, the sub-ops of each kind, dtype codes, phase kinds, the columns of instruction, exchange and
+stream rows, and the layout of a fused expression (EXPR) program. Building popsim generates
+``_opcodes_enums.pxd`` (``cdef enum`` blocks) from this module, so the engine's numbers are these; nothing
+else spells them as literals. This module imports nothing, so the build can read it before popsim exists.
 
-# Instruction kinds (column C_OP).
-UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR = range(1, 12)
+Names appended to a table get the next number; the engine implements a sub-op by its generated name
+(``U_<NAME>``, ``B_<NAME>``, ``R_<NAME>``, ``G_<NAME>``, ``S_DEFAULT``), and a consistency test fails when a
+declared sub-op has no codelet or a codelet computes another op than its name says.
+"""
 
-# Element types in tile memory (columns C_DTA/C_DTB/C_DTOUT).
+# Vertex kinds (an instruction row's OP column). 0 is no kind, so a zeroed row traps.
+KIND_NAMES = ("UNARY", "BINARY", "WHERE", "REDUCE", "MATMUL", "RNG", "COPY", "GATHER", "SCATTER_ADD", "FILL", "EXPR")
+KINDS = {name: code for code, name in enumerate(KIND_NAMES, start=1)}
+UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR = (KINDS[n] for n in KIND_NAMES)
+
+# Element types in tile memory (the DTA/DTB/DTOUT columns; popir dtype names).
 DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
+DTYPE_ITEMSIZES = {"float32": 4, "float16": 2, "int32": 4, "bool": 1}
 
 UNARY_OPS = {
     name: i
@@ -73,17 +85,136 @@ BINARY_OPS = {
         )
     )
 }
+# Binary ops with a float32 path of their own (no trip through doubles); an all-float32 fused expression of
+# only these runs on floats directly.
+BINARY_FLOAT32_OPS = ("add", "sub", "mul", "div")
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2, "prod": 3}
+# GATHER / SCATTER_ADD: whether the vertex counts its out-of-range indices into the run's error, or a check
+# vertex beside it counts the user's own indices instead.
+GATHER_MODES = {"count_bad": 0, "checked_elsewhere": 1}
+SINGLE = {"default": 0}  # kinds with one codelet
 
-# Elementwise vertices (UNARY, BINARY, WHERE): bit i of P0 is set when field i (a, b, c) holds one element the
-# vertex broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per
-# tile. An EXPR program's header has the same mask for its leaves a..f.
+SUB_OPS = {
+    UNARY: UNARY_OPS,
+    BINARY: BINARY_OPS,
+    WHERE: SINGLE,
+    REDUCE: REDUCE_OPS,
+    MATMUL: SINGLE,
+    RNG: SINGLE,
+    COPY: SINGLE,
+    GATHER: GATHER_MODES,
+    SCATTER_ADD: GATHER_MODES,
+    FILL: SINGLE,
+    EXPR: SINGLE,
+}
+# Prefix of each table's generated enum names.
+SUB_OP_PREFIXES = {"U": UNARY_OPS, "B": BINARY_OPS, "R": REDUCE_OPS, "G": GATHER_MODES, "S": SINGLE}
 
-# A fused elementwise vertex (EXPR) reads at most this many leaf fields (a..f) and runs at most this many
-# ops, each into its own register (see run_expression in _kernels.pyx). Its program's header row holds the
-# leaf count, op count, result register, output dtype, the leaf dtypes (columns 4-9), the scalar leaves mask
-# and whether it is all float32 add/sub/mul/div; then one row per op: kind, sub, dst, src0, src1, src2, dtype,
-# integer operands.
+# Columns of one instruction row (a vertex, or a row of an EXPR program).
+ROW_COLUMNS = ("op", "sub", "n", "a", "b", "c", "out", "dta", "dtb", "dtout", "p0", "p1", "p2")
+COL = {name: i for i, name in enumerate(ROW_COLUMNS)}
+NCOLS = len(ROW_COLUMNS)
+# Field address columns; the dtype column of a field (elementwise, reduce, matmul, gather vertices).
+FIELD_COLUMNS = {"a": COL["a"], "b": COL["b"], "c": COL["c"], "out": COL["out"]}
+DTYPE_COLUMNS = {"a": COL["dta"], "b": COL["dtb"], "out": COL["dtout"]}
+
+# What each kind reads and writes: its fields (the first of ``required`` .. all required), and which row
+# column holds each of its integer parameters. ``fparam`` is FILL's value only.
+VERTEX_FIELDS = {
+    UNARY: ("a", "out"),
+    BINARY: ("a", "b", "out"),
+    WHERE: ("a", "b", "c", "out"),
+    REDUCE: ("a", "out"),
+    MATMUL: ("a", "b", "out"),
+    RNG: ("a", "out"),
+    COPY: ("a", "out"),
+    GATHER: ("a", "b", "out"),
+    SCATTER_ADD: ("a", "b", "c", "out"),
+    FILL: ("out",),
+    EXPR: ("out", "a", "b", "c", "d", "e", "f"),
+}
+VERTEX_PARAMS = {
+    UNARY: {"scalars": "p0"},
+    BINARY: {"scalars": "p0"},
+    WHERE: {"scalars": "p0"},
+    REDUCE: {"rows": "p0", "group": "p1"},
+    MATMUL: {"m": "p0", "k": "p1"},
+    RNG: {"first": "p0"},
+    COPY: {},
+    GATHER: {"rows": "p0", "inner": "p1", "size": "p2"},
+    SCATTER_ADD: {"rows": "p0", "inner": "p1", "size": "p2"},
+    FILL: {},
+    EXPR: {},  # its P0 is the table row of its program, set when the program is flattened
+}
+
+# Elementwise vertices (UNARY, BINARY, WHERE): bit i of their ``scalars`` parameter is set when field i (a, b,
+# c) holds one element the vertex broadcasts over all n (as popops' BroadcastScalar vertices do), so the
+# exchange moves one element per tile. An EXPR program's header has the same mask for its leaves a..f.
+
+# A fused elementwise vertex (EXPR) reads at most len(EXPR_FIELDS) leaves and runs at most EXPR_MAX_OPS ops,
+# each into its own register. Its row's P0 is the table row of its program (the program's scalars mask is in
+# the program's header, not the vertex). The leaves' addresses sit in EXPR_LEAF_COLUMNS. The program is a
+# header row then one row per op, both NCOLS wide.
 EXPR_FIELDS = "abcdef"
+EXPR_LEAF_COLUMNS = tuple(COL[c] for c in ("a", "b", "c", "dta", "dtb", "dtout"))
 EXPR_MAX_OPS = 10
-EXPR_SCALARS, EXPR_FLOAT32 = 10, 11
+EXPR_REGS = len(EXPR_FIELDS) + EXPR_MAX_OPS
+EXPR_HEADER = ("leaves", "ops", "result", "out_dt", "leaf_dt", None, None, None, None, None, "scalars", "float32")
+EXPR_OP_ROW = ("kind", "sub", "dst", "src", None, None, "dt", "integer")
+EXPR_HEAD = {name: i for i, name in enumerate(EXPR_HEADER) if name}
+EXPR_OP = {name: i for i, name in enumerate(EXPR_OP_ROW) if name}
+EXPR_SRCS = 3  # an op reads registers src, src + 1 and src + 2 of its row (a, b, c)
+EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
+
+# Phase kinds (a phase row is (kind, a, b, c); see program.py).
+PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM")
+PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
+PHASE_COLUMNS = ("kind", "a", "b", "c")
+PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}
+PHASE_COLS = len(PHASE_COLUMNS)
+
+# Columns of an exchange row (see copy_run), of a host stream's table row and of a stream row.
+COPY_COLUMNS = ("src", "dst", "count", "stride", "itemsize", "reps", "outer")
+STREAM_COLUMNS = ("to_device", "host", "capacity", "cursor", "slice")
+STREAM_ROW_COLUMNS = ("offset", "arena", "nbytes")
+
+
+def enums():
+    """(enum block name, {C name: value}) of every number above, for the generated ``_opcodes_enums.pxd``."""
+    blocks = [
+        ("kinds", {f"K_{n}": c for n, c in KINDS.items()} | {"K_END": len(KINDS) + 1}),
+        ("dtypes", {f"DT_{n.upper()}": c for n, c in DTYPE_CODES.items()}),
+        ("columns", {f"C_{n.upper()}": c for n, c in COL.items()} | {"NCOLS": NCOLS}),
+        ("expr_header", {f"X_{n.upper()}": c for n, c in EXPR_HEAD.items()}),
+        ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
+        ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
+        ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
+        ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
+        ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),
+        ("copy_columns", _columns("CP", COPY_COLUMNS, "COPY_COLS")),
+        ("stream_columns", _columns("ST", STREAM_COLUMNS, "ST_COLS")),
+        ("stream_rows", _columns("SR", STREAM_ROW_COLUMNS, "SR_COLS")),
+    ]
+    for prefix, table in SUB_OP_PREFIXES.items():
+        names = {f"{prefix}_{n.upper()}": c for n, c in table.items()}
+        blocks.append((f"{prefix}_ops", names | {f"{prefix}_END": len(table)}))
+    return blocks
+
+
+def _columns(prefix, names, count):
+    return {f"{prefix}_{n.upper()}": i for i, n in enumerate(names)} | {count: len(names)}
+
+
+def generated_files():
+    """{file name: text} that setup.py writes beside this module: the enums as a .pxd every engine module
+    cimports, and ``compiled_enums()`` (included by each engine module) reporting them as compiled."""
+    lines = ["# Generated from _opcodes.py by setup.py: edit _opcodes.py, not this file.", ""]
+    everything = []
+    for name, values in enums():
+        lines.append(f"cdef enum:  # {name}")
+        lines += [f"    {key} = {value}" for key, value in values.items()]
+        lines.append("")
+        everything += values
+    report = [lines[0], "", "def compiled_enums():", '    """{name: value} of the enums as compiled."""']
+    report.append("    return {" + ", ".join(f'"{k}": {k}' for k in everything) + "}")
+    return {"_opcodes_enums.pxd": "\n".join(lines), "_opcodes_report.pxi": "\n".join(report) + "\n"}

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from popir import DType
+from popsim import _opcodes as oc
 from popsim.errors import Error
 from popsim.mapping import TileMapping
+from popsim.validate import check_vertex, kind_code, sub_code
 
 
 class Tensor:
@@ -72,7 +75,8 @@ class Region:
 
 @dataclass
 class Vertex:
-    """One codelet instance. ``kind``/``sub`` select the codelet (see _opcodes), ``cycles`` its estimate."""
+    """One codelet instance. ``kind``/``sub`` select the codelet (see _opcodes), ``cycles`` its estimate;
+    ``params`` are its kind's named integer parameters (``_opcodes.VERTEX_PARAMS``)."""
 
     kind: int
     sub: int
@@ -80,9 +84,8 @@ class Vertex:
     n: int
     fields: dict
     cycles: int
-    p0: int = 0
-    p1: int = 0
-    fparam: float = 0.0
+    params: dict = field(default_factory=dict)
+    fparam: float = 0.0  # a FILL vertex's value
     program: object = None  # an EXPR vertex's program rows (see Lowerer.expression), shared by its compute set
 
 
@@ -124,7 +127,14 @@ class DeviceGraph:
         self.program = []
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
-        """A new tensor; ``mapping`` defaults to the linear mapping for the target."""
+        """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""
+        if not isinstance(dtype, DType) or dtype.value not in oc.DTYPE_CODES:
+            raise Error(
+                f"tensor {name or ''!r}: dtype must be a popir DType ({', '.join(oc.DTYPE_CODES)}), got {dtype!r}; "
+                "pass popir.DType.float32 or popir.as_dtype('float32')"
+            )
+        if not all(isinstance(d, int | np.integer) and d >= 0 for d in tuple(shape)):
+            raise Error(f"tensor {name or ''!r}: shape must be non-negative integers, got {shape!r}")
         size = int(np.prod(shape, dtype=np.int64))
         mapping = mapping if mapping is not None else TileMapping.linear(size, dtype.itemsize, self.target)
         if mapping.size != size:
@@ -156,9 +166,33 @@ class DeviceGraph:
         self.program.append(cs)
         return cs
 
-    def add_vertex(self, cs, kind, sub, tile, n, fields, cycles, p0=0, p1=0, fparam=0.0, program=None):
-        """Add a vertex on ``tile``; every field Region must lie in that tile's memory."""
+    def add_vertex(
+        self, cs, kind, sub, tile, n, fields, cycles, p0=None, p1=None, p2=None, fparam=0.0, program=None, **params
+    ):
+        """Add a vertex of ``kind`` (a number or name, see ``_opcodes.KINDS``) and sub-op ``sub`` (a number or
+        name such as "add") on ``tile``, running over ``n`` elements. ``fields`` maps the kind's field names
+        to Regions, which must lie in that tile's memory; ``params`` are the kind's named integer parameters
+        (``_opcodes.VERTEX_PARAMS``: ``rows``/``group`` of a REDUCE, ``m``/``k`` of a MATMUL, ...), which
+        ``p0``/``p1``/``p2`` may give by row column instead. Everything is checked here (see
+        ``validate.check_vertex``): a vertex that could touch memory outside its fields is a popsim.Error."""
+        kind = kind_code(kind)
+        sub = sub_code(kind, sub)
+        if not isinstance(cs, ComputeSet):
+            raise Error(f"add_vertex needs a ComputeSet, got {cs!r}")
+        if not isinstance(tile, int | np.integer) or not 0 <= tile < self.target.num_tiles:
+            raise Error(f"vertex tile {tile!r} is not a tile of the target (0..{self.target.num_tiles - 1})")
+        if not isinstance(fields, dict) or not all(isinstance(r, Region) for r in fields.values()):
+            raise Error("vertex fields must be a dict of field name -> Region (tensor.region(start, stop))")
+        for column, value in (("p0", p0), ("p1", p1), ("p2", p2)):
+            if value is None:
+                continue
+            names = [name for name, col in oc.VERTEX_PARAMS[kind].items() if col == column]
+            if not names:
+                raise Error(f"{oc.KIND_NAMES[kind - 1]} vertex: takes no parameter in column {column}")
+            params.setdefault(names[0], value)
+        params = {name: int(v) if isinstance(v, int | np.integer) else v for name, v in params.items()}
         for name, region in fields.items():
+            self._check_own(region.tensor, f"vertex field {name!r}")
             where = region.tile()
             if where != tile:
                 raise Error(
@@ -166,13 +200,21 @@ class DeviceGraph:
                     f"[{region.start}, {region.stop}) of {region.tensor!r}) lives on tile {where}; a vertex "
                     "may only touch its own tile's memory"
                 )
-        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), int(p0), int(p1), float(fparam), program)
+        check_vertex(kind, sub, n, fields, params, fparam, program)
+        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), params, float(fparam), program)
         cs.vertices.append(v)
         return v
 
     def add_copy(self, name, dst, srcs, index):
         """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
+        for t in [dst, *srcs]:
+            self._check_own(t, f"copy {name!r}")
         self.program.append(Copy(name, dst, srcs, index))
+
+    def _check_own(self, tensor, what):
+        """A tensor of another DeviceGraph has no memory in this one's programs."""
+        if not isinstance(tensor, Tensor) or tensor.id >= len(self.tensors) or self.tensors[tensor.id] is not tensor:
+            raise Error(f"{what}: {tensor!r} is not a tensor of this DeviceGraph")
 
 
 @dataclass

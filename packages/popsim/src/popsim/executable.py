@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import popir
-from popsim import _executable_format, _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
@@ -15,13 +15,14 @@ from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
 from popsim.target import Device, Target
+from popsim.validate import check_program
 
 # Exchange rows hold 32-bit byte offsets into the arena (see _types.pxd), so the arena must fit below 2 GiB.
 MAX_ARENA_BYTES = 2**31 - 1
 
 
 def supported_ops():
-    """popir op names that popsim can lower onto tiles."""
+    """popir op names that popsim can lower onto tiles (every name is a popir op: see register_lowering)."""
     return set(LOWERINGS)
 
 
@@ -63,15 +64,19 @@ def _check_fits(graphs, target, relax_memory):
     )
 
 
-def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32"):  # noqa: A001
+def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
+    an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
     if isinstance(graphs, popir.Graph):
         graphs = {graphs.name: graphs}
     if not graphs:
         raise Error("compile needs at least one graph")
+    if optimize:
+        graphs = {name: popir.passes.optimize(g) for name, g in graphs.items()}
     target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
@@ -116,12 +121,14 @@ def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_me
 
 
 def default_threads():
-    """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine."""
+    """Host threads the engine uses: ``POPSIM_NUM_THREADS`` if set, else every core of this machine (at most
+    ``_kernels.MAX_THREADS``)."""
     value = os.environ.get("POPSIM_NUM_THREADS")
     if value is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if not value.isdigit() or int(value) < 1:
-        raise Error(f"POPSIM_NUM_THREADS must be a positive integer, got {value!r}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(cores, _kernels.MAX_THREADS))
+    if not value.isdigit() or not 1 <= int(value) <= _kernels.MAX_THREADS:
+        raise Error(f"POPSIM_NUM_THREADS must be an integer from 1 to {_kernels.MAX_THREADS}, got {value!r}")
     return int(value)
 
 
@@ -238,6 +245,15 @@ class Executable:
     def __reduce__(self):
         raise TypeError("a popsim Executable does not pickle; use Executable.to_bytes() and Executable.from_bytes()")
 
+    def validate(self):
+        """Raise a popsim.Error unless every compiled program stays inside this executable's tile memory (see
+        ``validate.check_program``); for an executable that did not come from ``compile`` in this process."""
+        for name, (flat, *_) in self._programs.items():
+            try:
+                check_program(flat, self.arena.num_tiles, self.arena.tile_bytes, len(self._streams))
+            except Error as exc:
+                raise Error(f"program {name!r}: {exc}") from None
+
     @property
     def programs(self):
         """Names of the compiled programs."""
@@ -245,11 +261,11 @@ class Executable:
 
     def _write(self, tensor, blocks, array):
         host = np.array(array, dtype=tensor.dtype.numpy, order="C").reshape(tensor.shape)
-        _kernels.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
+        _exchange.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
 
     def _read(self, tensor, blocks):
         out = np.empty(tensor.shape, tensor.dtype.numpy)
-        _kernels.host_read(self.arena, out.reshape(-1).view(np.uint8), *blocks)
+        _exchange.host_read(self.arena, out.reshape(-1).view(np.uint8), *blocks)
         return out
 
     def run(self, feeds=None, program=None):
@@ -264,6 +280,8 @@ class Executable:
         if program not in self._programs:
             raise Error(f"no program {program!r}; compiled programs: {', '.join(self._programs)}")
         flat, feed_blocks, out_blocks, inputs, outputs = self._programs[program]
+        if not isinstance(self.num_threads, int) or not 1 <= self.num_threads <= _kernels.MAX_THREADS:
+            raise Error(f"num_threads must be an integer from 1 to {_kernels.MAX_THREADS}, got {self.num_threads!r}")
         feeds = dict(feeds or {})
         stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device}
         unknown = set(feeds) - set(inputs) - stream_feeds
@@ -271,12 +289,12 @@ class Executable:
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, tensor in inputs.items():
-            array = np.asarray(feeds[name])
+            array = _numeric(feeds[name], f"feed {name!r}")
             if array.shape != tensor.shape:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
         table, host = self._stream_buffers(flat.stream_uses, feeds)
-        bad, cycles, dry = _kernels.run_program(
+        bad, cycles, dry, trap = _kernels.run_program(
             self.arena,
             flat.phases,
             flat.phase_cycles,
@@ -291,6 +309,12 @@ class Executable:
         )
         # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
+        if trap >= 0:
+            kind, sub = flat.instructions[trap, :2]
+            raise Error(
+                f"program {program!r}: the engine trapped instruction row {trap} (kind {kind}, sub-op {sub}), which no "
+                "codelet implements; the results of this run are invalid"
+            )
         if dry >= 0:
             name = list(self._streams)[dry]
             raise Error(
@@ -347,10 +371,18 @@ class Executable:
         if name not in self._vars:
             raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
         t = self._vars[name]
-        array = np.asarray(array)
+        array = _numeric(array, f"variable {name!r}")
         if array.shape != t.shape:
             raise Error(f"variable {name!r} has shape {t.shape}, got {array.shape}")
         self._write(t, self._var_blocks[name], array)
+
+
+def _numeric(value, what):
+    """``value`` as a NumPy array of numbers or bools; anything else (strings, objects, None) is an Error."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise Error(f"{what}: expected an array of numbers, got {type(value).__name__} of dtype {array.dtype}")
+    return array
 
 
 def _host_streams(lowered):

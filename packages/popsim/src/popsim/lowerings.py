@@ -1,8 +1,12 @@
-"""The table from popir op names to planners: each entry lowers one node onto tiles."""
+"""The table from popir op names to planners: each entry lowers one node onto tiles.
+
+``register_lowering`` is the public way to add an entry (popsim's own ops use it too); see the frontend
+guide in docs/ for the planner helpers a lowering calls.
+"""
 
 import numpy as np
 
-from popir import DType, get_op
+from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
 from popsim import cost, window
 from popsim.errors import Error
@@ -11,13 +15,32 @@ from popsim.mapping import TileMapping
 LOWERINGS = {}
 
 
-def lowering(*names):
+def register_lowering(*names, replace=False):
+    """Decorator registering ``fn(lw, node, *inputs, **attrs)`` as the lowering of the popir ops ``names``.
+
+    ``lw`` is the ``popsim.Lowerer`` building the device graph, ``node`` the popir node (its ``outputs``
+    give the result types), ``inputs`` the device Tensors of the node's inputs and ``attrs`` its attributes.
+    The function builds the result with the Lowerer's planner helpers and returns one device Tensor per
+    output (a list or tuple for several), each of the output's shape and dtype. Each name must be a popir
+    op (``popir.defop`` it first); an op that already has a lowering is refused unless ``replace=True``.
+    """
+    for name in names:
+        try:
+            get_op(name)
+        except IRError:
+            raise Error(f"register_lowering: popir has no op {name!r}; define it with popir.defop first") from None
+        if name in LOWERINGS and not replace:
+            raise Error(f"register_lowering: op {name!r} already has a lowering; pass replace=True to override it")
+
     def register(fn):
         for name in names:
             LOWERINGS[name] = fn
         return fn
 
     return register
+
+
+lowering = register_lowering  # the spelling popsim's own table below uses
 
 
 def _norm_axes(axes, ndim):
@@ -194,7 +217,7 @@ def _broadcast_to(lw, node, x, shape):
     )
 
 
-@lowering("transpose", "slice", "concat", "flip", "squeeze", "unsqueeze", "expand_dims", "tile", "repeat", "roll")
+@lowering("transpose", "slice", "concat", "flip")
 def _movement(lw, node, *xs, **attrs):
     """Apply the op's NumPy reference to index arrays: the result says where each element comes from."""
     offsets = np.cumsum([0] + [x.size for x in xs])
@@ -269,7 +292,7 @@ def _random_uniform(lw, node, seed, shape, dtype):
     for i, (tile, a, b) in enumerate(zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist())):
         fields = {"a": seeds.region(2 * i, 2 * i + 2), "out": out.region(a, b)}
         cycles = cost.elementwise_cycles(lw.target, b - a, out.dtype, "random")
-        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, p0=a)
+        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, first=a)
     return out
 
 
@@ -329,7 +352,7 @@ def _check_vertex(lw, cs, tile, indices, size):
     dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
     fields = {"a": dummy.region(0, 1), "b": indices.region(0, indices.size), "out": dummy.region(0, 1)}
     cycles = cost.gather_cycles(lw.target, 1, indices.size, 0, 4)
-    lw.dg.add_vertex(cs, oc.GATHER, 0, tile, indices.size, fields, cycles, p0=1, p1=0, fparam=size)
+    lw.dg.add_vertex(cs, oc.GATHER, "count_bad", tile, indices.size, fields, cycles, rows=1, inner=0, size=size)
 
 
 def _flat_indices(lw, x, indices, axis):
@@ -353,8 +376,8 @@ def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None, che
         fields["c"] = upd.region(0, upd.size)
     cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
     cycles = cost.gather_cycles(lw.target, rows, idx.size, inner, x.itemsize)
-    sub = 0 if check is None else 1  # 1: the check vertex, not this one, counts bad indices
-    lw.dg.add_vertex(cs, kind, sub, tile, idx.size, fields, cycles, p0=rows, p1=inner, fparam=size)
+    sub = "count_bad" if check is None else "checked_elsewhere"  # the check vertex counts the user's indices
+    lw.dg.add_vertex(cs, kind, sub, tile, idx.size, fields, cycles, rows=rows, inner=inner, size=size)
     if check is not None:
         _check_vertex(lw, cs, tile, *check)
 
@@ -409,7 +432,7 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
                 "out": out.region(rows * c0 * inner, rows * c1 * inner),  # chunks only when rows == 1
             }
             cycles = cost.gather_cycles(lw.target, rows, c1 - c0, inner, x.itemsize)
-            lw.dg.add_vertex(cs, oc.GATHER, 0, tile, c1 - c0, fields, cycles, p0=rows, p1=inner, fparam=hi - lo)
+            lw.dg.add_vertex(cs, oc.GATHER, 0, tile, c1 - c0, fields, cycles, rows=rows, inner=inner, size=hi - lo)
         out = lw.relayout(lw.reshape(out, out_shape), out_shape, linear)
         part = lw.elementwise("where", [lw.reshape(inside, mask_shape), out, zero], out_shape, x.dtype)
         total = part if total is None else lw.elementwise("add", [total, part], out_shape, x.dtype)

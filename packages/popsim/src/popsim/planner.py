@@ -44,7 +44,14 @@ def _codelet(name):
 
 
 class Lowerer:
-    """Builds device tensors and programs on a DeviceGraph for one popir graph."""
+    """Builds device tensors and programs on a DeviceGraph for one popir graph: the ``lw`` a lowering gets.
+
+    The planner helpers a lowering (see ``popsim.register_lowering``) may call: ``new``, ``constant``,
+    ``fill``, ``gather``, ``move``, ``relayout``, ``broadcast_like``, ``reshape``, ``elementwise``,
+    ``expression``, ``reduce_axes``, ``reduce_index`` and ``matmul_index``; ``dg`` (the DeviceGraph) and
+    ``target`` for hand-placed vertices. Each helper places its result by the target's linear mapping unless
+    told otherwise, and inserts the exchanges its operands need.
+    """
 
     def __init__(self, dg, partials_type=DType.float32):
         self.dg = dg
@@ -55,6 +62,7 @@ class Lowerer:
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
+        """A new device tensor (linearly mapped unless ``mapping`` is given), for vertices to write."""
         return self.dg.add_tensor(shape, dtype, mapping, name)
 
     def constant(self, array, dtype):
@@ -69,6 +77,7 @@ class Lowerer:
         return t
 
     def fill_value(self, dtype, value):
+        """A one-element constant holding ``value`` (an infinite value clamps to int32's range)."""
         if dtype == DType.int32 and not math.isfinite(value):
             value = np.iinfo(np.int32).max if value > 0 else np.iinfo(np.int32).min
         return self.constant(np.array(value), dtype)
@@ -80,6 +89,7 @@ class Lowerer:
         return out
 
     def move(self, dst, srcs, index, fill=0.0, name="copy"):
+        """An exchange filling the existing ``dst`` as ``gather`` fills a new tensor."""
         index = np.asarray(index, np.int64).reshape(-1)
         srcs = list(srcs)
         if index.size and index.min() < 0:
@@ -102,12 +112,14 @@ class Lowerer:
         return self.gather(shape, x.dtype, [x], index, mapping, name="broadcast")
 
     def reshape(self, x, shape):
+        """``x`` seen with another shape of the same size: an alias, no copy."""
         return self.dg.alias(x, shape) if x.shape != tuple(shape) else x
 
     # -- elementwise ------------------------------------------------------------------------------
-    def elementwise(self, codelet, inputs, shape, dtype, fparam=0.0, out=None):
-        """One vertex per block of the output (a new tensor, or ``out`` written in place); inputs are
-        exchanged into the output's placement."""
+    def elementwise(self, codelet, inputs, shape, dtype, out=None):
+        """``codelet`` (a name of _opcodes.UNARY_OPS or BINARY_OPS, or "where") over ``inputs`` (NumPy
+        broadcasting), as one vertex per block of the output (a new tensor of ``shape`` and ``dtype``, or
+        ``out`` written in place); inputs are exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
         m = out.mapping
         tiles, slot = np.unique(m.tiles, return_inverse=True)
@@ -118,7 +130,7 @@ class Lowerer:
         for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
             fields = self._fields(out, ins, "abc", scalars, k, a, b)
             cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
-            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, p0=scalars, fparam=fparam)
+            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, scalars=scalars)
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
@@ -131,29 +143,24 @@ class Lowerer:
         tiles, slot = np.unique(m.tiles, return_inverse=True)
         ins, scalars = self._operands(inputs, shape, m, tiles)
         program = np.zeros((1 + len(steps), oc.NCOLS), np.int64)
-        leaf_dtypes = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
-        program[0, : 4 + len(inputs)] = [
-            len(inputs),
-            len(steps),
-            len(inputs) + len(steps) - 1,
-            oc.DTYPE_CODES[dtype.value],
-            *leaf_dtypes,
-        ]
-        program[0, oc.EXPR_SCALARS] = scalars
-        program[0, oc.EXPR_FLOAT32] = all(x.dtype == DType.float32 for x in inputs) and all(
-            codelet in ("add", "sub", "mul", "div") and result == DType.float32 for codelet, _, result, _ in steps
+        head, op_row = oc.EXPR_HEAD, oc.EXPR_OP
+        program[0, head["leaves"]] = len(inputs)
+        program[0, head["ops"]] = len(steps)
+        program[0, head["result"]] = len(inputs) + len(steps) - 1
+        program[0, head["out_dt"]] = oc.DTYPE_CODES[dtype.value]
+        leaf_dt = head["leaf_dt"]
+        program[0, leaf_dt : leaf_dt + len(inputs)] = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
+        program[0, head["scalars"]] = scalars
+        program[0, head["float32"]] = all(x.dtype == DType.float32 for x in inputs) and all(
+            codelet in oc.BINARY_FLOAT32_OPS and result == DType.float32 for codelet, _, result, _ in steps
         )
         for j, (codelet, regs, result, operand) in enumerate(steps):
-            kind, sub = _codelet(codelet)
-            srcs = [*regs, 0, 0][:3]
-            program[1 + j, :8] = [
-                kind,
-                sub,
-                len(inputs) + j,
-                *srcs,
-                oc.DTYPE_CODES[result.value],
-                operand == DType.int32,
-            ]
+            row = program[1 + j]
+            row[op_row["kind"]], row[op_row["sub"]] = _codelet(codelet)
+            row[op_row["dst"]] = len(inputs) + j
+            row[op_row["src"] : op_row["src"] + oc.EXPR_SRCS] = [*regs, 0, 0][: oc.EXPR_SRCS]
+            row[op_row["dt"]] = oc.DTYPE_CODES[result.value]
+            row[op_row["integer"]] = operand == DType.int32
         ops = [(codelet, operand) for codelet, _, _, operand in steps]
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
         for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
@@ -262,7 +269,7 @@ class Lowerer:
         for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
             fields = {"a": staged.region(a * group, b * group), "out": out.region(a, b)}
             cycles = cost.reduce_cycles(self.target, b - a, group, staged.dtype)
-            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, p0=b - a, p1=group)
+            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, rows=b - a, group=group)
 
     def _copy_fill(self, out, value):
         filled = self.fill(out.shape, out.dtype, value)
@@ -331,7 +338,7 @@ class Lowerer:
                 "b": b_t.region(t * kb * nb, (t + 1) * kb * nb),
                 "out": p.region(t * mb * nb, (t + 1) * mb * nb),
             }
-            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, p0=mb, p1=kb)
+            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, m=mb, k=kb)
         # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk

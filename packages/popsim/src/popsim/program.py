@@ -17,20 +17,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from popsim import _kernels, cost
+from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
 
 NCOLS = oc.NCOLS
-P0_COLUMN = 10  # C_P0 in _kernels.pxd: an EXPR row's program row
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = range(8)
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
 DT = oc.DTYPE_CODES
+_TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the column of a jump's target
 
-
-# Instruction columns holding field addresses; an EXPR vertex's leaves a..f take the dtype columns too (its
-# program holds the dtypes).
-_COLUMNS = ((3, "a"), (4, "b"), (5, "c"), (6, "out"))
-_EXPR_COLUMNS = (*_COLUMNS, (7, "d"), (8, "e"), (9, "f"))
+# Instruction columns holding field addresses; an EXPR vertex's leaves a..f sit in EXPR_LEAF_COLUMNS (its
+# program holds their dtypes).
+_COLUMNS = tuple((col, name) for name, col in oc.FIELD_COLUMNS.items())
+_EXPR_COLUMNS = ((oc.COL["out"], "out"), *zip(oc.EXPR_LEAF_COLUMNS, oc.EXPR_FIELDS))
 
 
 def _address(region, block_base):
@@ -68,7 +67,7 @@ def _copy_rows(step, block_base):
         if sel.any():
             src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
         base += s.size
-    rows = _kernels.copy_runs(src_addr, dst_addr, isz)
+    rows = _exchange.copy_runs(src_addr, dst_addr, isz)
     return rows, src_tile, dst_tile, src_addr
 
 
@@ -106,13 +105,13 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     f = _Flattener(target, block_base, block_base_list, tile_size, streams)
     totals = f.emit(program)
     return SimpleNamespace(
-        phases=np.array(f.phases, np.int64).reshape(-1, 4),
+        phases=np.array(f.phases, np.int64).reshape(-1, oc.PHASE_COLS),
         phase_cycles=np.array(f.cycles, np.int64),
         num_counters=f.counters,
         instructions=f.instruction_table(),
         fparams=np.array(f.fparams + [0.0] * len(f.expr_rows), np.float64),
-        copies=np.concatenate(f.copies) if f.copies else np.zeros((0, _kernels.COPY_ROW_COLUMNS), np.int32),
-        stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, 3),
+        copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
+        stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
         steps=f.steps,
         totals=dict(zip(("compute", "exchange", "sync", "control", "host"), totals.tolist())),
         tile_compute=f.tile_compute,
@@ -162,7 +161,7 @@ class _Flattener:
         """Vertex rows, then the EXPR programs, each EXPR row's P0 pointing at its program's first row."""
         table = np.array(self.rows + self.expr_rows, np.int64).reshape(-1, NCOLS)
         for row, start in self.expr_refs:
-            table[row, P0_COLUMN] = len(self.rows) + start
+            table[row, oc.COL["p0"]] = len(self.rows) + start
         return table
 
     def emit(self, step):
@@ -205,11 +204,11 @@ class _Flattener:
         if step.else_body is not None:
             jump = self.phase(JUMP, cycles=cost.CONTROL_CYCLES)
             then = then + _totals(control=cost.CONTROL_CYCLES)
-            self.phases[test][3] = len(self.phases)
+            self.phases[test][_TARGET_OF[BRANCH_IF_ZERO]] = len(self.phases)
             otherwise = self.emit(step.else_body)
-            self.phases[jump][1] = len(self.phases)
+            self.phases[jump][_TARGET_OF[JUMP]] = len(self.phases)
         else:
-            self.phases[test][3] = len(self.phases)
+            self.phases[test][_TARGET_OF[BRANCH_IF_ZERO]] = len(self.phases)
         # Both branches end here; an exchange after the If must not be costed as part of either.
         self.open = None
         return decide + (then if then.sum() >= otherwise.sum() else otherwise)
@@ -235,7 +234,10 @@ class _Flattener:
         per_tile = np.zeros(target.num_tiles, np.int64)
         for v in step.vertices:
             f = v.fields
-            row = [v.kind, v.sub, v.n, 0, 0, 0, 0, 0, 0, 0, v.p0, v.p1]
+            row = [0] * NCOLS
+            row[oc.COL["op"]], row[oc.COL["sub"]], row[oc.COL["n"]] = v.kind, v.sub, v.n
+            for name, value in v.params.items():
+                row[oc.COL[oc.VERTEX_PARAMS[v.kind][name]]] = value
             columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
             for col, name in columns:
                 if name in f:
@@ -243,14 +245,14 @@ class _Flattener:
             if v.kind == oc.EXPR:
                 self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
             else:
-                for col, name in ((7, "a"), (8, "b"), (9, "out")):
+                for name, col in oc.DTYPE_COLUMNS.items():
                     if name in f:
                         row[col] = DT[f[name].tensor.dtype.value]
             self.rows.append(row)
             self.fparams.append(v.fparam)
             per_tile[v.tile] += v.cycles
             if v.kind == oc.MATMUL:
-                self.flops += 2 * v.p0 * v.p1 * v.n
+                self.flops += 2 * v.params["m"] * v.params["k"] * v.n
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.bsp_sync_cycles)

@@ -7,7 +7,7 @@ from popsim.errors import Error
 
 @dataclass(frozen=True)
 class Target:
-    """One IPU. Figures marked *estimate* in DESIGN.md are ours to calibrate."""
+    """One IPU. Figures marked *estimate* in docs/architecture.md are ours to calibrate."""
 
     name: str
     num_tiles: int

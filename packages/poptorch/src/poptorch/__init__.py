@@ -8,9 +8,29 @@ import torch
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
 from poptorch._executor import PoplarExecutor
+from poptorch._executor_api import (
+    ICustomArgParser,
+    ipuHardwareIsAvailable,
+    ipuHardwareVersion,
+    isRunningOnIpu,
+    registerCustomArgParser,
+    registerPostCompileHook,
+    registerPreCompileHook,
+)
+from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
-from poptorch.enums import MeanReductionStrategy, OutputMode, ReductionType, SyncPattern
-from poptorch.errors import Error, UnsupportedOpError
+from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
+from poptorch._precompiled import load
+from poptorch.enums import (
+    AnchorMode,
+    ConnectionType,
+    HalfFloatCastingBehavior,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+    SyncPattern,
+)
+from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
 from poptorch.options import Options
 
 __version__ = _version("poptorch")
@@ -56,6 +76,12 @@ def inferenceModel(model, options=None, *legacy_args, **legacy_kwargs):
     return PoplarExecutor(model, options if options is not None else Options(), False)
 
 
+def setLogLevel(level):
+    """Set poptorch's log level: TRACE_ALL, TRACE, DEBUG, INFO, WARN (default), ERR or OFF (or PopTorch's
+    legacy integers 0-6); the environment variable POPTORCH_LOG_LEVEL sets the initial level."""
+    _set_level(level)
+
+
 def _is_legacy(options, args, kwargs, names):
     return isinstance(options, int) or bool(args) or any(k in names for k in kwargs)
 
@@ -99,21 +125,41 @@ class _WithLoss(torch.nn.Module):
 
 
 __all__ = [
+    "AnchorMode",
     "AsynchronousDataAccessor",
+    "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
     "Error",
+    "ICustomArgParser",
+    "HalfFloatCastingBehavior",
     "MeanReductionStrategy",
+    "NameScope",
     "Options",
     "OutputMode",
     "PoplarExecutor",
+    "RecoverableError",
     "ReductionType",
     "SyncPattern",
+    "UnrecoverableError",
     "UnsupportedOpError",
     "__version__",
+    "cond",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
     "identity_loss",
     "inferenceModel",
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "isRunningOnIpu",
+    "load",
+    "nop",
     "ipu_print_tensor",
     "optim",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "setLogLevel",
     "trainingModel",
 ]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import popir
+from poptorch import _host_print
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
@@ -56,6 +57,10 @@ UNDECOMPOSED_OPS = (
     aten.celu.default,
     # Its decomposition returns strides that later views of the exported graph cannot take (GPT-2's attention).
     aten.scaled_dot_product_attention.default,
+    # Lowered whole, through popir composites.
+    aten.index_fill.int_Scalar,
+    aten.index_fill.int_Tensor,
+    aten.bilinear.default,
 )
 
 # ATen ops that only check metadata at run time: nothing to compute on the device.
@@ -194,9 +199,12 @@ def _div_mode(ctx, a, b, *, rounding_mode="floor"):
     dtype = _out_dtype(ctx)
     if rounding_mode is None:
         return _div(ctx, a, b)
-    if dtype != "int32" or rounding_mode != "floor":
-        raise Error(f"division with rounding_mode={rounding_mode!r} is only supported as floor division of integers")
-    return _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+    quotient = _op("div", _as_value(ctx, a, dtype), _as_value(ctx, b, dtype))
+    if dtype != "int32":
+        return _op("floor", quotient) if rounding_mode == "floor" else popir.ops.trunc(quotient)
+    if rounding_mode != "floor":
+        raise Error("integer division with rounding_mode='trunc' is not supported: use rounding_mode='floor'")
+    return quotient
 
 
 @lowers(aten.pow.Tensor_Scalar)
@@ -351,6 +359,12 @@ def _mish(ctx, x):
     return popir.ops.mish(x)
 
 
+@lowers(aten.rrelu_with_noise_functional.default)
+def _rrelu(ctx, x, noise, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, generator=None):
+    # noise (the slopes torch records for its own backward) is not needed: popir differentiates the select.
+    return popir.ops.rrelu(x, lower, upper, ctx.random_seed() if training else None), noise
+
+
 @lowers(aten.hardtanh.default, aten.clamp.default, aten.clamp.Tensor)
 def _clamp(ctx, x, min=None, max=None):
     dtype = _out_dtype(ctx)
@@ -375,6 +389,11 @@ def _compare(prim):
 
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     TABLE[getattr(aten, _name).Tensor] = TABLE[getattr(aten, _name).Scalar] = _compare(_name)
+
+
+@lowers(aten.isnan.default)
+def _isnan(ctx, x):
+    return popir.ops.isnan(x) if x.dtype.is_float else _full_constant(ctx, False)
 
 
 def _logical(prim):
@@ -434,9 +453,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.alias.default,
     aten.lift_fresh_copy.default,
     aten.contiguous.default,
-    torch.ops.poptorch.ipu_print_tensor.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.ipu_print_tensor.default)
+def _ipu_print_tensor(ctx, x, title, print_gradient):
+    _host_print.record(ctx.graph, x, title, print_gradient)
     return x
 
 
@@ -544,6 +568,35 @@ def _cumsum(ctx, x, dim, *, dtype=None):
     return _op("cumsum", x, axis=_axis(dim, x.ndim))
 
 
+@lowers(aten.cumprod.default)
+def _cumprod(ctx, x, dim, *, dtype=None):
+    return popir.ops.cumprod(_cast(x, _out_dtype(ctx)), _axis(dim, x.ndim))
+
+
+@lowers(aten.median.default)
+def _median(ctx, x):
+    return popir.ops.median(x)
+
+
+@lowers(aten.median.dim)
+def _median_dim(ctx, x, dim=0, keepdim=False):
+    return popir.ops.median(x, _axis(dim, x.ndim), keepdim) if x.ndim else (x, _full_constant_at(ctx, 0, 1))
+
+
+def _full_constant_at(ctx, fill, index):
+    return _const(ctx.graph, fill, _out_dtype(ctx, index))
+
+
+@lowers(aten.bucketize.Tensor)
+def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
+    return popir.ops.bucketize(x, _cast(boundaries, x.dtype), right=bool(right))
+
+
+@lowers(aten._cdist_forward.default)
+def _cdist(ctx, a, b, p, compute_mode=None):
+    return popir.ops.cdist(a, b, float(p))
+
+
 @lowers(aten.sort.default, aten.sort.stable)
 def _sort(ctx, x, dim=-1, descending=False, *, stable=None):
     return _op("sort", x, axis=_axis(dim, x.ndim), descending=bool(descending))
@@ -568,6 +621,44 @@ def _scatter(ctx, x, dim, index, src):
     index = _index_value(ctx, index, x.shape[axis])
     src = _op("broadcast_to", _as_value(ctx, src, x.dtype), shape=index.shape) if not hasattr(src, "graph") else src
     return popir.ops.scatter(x, axis, index, slice_to(src, index.shape, -1))
+
+
+@lowers(aten.scatter_reduce.two)
+def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis], f"scatter_reduce on an axis of {x.shape[axis]}")
+    if src.shape != index.shape:
+        src = slice_to(src, index.shape, -1)
+    return popir.ops.scatter_reduce(x, axis, index, src, reduce, bool(include_self))
+
+
+@lowers(aten.index_reduce.default)
+def _index_reduce(ctx, x, dim, index, source, reduce, *, include_self=True):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, index, x.shape[axis], f"index_reduce on an axis of {x.shape[axis]}")
+    return popir.ops.index_reduce(x, axis, index, source, reduce, bool(include_self))
+
+
+@lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(ctx, x, dim, index, value):
+    axis = _axis(dim, x.ndim)
+    index = _index_value(ctx, _op("reshape", index, shape=(index.type.size,)), x.shape[axis], "index_fill")
+    if hasattr(value, "graph"):
+        value = _cast(value, x.dtype)
+    return popir.ops.index_fill(x, axis, index, value)
+
+
+@lowers(aten.bincount.default)
+def _bincount(ctx, x, weights=None, minlength=0):
+    # The output length depends on the values (max + 1), which a compiled graph cannot: it is minlength, and
+    # each call checks that the values fit it.
+    if minlength <= 0:
+        raise Error(
+            "torch.bincount's output length depends on the input values, which the IPU cannot compile: pass "
+            "minlength=N (values must then lie in 0..N-1)"
+        )
+    ctx.bound_index(x, minlength, f"bincount with minlength={minlength}")
+    return popir.ops.bincount(_cast(x, "int32"), minlength, None if weights is None else _cast(weights, "float32"))
 
 
 @lowers(aten.linalg_vector_norm.default)
@@ -753,8 +844,9 @@ def _pad(ctx, x, pad, value=0):
     return _op("pad", x, pads=pads, value=float(value))
 
 
-def _index_value(ctx, indices, size):
-    """Integer indices as int32 with negative ones wrapped into [0, size)."""
+def _index_value(ctx, indices, size, what="indexing"):
+    """Integer indices as int32 with negative ones wrapped into [0, size) (checked in [-size, size))."""
+    ctx.bound_index(indices, size, what, negative=True)
     return wrapped_index(indices, size)
 
 
@@ -768,39 +860,104 @@ def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, s
         keep = np.ones((weight.shape[0], 1), dtype=weight.dtype.numpy)
         keep[padding_idx] = 0
         weight = _op("mul", weight, ctx.graph.constant(keep))
+    ctx.bound_index(indices, weight.shape[0], f"an Embedding of {weight.shape[0]} rows")
     return _op("gather", weight, _cast(indices, "int32"), axis=0)
 
 
-@lowers(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
-def _upsample_nearest2d(ctx, x, output_size=None, scale_factors=None, *args):
-    n, c, h, w = x.shape
-    out_h, out_w = _out_shape(ctx)[2:]
-    if out_h % h or out_w % w:
-        raise Error(f"nearest upsampling from {[h, w]} to {[out_h, out_w]} needs whole scale factors")
-    sh, sw = out_h // h, out_w // w
-    spread = _op("broadcast_to", _op("reshape", x, shape=(n, c, h, 1, w, 1)), shape=(n, c, h, sh, w, sw))
-    return _op("reshape", spread, shape=(n, c, out_h, out_w))
+_UPSAMPLE_MODES = {
+    aten.upsample_nearest1d: "nearest",
+    aten.upsample_nearest2d: "nearest",
+    aten.upsample_nearest3d: "nearest",
+    aten._upsample_nearest_exact1d: "nearest-exact",
+    aten._upsample_nearest_exact2d: "nearest-exact",
+    aten._upsample_nearest_exact3d: "nearest-exact",
+    aten.upsample_linear1d: "linear",
+    aten.upsample_bilinear2d: "bilinear",
+    aten.upsample_trilinear3d: "trilinear",
+    aten.upsample_bicubic2d: "bicubic",
+}
+UPSAMPLE_OPS = tuple(getattr(p, o) for p in _UPSAMPLE_MODES for o in ("vec", "default"))
+# Kept whole: resampled by per-axis maps rather than torch's index arithmetic.
+UNDECOMPOSED_OPS += UPSAMPLE_OPS
+
+
+@lowers(*UPSAMPLE_OPS)
+def _upsample(ctx, x, *args):
+    """F.interpolate: ``.vec`` overloads take (size, [align_corners], scale_factors), ``.default`` ones
+    (size, [align_corners], *per-axis scales)."""
+    target = ctx.node.target
+    mode = _UPSAMPLE_MODES[target.overloadpacket]
+    args = list(args)
+    align_corners = bool(args.pop(1)) if mode not in popir.ops.resize.NEAREST_MODES else False
+    spatial = x.ndim - 2
+    if target._overloadname == "vec":
+        scales = args[1] if len(args) > 1 else None
+    else:
+        scales = args[1:] if len(args) > 1 and any(s is not None for s in args[1:]) else None
+    if scales is not None and any(s is None for s in scales):
+        scales = None
+    size = _out_shape(ctx)[2:]
+    return popir.ops.interpolate(x, size, mode, align_corners, None if scales is None else tuple(scales[:spatial]))
+
+
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(
+    ctx,
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    if scale_grad_by_freq or (padding_idx is not None and padding_idx >= 0):
+        raise Error("EmbeddingBag with scale_grad_by_freq or padding_idx is not supported")
+    ctx.bound_index(indices, weight.shape[0], f"an EmbeddingBag of {weight.shape[0]} rows")
+    indices, offsets = _cast(indices, "int32"), _cast(offsets, "int32")
+    mode = {0: "sum", 1: "mean", 2: "max"}[mode]
+    out = popir.ops.embedding_bag(weight, indices, offsets, mode, per_sample_weights, bool(include_last_offset))
+    # offset2bag, bag_size and max_indices serve torch's own backward; popir differentiates the bag itself.
+    return out, None, None, None
+
+
+@lowers(aten.bilinear.default)
+def _bilinear(ctx, a, b, weight, bias=None):
+    return popir.ops.bilinear(a, b, weight, bias)
 
 
 @lowers(aten.index_select.default)
 def _index_select(ctx, x, dim, index):
     axis = _axis(dim, x.ndim)
+    ctx.bound_index(index, x.shape[axis], f"index_select on an axis of {x.shape[axis]}")
     return _op("gather", x, _index_value(ctx, index, x.shape[axis]), axis=axis)
+
+
+def _bound_indices(ctx, x, indices):
+    """Each call checks integer index tensors that come from user inputs against their axis."""
+    for axis, idx in enumerate(indices):
+        if idx is not None and idx.dtype != "bool":
+            ctx.bound_index(idx, x.shape[axis], "indexing", negative=True)
 
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
+    _bound_indices(ctx, x, indices)
     return advanced_index(x, indices)
 
 
 @lowers(aten.index_put.default, aten.index_put_.default)
 def _index_put(ctx, x, indices, values, accumulate=False):
+    _bound_indices(ctx, x, indices)
     return index_put(x, indices, _as_value(ctx, values, x.dtype), accumulate)
 
 
 @lowers(aten.gather.default)
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
     axis = _axis(dim, x.ndim)
+    ctx.bound_index(index, x.shape[axis], f"gather on an axis of {x.shape[axis]}")
     index = _index_value(ctx, index, x.shape[axis])
     if index.shape != x.shape:
         x = slice_to(x, index.shape, axis)
@@ -847,13 +1004,17 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 @lowers(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
+    if spatial == 3 and transposed:
+        window = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation)}
+        out = popir.ops.conv_transpose3d(x, w, output_padding=tuple(output_padding), groups=groups, **window)
+        return out if bias is None else _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1, 1)))
     if spatial == 3 and not transposed:
         out = popir.ops.conv3d(
             x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups
         )
         return out if bias is None else _op("add", out, _op("reshape", bias, shape=(1, bias.shape[0], 1, 1, 1)))
     if spatial not in (1, 2):
-        raise Error(f"only 1-d, 2-d and (non-transposed) 3-d convolutions are supported, got {spatial}-d")
+        raise Error(f"only 1-d, 2-d and 3-d convolutions are supported, got {spatial}-d")
     if transposed:
         conv_transpose = popir.ops.conv_transpose1d if spatial == 1 else popir.ops.conv_transpose2d
         window = {"stride": stride, "padding": padding, "output_padding": output_padding, "dilation": dilation}
@@ -920,6 +1081,25 @@ def _adaptive_avg_pool2d(ctx, x, output_size):
         out = popir.ops.adaptive_avg_pool2d(_op("reshape", x, shape=(1,) + x.shape), tuple(output_size))
         return _op("reshape", out, shape=_out_shape(ctx))
     return popir.ops.adaptive_avg_pool2d(x, tuple(output_size))
+
+
+@lowers(aten.max_pool3d_with_indices.default)
+def _max_pool3d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return popir.ops.max_pool3d(x, tuple(kernel_size), tuple(stride) or None, padding, dilation, bool(ceil_mode)), None
+
+
+@lowers(aten.avg_pool3d.default)
+def _avg_pool3d(
+    ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    if divisor_override is not None:
+        raise Error("avg_pool3d with divisor_override is not supported")
+    return popir.ops.avg_pool3d(x, tuple(kernel_size), tuple(stride) or None, padding, ceil_mode, count_include_pad)
+
+
+@lowers(aten._adaptive_avg_pool3d.default, aten.adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(ctx, x, output_size):
+    return popir.ops.adaptive_avg_pool3d(x, tuple(output_size))
 
 
 # -- normalisation, softmax and dropout ----------------------------------------------------------------------
@@ -1063,6 +1243,49 @@ def _rand(ctx, *args, **kwargs):
     return _cast(_op("random_uniform", ctx.random_seed(), shape=_out_shape(ctx), dtype="float32"), _out_dtype(ctx))
 
 
+@lowers(aten.randn.default, aten.randn_like.default)
+def _randn(ctx, *args, **kwargs):
+    return _cast(popir.ops.normal(ctx.random_seed(), _out_shape(ctx)), _out_dtype(ctx))
+
+
+def _normal_of(ctx, mean, std):
+    """mean + std * a standard normal draw of the result's shape (mean and std tensors or numbers)."""
+    dtype = _out_dtype(ctx)
+    z = _cast(popir.ops.normal(ctx.random_seed(), _out_shape(ctx)), dtype)
+    return _op("add", _op("mul", z, _as_value(ctx, std, dtype)), _as_value(ctx, mean, dtype))
+
+
+@lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def _normal(ctx, mean=0.0, std=1.0, *, generator=None):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.normal.float_float)
+def _normal_sized(ctx, mean, std, size, *, generator=None, **kwargs):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.normal_functional.default)
+def _normal_like(ctx, x, mean=0.0, std=1.0, *, generator=None):
+    return _normal_of(ctx, mean, std)
+
+
+@lowers(aten.uniform.default)
+def _uniform(ctx, x, low=0.0, high=1.0, *, generator=None):
+    u = popir.ops.uniform(ctx.random_seed(), _out_shape(ctx), float(low), float(high))
+    return _cast(u, _out_dtype(ctx))
+
+
+@lowers(aten.exponential.default)
+def _exponential(ctx, x, lambd=1.0, *, generator=None):
+    return _cast(popir.ops.exponential(ctx.random_seed(), _out_shape(ctx), float(lambd)), _out_dtype(ctx))
+
+
+@lowers(aten.randperm.default)
+def _randperm(ctx, n, **kwargs):
+    return popir.ops.randperm(ctx.random_seed(), int(n))
+
+
 # -- losses ------------------------------------------------------------------------------------------------------
 
 _REDUCTION_ENUM = {0: "none", 1: "mean", 2: "sum"}
@@ -1127,9 +1350,15 @@ def nll(logp, target, weight, reduction, ignore_index):
 
 @lowers(aten.nll_loss.default, aten.nll_loss_nd.default, aten.nll_loss2d.default)
 def _nll_loss(ctx, logp, target, weight=None, reduction=1, ignore_index=-100):
+    _bound_target(ctx, target, logp, ignore_index)
     reduction = _reduction(reduction)
     out = popir.ops.nll_loss(logp, _cast(target, "int32"), weight, reduction, ignore_index)
     return _reshaped(out, _out_shape(ctx))
+
+
+def _bound_target(ctx, target, scores, ignore_index):
+    classes = scores.shape[1] if scores.ndim > 1 else scores.shape[0]
+    ctx.bound_index(target, classes, f"class labels of {classes} classes", allowed=(ignore_index,))
 
 
 def _reshaped(x, shape):
@@ -1138,6 +1367,7 @@ def _reshaped(x, shape):
 
 @lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
+    _bound_target(ctx, target, logp, ignore_index)
     out, total_weight = nll(logp, target, weight, reduction, ignore_index)
     return _op("reshape", out, shape=_out_shape(ctx, 0)), total_weight
 
@@ -1145,6 +1375,7 @@ def _nll_loss_forward(ctx, logp, target, weight, reduction, ignore_index):
 @lowers(aten.cross_entropy_loss.default)
 def _cross_entropy(ctx, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     if not target.dtype.is_float:
+        _bound_target(ctx, target, logits, ignore_index)
         target = _cast(target, "int32")
     reduction = _reduction(reduction)
     out = popir.ops.cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing)
@@ -1197,3 +1428,9 @@ def _triplet_margin_loss(ctx, anchor, positive, negative, margin=1.0, p=2.0, eps
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]
+
+# Shape arithmetic export emits around ops with a data-dependent size (bincount): every popir shape is static,
+# so it evaluates on plain ints (the assertions it feeds are dropped, IGNORED_OPS).
+TABLE[aten.sym_size.int] = lambda ctx, x, dim: x.shape[dim]
+for _compare_ints in (operator.ge, operator.gt, operator.le, operator.lt, operator.eq):
+    TABLE[_compare_ints] = lambda ctx, a, b, fn=_compare_ints: fn(a, b)

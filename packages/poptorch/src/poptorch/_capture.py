@@ -12,6 +12,7 @@ it and advances it between steps (capture registers no update for it).
 """
 
 import contextlib
+import contextvars
 import inspect
 import operator
 import os
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
+from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
 from poptorch._module_aliases import registered_once
 from poptorch.errors import Error, UnsupportedOpError
@@ -38,6 +40,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _POPTORCH_DIR = os.path.dirname(__file__)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
 # Keyword arguments that only place a tensor (device, memory layout): meaningless on the IPU.
+# Path fragments of further files that are not the user's (Options.sourceLocationExcludes).
+_EXCLUDED = contextvars.ContextVar("poptorch_source_excludes", default=())
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
 
 
@@ -58,6 +62,7 @@ class Captured:
     output_dtypes: torch dtypes of the outputs as eager torch returns them.
     input_mutations: user input name -> graph output name holding its in-place updated value.
     losses: final loss Values (outputs of identity_loss or of a torch loss that no other loss consumes).
+    index_bounds: user input name -> ``_int_range.IndexBound``s of the index operands it feeds directly.
     """
 
     graph: popir.Graph
@@ -73,6 +78,7 @@ class Captured:
     output_dtypes: list = field(default_factory=list)
     input_mutations: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
+    index_bounds: dict = field(default_factory=dict)
 
 
 def flatten_call(args, kwargs):
@@ -140,6 +146,17 @@ def _returnable(leaf):
         "container of tensors; the IPU model returns None in its place"
     )
     return _DROPPED
+
+
+def _check_output_leaf(node, position):
+    """A model's outputs are tensors (or numbers, returned as tensors); None, strings and other objects are
+    refused with the fix rather than failing inside torch."""
+    if isinstance(node, torch.fx.Node | int | float):
+        return
+    raise Error(
+        f"The model's output {position} is {node!r} ({type(node).__name__}): a PopTorch model returns tensors, "
+        "alone or in tuples, lists or dicts. Return a tensor there, or leave the value out of the outputs."
+    )
 
 
 def _export(model, args, kwargs):
@@ -255,6 +272,8 @@ def _is_user_file(path):
     if path.startswith("<"):  # <string>, <eval_with_key>: code torch generated
         return False
     path = os.path.abspath(path)
+    if any(fragment in path for fragment in _EXCLUDED.get()):
+        return False
     return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR))
 
 
@@ -278,6 +297,17 @@ def _full_stack_traces():
 
 def _frame_text(m):
     return f"{m['file']}:{m['line']}: {m['code'].strip()}"
+
+
+@contextlib.contextmanager
+def excluding_sources(fragments):
+    """Inside: files whose path contains one of ``fragments`` are not the user's source lines either
+    (``Options.sourceLocationExcludes``)."""
+    token = _EXCLUDED.set(tuple(fragments))
+    try:
+        yield
+    finally:
+        _EXCLUDED.reset(token)
 
 
 def source_line(node):
@@ -345,6 +375,7 @@ class _Lowering:
         self.env = {}
         self._seed = None
         self._streams = 0
+        self.index_bounds = {}
 
     # -- services for the lowerings -----------------------------------------------------------------
     def random_seed(self):
@@ -357,6 +388,15 @@ class _Lowering:
             return self._seed
         return self._seed + self.graph.constant(np.array([0, stream], dtype=np.int32))
 
+    def bound_index(self, index, size, what, negative=False, allowed=()):
+        """Have each call check that the user input feeding ``index`` (if any) holds valid indices for an
+        axis of ``size``: [0, size), or [-size, size) when ``negative`` indices wrap; ``allowed`` are extra
+        values the op accepts (an ignore_index)."""
+        source = user_input_of(index)
+        if source is not None:
+            bound = IndexBound(-size if negative else 0, size, what, source_line(self.node), tuple(allowed))
+            self.index_bounds.setdefault(source.name, []).append(bound)
+
     # -- driver ----------------------------------------------------------------------------------------
     def run(self):
         captured = Captured(graph=self.graph)
@@ -368,6 +408,7 @@ class _Lowering:
             elif node.op == "output":
                 self._bind_outputs(captured, node.args[0])
         captured.out_spec = self.program.call_spec.out_spec
+        captured.index_bounds = self.index_bounds
         captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
         return captured
 
@@ -451,6 +492,7 @@ class _Lowering:
         for spec, node in zip(self.program.graph_signature.output_specs, results):
             value = self.env[node] if isinstance(node, torch.fx.Node) else node
             if spec.kind == OutputKind.USER_OUTPUT:
+                _check_output_leaf(node, len(captured.outputs))
                 name = f"output_{len(captured.outputs)}"
                 meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else torch.tensor(node)
                 if not isinstance(value, popir.Value):

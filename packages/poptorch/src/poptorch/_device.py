@@ -1,9 +1,20 @@
 """The only module that talks to popsim: compile programs, and the device errors users may see."""
 
+import dataclasses
 import math
 
+import popir
 import popsim
 from poptorch.errors import Error
+
+
+def target_of(options):
+    """The simulated IPU ``options`` choose; tiles reserved by TensorLocations.numIOTiles hold no computation."""
+    target = popsim.Target.named(options.ipu_version)
+    io_tiles = options.TensorLocations.num_io_tiles
+    if io_tiles:
+        target = dataclasses.replace(target, num_tiles=target.num_tiles - io_tiles)
+    return target
 
 
 def compile_programs(graphs, options):
@@ -11,8 +22,9 @@ def compile_programs(graphs, options):
     try:
         return popsim.compile(
             graphs,
-            target=options.ipu_version,
+            target=target_of(options),
             partials_type=options.Precision.partials_type,
+            optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:
         raise Error(f"Out of memory on the simulated IPU: {exc}") from exc
@@ -21,7 +33,7 @@ def compile_programs(graphs, options):
 def check_input_fits(name, shape, itemsize, options):
     """Refuse, before capture, an input whose one micro-batch (``shape``, ``itemsize`` bytes per element on
     the device) cannot fit the tile memory of the simulated IPU at all."""
-    target = popsim.Target.named(options.ipu_version)
+    target = target_of(options)
     capacity = target.num_tiles * target.tile_bytes
     needed = math.prod(shape) * itemsize
     if needed > capacity:
@@ -31,3 +43,38 @@ def check_input_fits(name, shape, itemsize, options):
             f"x {target.tile_bytes:,} bytes). Use a smaller batch, or split it over more micro-batches with "
             "Options.deviceIterations or Options.Training.gradientAccumulation."
         )
+
+
+def locate_index_error(exe, graph, feeds):
+    """Where a run's out-of-range gather/scatter index came from, found by replaying the run on the popir
+    reference interpreter (only on this error path): the op with its source line, the range of the indices,
+    and the model inputs they derive from. None when the replay does not fail."""
+    values = dict(feeds)
+    for v in graph.inputs:
+        if v.kind != "input":
+            values[v.name] = exe.read_variable(v.name)
+    try:
+        popir.interpreter.run(graph, values)
+    except popir.IRError as exc:
+        message = str(exc)
+        node = next((n for n in graph.nodes if message.startswith(n.describe())), None)
+        sources = sorted(_int_inputs_behind(node)) if node is not None else []
+        where = f"; the indices derive from input {', '.join(sources)}" if sources else ""
+        return message + where
+    return None
+
+
+def _int_inputs_behind(node):
+    """Names of the integer model inputs ``node`` reads, directly or through other ops."""
+    found, pending, seen = set(), list(node.inputs), set()
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if value.producer is None:
+            if value.kind == "input" and not value.dtype.is_float:
+                found.add(value.name)
+        else:
+            pending.extend(value.producer.inputs)
+    return found

@@ -16,7 +16,7 @@ from poptorch._training import ACCUMULATOR_PREFIX, RNG_SEED
 from poptorch.errors import Error
 
 _STATE_PREFIX = "_opt."
-_STEP_SLOT = "step"
+_STEP_SLOT = _weights.STEP_SLOT
 
 
 class DeviceWeights:
@@ -102,7 +102,15 @@ class DeviceWeights:
 
     def upload_all(self):
         """Write every host value to the device (``copyWeightsToDevice``), discarding unsynced device training."""
-        for name, tensor in self.tensors.items():
+        self.upload(self.tensors)
+        if self.optimizer is not None:
+            self.opt_generation = None
+            self._prepare_optimizer_state()
+
+    def upload(self, names):
+        """Write the host values of the tensors ``names`` to the device."""
+        for name in names:
+            tensor = self.tensors[name]
             record = _weights.record(tensor)
             holder = record.holder
             if holder is not None and holder is not self:
@@ -113,9 +121,6 @@ class DeviceWeights:
             else:
                 record.host_current(_weights.version_of(tensor))
             self.generations[name] = record.generation
-        if self.optimizer is not None:
-            self.opt_generation = None
-            self._prepare_optimizer_state()
 
     def _write(self, name, tensor):
         self.exe.write_variable(name, tensor.detach().cpu().numpy())
@@ -167,7 +172,7 @@ class DeviceWeights:
                 if value is None:
                     self.exe.write_variable(variable, self.initial[variable])
                     continue
-                check_state_value(value, param, f"parameter '{name}'", slot)
+                _weights.check_state_value(value, param, f"parameter '{name}'", slot)
                 self.exe.write_variable(variable, value.detach().cpu().numpy())
             if _STEP_SLOT in state:
                 steps[name] = float(state[_STEP_SLOT])
@@ -198,18 +203,6 @@ class DeviceWeights:
             if values:
                 optimizer.state[param].update(values)
         record.host_current()
-
-
-def check_state_value(value, param, what, slot):
-    """Raise unless optimizer state ``slot`` (a tensor) fits ``param``: same shape, floating point."""
-    if slot == _STEP_SLOT or not isinstance(value, torch.Tensor):
-        return
-    if value.shape != param.shape or not value.is_floating_point():
-        raise Error(
-            f"Optimizer state '{slot}' of {what} is a {value.dtype} tensor of shape {list(value.shape)}, but the "
-            f"parameter is {param.dtype} of shape {list(param.shape)}: the loaded optimizer state does not belong "
-            "to this model's parameters (check the checkpoint and the order of the parameter groups)."
-        )
 
 
 def _state_slots(variables, trained):

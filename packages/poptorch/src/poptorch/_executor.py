@@ -8,10 +8,12 @@ of each tensor is current is tracked per tensor object (``_weights``), so tied w
 several wrappers of one model stay coherent (``_device_weights``).
 """
 
+import copyreg
 import inspect
 import os
 import time
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,11 +21,25 @@ import tqdm
 from torch.utils import _pytree as pytree
 
 import popsim
-from poptorch import _cache, _device, _interrupt, _training, _weights
+from poptorch import (
+    _cache,
+    _device,
+    _executor_api,
+    _fp_exceptions,
+    _host_print,
+    _interrupt,
+    _stochastic_rounding,
+    _synthetic_data,
+    _training,
+    _weights,
+    optim,
+)
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
+from poptorch._int_range import check_input
 from poptorch._logging import logger
-from poptorch.errors import Error
+from poptorch.enums import ConnectionType
+from poptorch.errors import Error, RecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -85,14 +101,13 @@ def _syncing(method):
 
 
 def _reduce_as(original):
-    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``."""
+    """``__reduce_ex__`` of a hooked model: pickle (``torch.save``) it, with current weights, as ``original``
+    (loadable without poptorch)."""
 
     def __reduce_ex__(self, protocol):
         _weights.sync_host(self)
         reduced = super(type(self), self).__reduce_ex__(protocol)
-        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is type(self):
-            reduced = (reduced[0], (original, *reduced[1][1:]), *reduced[2:])
-        return reduced
+        return (copyreg._reconstructor, (original, object, None), *reduced[2:])
 
     return __reduce_ex__
 
@@ -134,7 +149,7 @@ def _host_tensor(array, dtype):
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
-class PoplarExecutor:
+class PoplarExecutor(_executor_api.ExecutorQueries):
     """A model wrapped for the simulated IPU. Create it with ``trainingModel`` or ``inferenceModel``."""
 
     def __init__(self, model, options, training, optimizer=None):
@@ -143,7 +158,7 @@ class PoplarExecutor:
         self._model = model
         self._training = training
         self._user_options = options._freeze()
-        self._options = options.clone()._freeze()
+        self._options = options._for_model(training)
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
         self._layout = Layout(self._options, training)
@@ -163,6 +178,8 @@ class PoplarExecutor:
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._spec = describe(optimizer) if training else None
+        if training:
+            optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
@@ -184,18 +201,21 @@ class PoplarExecutor:
     def compile(self, *args, **kwargs):
         """Capture and compile for these inputs without running."""
         self._check_arguments(args, kwargs)
+        args, kwargs = _bind_positionally(self._model, args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
-        if not self._attached:
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
+        if not self._attached and self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
 
     def isCompiled(self):
         """True once the model has been compiled (and not destroyed)."""
         return self._exe is not None
 
-    def _compile(self, args, kwargs):
-        from poptorch._capture import capture
+    def _compile(self, args, kwargs, exported=None):
+        from poptorch._capture import capture, excluding_sources
 
+        started = time.perf_counter()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -211,7 +231,11 @@ class PoplarExecutor:
             mode = self._model.training
             self._model.train(self._training)
             try:
-                captured = capture(self._model, mb_args, mb_kwargs)
+                with (
+                    excluding_sources(self._options.source_location_excludes),
+                    _executor_api.running_on_ipu(self._training),
+                ):
+                    captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
             if self._training:
@@ -221,9 +245,13 @@ class PoplarExecutor:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            if self._options.Precision.stochastic_rounding:
+                programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
+            if self._options.Precision.floating_point_exceptions:
+                _fp_exceptions.instrument(programs.graphs)
             key = _cache.key(programs.graphs, self._options)
-            cache = _cache.ExecutableCache.open(self._options)
-            exe = cache.load(key, programs.graphs) if cache else None
+            cache = _cache.ExecutableCache.open(self._options) if exported is None else None
+            exe = cache.load(key, programs.graphs) if cache else exported and exported.executable_for(key)
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
@@ -239,13 +267,19 @@ class PoplarExecutor:
         self._captured, self._programs, self._exe = captured, programs, exe
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
+            optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
-        if self._write_profile:
+        self._key = key
+        if self._write_profile or self._options.profile_dir:
             directory = self._options.log_dir or "."
+            if self._options.profile_dir:
+                name = self._options.model_name or ("training" if self._training else "inference")
+                directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
+        _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
 
     def _micro_batch_example(self, name, leaf):
@@ -267,7 +301,7 @@ class PoplarExecutor:
 
     @staticmethod
     def _input_signature(leaf):
-        return (leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
+        return _TensorSignature(leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
 
     def _group_of(self, captured):
         """Parameter-group index of each captured parameter the optimizer trains (matched by tensor identity)."""
@@ -328,13 +362,21 @@ class PoplarExecutor:
                 raise Error(f"Missing arguments: {', '.join(missing)}.")
             if unexpected:
                 raise Error(f"Unexpected arguments: {', '.join(unexpected)}.")
-            raise Error(f"The structure of the inputs changed since compilation: expected {compiled_spec}, got {spec}")
+            compiled_text = _structure_text(self._model, compiled_spec, signatures)
+            given_text = _structure_text(self._model, spec, [self._input_signature(leaf) for leaf in leaves])
+            raise Error(
+                f"The structure of the inputs changed since compilation: the model was compiled for forward"
+                f"({compiled_text}) and is now called with forward({given_text}). Pass the arguments with the "
+                "structure they had, or call destroy() to recompile."
+            )
 
         def name(position):
             # Built only to report a mismatch: naming every leaf costs more than checking it.
             return _leaf_names(self._model, args, kwargs)[position]
 
         for i, (leaf, expected) in enumerate(zip(leaves, signatures)):
+            if isinstance(leaf, torch.Tensor) != isinstance(expected, _TensorSignature):
+                raise Error(_kind_change(name(i), leaf, expected))
             if isinstance(leaf, torch.Tensor):
                 shape, dtype = expected
                 if leaf.requires_grad:
@@ -355,10 +397,17 @@ class PoplarExecutor:
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         self._check_arguments(args, kwargs)
+        args, kwargs = _bind_positionally(self._model, args, kwargs)
         if self._exe is None:
-            self._compile(args, kwargs)
+            with _executor_api.compile_hooks():
+                self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(
+                "Options.connectionType(ConnectionType.Never) compiles without a device: this model cannot run. "
+                "Use ConnectionType.Always or OnDemand to run it."
+            )
         if not self._attached:
             self.attachToDevice()
         if self._training:
@@ -374,18 +423,25 @@ class PoplarExecutor:
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
+            check_input(name, tensor, captured.index_bounds.get(name, ()))
             dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
             feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
+        synthetic = self._options.enable_synthetic_data
+        if synthetic:
+            feeds_by_name = _synthetic_data.inputs(feeds_by_name, self._options.random_seed)
         perf = {k: [[] for _ in tensors] for k in ("input", "input_complete")}
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
         per_output = self._run_device_iterations(feeds_by_name, perf)
         self._perf = perf
-        for input_name, output_name in captured.input_mutations.items():
+        if self._options.log_cycle_count:
+            logger.info("Simulated cycle count of the last call: %d", self._cycles)
+        for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
                 target.copy_(torch.from_numpy(layout.all_runs(per_output[output_name])).reshape(target.shape))
+        transfer = _synthetic_data.outputs if synthetic else np.asarray
         results = [
-            _host_tensor(layout.combine(per_output[name]), dtype).as_subclass(_OutputTensor)
+            _host_tensor(transfer(layout.combine(per_output[name])), dtype).as_subclass(_OutputTensor)
             for name, dtype in zip(captured.outputs, captured.output_dtypes)
         ]
         return pytree.tree_unflatten(results, captured.out_spec)
@@ -398,6 +454,7 @@ class PoplarExecutor:
         """
         exe, programs, layout = self._exe, self._programs, self._layout
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
+        run_cycles = []
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
@@ -408,8 +465,9 @@ class PoplarExecutor:
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch)
+                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     cycles += exe.last_run_cycles or 0
+                    run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
@@ -418,6 +476,7 @@ class PoplarExecutor:
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
                             cycles += exe.last_run_cycles or 0
+                            run_cycles[-1] += exe.last_run_cycles or 0
                         done = ran
                         if interrupted() and done < len(batches):
                             raise KeyboardInterrupt
@@ -432,6 +491,7 @@ class PoplarExecutor:
             raise
         self._device.after_run(self._training)
         self._cycles = cycles
+        _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
 
     # -- weights --------------------------------------------------------------------------------
@@ -462,6 +522,8 @@ class PoplarExecutor:
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+        optim.release(self._optimizer, self)
+        optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
             self._device.set_optimizer(optimizer, spec)
@@ -492,6 +554,8 @@ class PoplarExecutor:
         """Sync weights and optimizer state to the host, free the executable and unwrap the model."""
         self.copyWeightsToHost()
         self._reset()
+        if self._training:
+            optim.release(self._optimizer, self)
         shared = self._shared
         if shared.executors.get(_kind(self._training)) is self:
             del shared.executors[_kind(self._training)]
@@ -534,6 +598,13 @@ class PoplarExecutor:
         """The wrapped user model."""
         return self._model
 
+    def __reduce__(self):
+        """Pickled (``torch.save``) as the recipe that wraps the model again, with the host's current weights
+        and optimizer state; the loaded wrapper compiles on its first call."""
+        self.copyWeightsToHost()
+        optimizer = self._optimizer if self._training else None
+        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
+
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
@@ -557,11 +628,22 @@ def _interrupted_message(done, total):
     )
 
 
-def _run_on_device(exe, feeds, program):
+def _run_on_device(exe, feeds, program, graph=None):
     try:
-        return exe.run(feeds, program=program)
+        result = exe.run(feeds, program=program)
     except popsim.Error as exc:
-        raise Error(f"The simulated IPU failed while running the model: {exc}") from exc
+        where = None
+        if graph is not None and "index(es) out of range" in str(exc):
+            where = _device.locate_index_error(exe, graph, feeds)
+        detail = f"\nThe failing op: {where}" if where else ""
+        raise RecoverableError(
+            f"The simulated IPU failed while running the model: {exc}{detail}",
+            recovery_action="IPU_RESET",
+            type="popsim_runtime_error",
+        ) from exc
+    _fp_exceptions.check(result)
+    _host_print.emit(result)
+    return result
 
 
 _SIGNATURES = weakref.WeakKeyDictionary()
@@ -575,6 +657,61 @@ def _forward_parameters(model):
     if cached is None:
         cached = _SIGNATURES[key] = inspect.signature(forward).parameters
     return cached
+
+
+def _bind_positionally(model, args, kwargs):
+    """(args, kwargs) with each argument forward takes by position moved into ``args``, so passing it by
+    keyword or by position is one and the same call, as in eager PyTorch."""
+    if not kwargs:
+        return args, kwargs
+    try:
+        bound = inspect.Signature(list(_forward_parameters(model).values())).bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
+    return bound.args, bound.kwargs
+
+
+class _TensorSignature(NamedTuple):
+    """What a tensor input is checked against after compilation (other inputs keep their value)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+class _Shown:
+    """A leaf shown by its description when a call's structure is printed."""
+
+    def __init__(self, signature):
+        if isinstance(signature, _TensorSignature):
+            self.text = f"Tensor{list(signature.shape)} {str(signature.dtype).replace('torch.', '')}"
+        else:
+            self.text = repr(signature)
+
+    def __repr__(self):
+        return self.text
+
+
+def _structure_text(model, spec, signatures):
+    """A call's arguments as ``x=Tensor[2] float32, y=(Tensor[3] int64,)``."""
+    args, kwargs = pytree.tree_unflatten([_Shown(s) for s in signatures], spec)
+    names = list(_forward_parameters(model))
+    shown = [f"{names[i] if i < len(names) else f'args[{i}]'}={value!r}" for i, value in enumerate(args)]
+    return ", ".join(shown + [f"{key}={value!r}" for key, value in kwargs.items()])
+
+
+def _kind_change(name, leaf, expected):
+    """The error for an argument that was a tensor at compilation and is not now, or the other way round."""
+    if isinstance(expected, _TensorSignature):
+        return (
+            f"Input {name} was a tensor ({list(expected.shape)}, {expected.dtype}) when the model was compiled, "
+            f"but got {leaf!r}. Pass a tensor of that shape and dtype, or call destroy() "
+            "to recompile."
+        )
+    return (
+        f"Argument {name} was {expected!r} when the model was compiled, so that value is compiled into the "
+        f"model, but got a tensor. Pass {expected!r} again, or call destroy() and call the model with the tensor "
+        "to recompile with it as an input."
+    )
 
 
 def _leaf_names(model, args, kwargs):
@@ -619,7 +756,11 @@ def _check_compatible(old, new):
     """Raise unless ``new`` only changes variable hyper-parameters of the compiled ``old``."""
     for attr, dtype in new.state_dtypes.items():
         if old.state_dtypes.get(attr) != dtype:
-            raise ValueError(f"{attr} is already compiled")
+            raise ValueError(
+                f"{attr} is already compiled: the model was compiled with {attr}={old.state_dtypes.get(attr)} and "
+                f"the new optimizer asks for {dtype}. Keep {attr} as it was, or call destroy() and wrap the model "
+                "again to change it."
+            )
     if old.kind != new.kind or len(old.groups) != len(new.groups):
         raise Error("setOptimizer() needs an optimizer of the same type and parameter groups: call destroy() first")
     for index, (a, b) in enumerate(zip(old.groups, new.groups)):

@@ -7,6 +7,8 @@ recognisable node, and capture lowers that node to popir.
 
 import torch
 
+from poptorch import _host_print
+
 REDUCTIONS = ("sum", "mean", "none")
 
 
@@ -51,19 +53,31 @@ def identity_loss(x, reduction):
 
 
 @torch.library.custom_op("poptorch::ipu_print_tensor", mutates_args=())
-def _ipu_print_tensor(x: torch.Tensor, title: str) -> torch.Tensor:
-    print(f"{title}{x}" if title else x)
+def _ipu_print_tensor(x: torch.Tensor, title: str, print_gradient: bool) -> torch.Tensor:
+    print(_host_print.describe(title, x.detach().numpy()))
     return x.clone()
 
 
 @_ipu_print_tensor.register_fake
-def _ipu_print_tensor_fake(x, title):
+def _ipu_print_tensor_fake(x, title, print_gradient):
     return torch.empty_like(x)
 
 
-_ipu_print_tensor.register_autograd(lambda ctx, grad: (grad, None))
+def _print_setup(ctx, inputs, output):
+    ctx.title, ctx.print_gradient = inputs[1], inputs[2]
 
 
-def ipu_print_tensor(tensor, title=""):
-    """Return ``tensor`` unchanged; eagerly it is printed (prefixed by ``title``), gradients pass through."""
-    return _ipu_print_tensor(tensor, title)
+def _print_backward(ctx, grad):
+    if ctx.print_gradient:
+        print(_host_print.describe(ctx.title, grad.detach().numpy(), gradient=True))
+    return grad, None, None
+
+
+_ipu_print_tensor.register_autograd(_print_backward, setup_context=_print_setup)
+
+
+def ipu_print_tensor(tensor, title="", print_gradient=True):
+    """Return ``tensor`` unchanged and print it (prefixed by ``title``) each time the model runs, on the
+    device as on the CPU; in training, the gradient reaching it prints in the backward pass too (unless
+    ``print_gradient`` is False). Use the returned tensor, so the print stays part of the model."""
+    return _ipu_print_tensor(tensor, title, bool(print_gradient))

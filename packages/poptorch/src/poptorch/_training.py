@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import popir
+from poptorch import _host_print
 from poptorch._optimizer_graph import OptimizerBuilder
-from poptorch.enums import ReductionType
+from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
 
 RNG_SEED = "_rng_seed"
 ACCUMULATOR_PREFIX = "_accum."
+# Micro-batches accumulated so far in the current step (MeanReductionStrategy.Running divides by it). Under
+# ACCUMULATOR_PREFIX, so a step cut short resets it with the accumulators; "#" appears in no parameter name.
+ACCUM_COUNT = ACCUMULATOR_PREFIX + "#micro_batches"
 NO_LOSS = "Couldn't find a loss in graph!"
 MANY_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. "
@@ -92,9 +96,17 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
     builder = OptimizerBuilder(spec)
     on_phase("autodiff")
+    printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(
-        graph, loss, [graph.input(n) for n in candidates], seed=builder.loss_seed(graph, loss), unreached="none"
+        graph,
+        loss,
+        [graph.input(n) for n in candidates] + [value for _, _, value in printed],
+        seed=builder.loss_seed(graph, loss),
+        unreached="none",
     )
+    grads, printed_grads = grads[: len(candidates)], grads[len(candidates) :]
+    for (index, title, value), gradient in zip(printed, printed_grads):
+        _host_print.record_gradient(graph, index, title, gradient if gradient is not None else value * 0.0)
     # As in torch, a parameter no gradient reaches (unused, or used only under torch.no_grad() or detach())
     # has no .grad, so the optimizer leaves it and its state alone: no weight decay, no momentum step.
     grads = {name: g for name, g in zip(candidates, grads) if g is not None}
@@ -111,18 +123,38 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     apply = popir.Graph(f"{graph.name}_apply")
     step_params, reduced = {}, {}
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+    running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
+    count = _running_count(graph, apply, initial) if running else None
     for name in trained:
         p, g = params[name], grads[name]
         acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
         initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
-        graph.update(acc, acc + g)
+        # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
+        # gradients' range; Post: it holds the sum, divided once by the step.
+        graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
         step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
         step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
-        reduced[name] = step_acc * (1.0 / micro_batches) if mean else step_acc
+        reduced[name] = step_acc * (1.0 / micro_batches) if mean and not running else step_acc
         apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
     builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
+
+
+def _running_count(graph, apply, initial):
+    """The micro-batch count of a Running mean: counted up by ``graph``, reset by ``apply``; returns the
+    count including the current micro-batch."""
+    count = graph.add_input(ACCUM_COUNT, (), "float32", kind="optimizer_state")
+    initial[ACCUM_COUNT] = np.zeros((), dtype=np.float32)
+    counted = count + graph.constant(np.float32(1))
+    graph.update(count, counted)
+    step_count = apply.add_input(ACCUM_COUNT, (), "float32", kind="optimizer_state")
+    apply.update(step_count, apply.constant(np.float32(0)))
+    return counted
+
+
+def _cast(value, dtype):
+    return value if value.dtype == dtype else popir.ops.cast(value, dtype=dtype.value)
 
 
 def _zeros(graph, shape, dtype):

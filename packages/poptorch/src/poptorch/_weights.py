@@ -16,7 +16,12 @@ host asks those that share tensors with it to copy their values back first.
 
 import weakref
 
+import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from poptorch.errors import Error
+
+STEP_SLOT = "step"
 
 _RECORDS = WeakIdKeyDictionary()
 _OPTIMIZER_RECORDS = weakref.WeakKeyDictionary()
@@ -75,22 +80,47 @@ def optimizer_record(optimizer):
     found = _OPTIMIZER_RECORDS.get(optimizer)
     if found is None:
         found = _OPTIMIZER_RECORDS[optimizer] = Record()
-        optimizer.register_state_dict_pre_hook(_sync_optimizer_state)
+        optimizer.register_state_dict_pre_hook(sync_optimizer_state)
+        optimizer.register_load_state_dict_pre_hook(check_loading_state)
         optimizer.register_load_state_dict_post_hook(_loaded_optimizer_state)
     return found
 
 
-def _sync_optimizer_state(optimizer):
-    """Before ``optimizer.state_dict()``: copy the state back from the device that holds a newer one."""
+def sync_optimizer_state(optimizer):
+    """Copy the optimizer's state back from the device that holds a newer one (before ``state_dict()``)."""
     found = _OPTIMIZER_RECORDS.get(optimizer)
     holder = found.holder if found is not None else None
     if holder is not None:
-        holder._download_optimizer_state()
+        holder.download_optimizer_state()
 
 
 def _loaded_optimizer_state(optimizer):
     """After ``optimizer.load_state_dict()``: the loaded state replaces the device's at the next call."""
     optimizer_record(optimizer).host_changed()
+
+
+def check_loading_state(optimizer, state_dict):
+    """Before ``optimizer.load_state_dict(state_dict)``: raise unless every tensor of the state fits the
+    parameter it is about to belong to, so that a failed load leaves the optimizer as it was."""
+    state = state_dict.get("state", {})
+    for index, (saved, group) in enumerate(zip(state_dict.get("param_groups", ()), optimizer.param_groups)):
+        names = group.get("param_names") or [None] * len(group["params"])
+        for position, (key, param, name) in enumerate(zip(saved.get("params", ()), group["params"], names)):
+            what = f"parameter '{name}'" if name else f"parameter {position} of parameter group {index}"
+            for slot, value in state.get(key, {}).items():
+                check_state_value(value, param, what, slot)
+
+
+def check_state_value(value, param, what, slot):
+    """Raise unless optimizer state ``slot`` (a tensor) fits ``param``: same shape, floating point."""
+    if slot == STEP_SLOT or not isinstance(value, torch.Tensor):
+        return
+    if value.shape != param.shape or not value.is_floating_point():
+        raise Error(
+            f"Optimizer state '{slot}' of {what} is a {value.dtype} tensor of shape {list(value.shape)}, but the "
+            f"parameter is {param.dtype} of shape {list(param.shape)}: the optimizer state does not belong to this "
+            "model's parameters (check the checkpoint and the order of the parameter groups)."
+        )
 
 
 def forget_holder(holder):

@@ -13,6 +13,10 @@ class OutputMode(enum.IntEnum):
     Default = 4
 
 
+# PopTorch's older name for OutputMode (``Options.anchorMode``).
+AnchorMode = OutputMode
+
+
 class ReductionType(enum.IntEnum):
     """How gradients are reduced over accumulated micro-batches and replicas."""
 
@@ -30,8 +34,24 @@ class MeanReductionStrategy(enum.IntEnum):
 
 
 class SyncPattern(enum.IntEnum):
-    """IPU sync patterns, accepted for API compatibility (one simulated device needs no choice)."""
+    """IPU sync patterns; one simulated device syncs all its tiles (Full)."""
 
     Full = 0
     SinglePipeline = 1
     ReplicaAndLadder = 2
+
+
+class ConnectionType(enum.IntEnum):
+    """When a wrapped model attaches to its device: at compile time, at its first run, or never."""
+
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+class HalfFloatCastingBehavior(enum.IntEnum):
+    """What an op mixing float16 and float32 inputs computes in (torch's rule is HalfUpcastToFloat)."""
+
+    Default = 0
+    FloatDowncastToHalf = 1
+    HalfUpcastToFloat = 2

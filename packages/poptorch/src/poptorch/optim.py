@@ -7,11 +7,24 @@ and defaults are compiled in; for torch's own optimizers only ``lr`` is variable
 """
 
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from poptorch import _weights
 from poptorch.errors import Error
+
+EMPTY_STATE = "Cannot load optimizer state dictionary because it is empty."
+NOT_IPU_STATE = "Only IPU optimizer states can be loaded onto the IPU."
+_IPU_KEYS = ("ipu_state", "ipu_param")
+HOST_STEP_WARNING = (
+    "optimizer.step() was called on an optimizer that a poptorch.trainingModel uses: the wrapped model already "
+    "performs the optimizer step on the IPU at each call, so this step only applies gradients computed on the "
+    "host, if any. Remove the optimizer.step() (and zero_grad() / backward()) calls from the training loop."
+)
+# Optimizer -> the wrappers that compile its update rule (a step() called by the user warns while any is alive).
+_USERS = weakref.WeakKeyDictionary()
 
 # Hyper-parameters of each rule, per parameter group; ``betas`` is split into beta1/beta2.
 HYPER_PARAMETERS = {
@@ -32,19 +45,64 @@ class _PoptorchOptimizer:
     def _remember_variables(self, explicit, group_keys):
         self.variable_attrs = {name for name, given in explicit.items() if given} | group_keys
 
+    def __getstate__(self):
+        """Pickled with the current state (copied back from the device if it is ahead) and PopTorch's extras
+        (loss scaling, ...), which torch's own pickling leaves out."""
+        _weights.sync_optimizer_state(self)
+        state = super().__getstate__()
+        state.update({k: v for k, v in vars(self).items() if k not in state and not k.startswith("_")})
+        return state
+
     def state_dict(self):
-        """torch's state dict plus ``ipu_state`` (the state as last copied from the device)."""
+        """torch's state dict plus PopTorch's ``ipu_state`` (the per-parameter state) and ``ipu_param`` (the
+        hyper-parameters). Always current: a device holding a newer state copies it back first."""
         state = super().state_dict()
         state["ipu_state"] = {k: dict(v) for k, v in state["state"].items()}
+        state["ipu_param"] = _ipu_params(self)
         return state
 
     def load_state_dict(self, state_dict):
-        """Load a state dict saved from a poptorch optimizer; the next model call uploads it."""
-        if "ipu_state" not in state_dict:
-            raise Error("Only IPU optimizer states can be loaded onto the IPU.")
-        state_dict = {k: v for k, v in state_dict.items() if k != "ipu_state"}
+        """Load a state dict saved from a poptorch optimizer; the next call of the wrapped model uploads it."""
+        if not state_dict:
+            raise Error(EMPTY_STATE)
+        if not all(key in state_dict for key in _IPU_KEYS):
+            raise Error(NOT_IPU_STATE)
+        state_dict = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
+        _weights.check_loading_state(self, state_dict)
         super().load_state_dict(state_dict)
-        self._poptorch_state_loaded = True
+
+
+def use(optimizer, executor):
+    """``executor`` runs ``optimizer``'s update rule on the device: a ``step()`` the user calls warns."""
+    users = _USERS.get(optimizer)
+    if users is None:
+        users = _USERS[optimizer] = weakref.WeakSet()
+        optimizer.register_step_pre_hook(_warn_host_step)
+    users.add(executor)
+
+
+def release(optimizer, executor):
+    """``executor`` no longer uses ``optimizer``."""
+    users = _USERS.get(optimizer)
+    if users is not None:
+        users.discard(executor)
+
+
+def _warn_host_step(optimizer, args, kwargs):
+    if _USERS.get(optimizer):
+        # Above this hook: torch's step wrapper, then the user's call.
+        warnings.warn(HOST_STEP_WARNING, stacklevel=3)
+
+
+def _ipu_params(optimizer):
+    """Every numeric hyper-parameter by ``<name>.group<index>``, plus the loss scaling, as tensors."""
+    params = {"loss_scaling": torch.tensor(float(optimizer.loss_scaling))}
+    for index, group in enumerate(optimizer.param_groups):
+        for name, value in group.items():
+            values = value if name == "betas" else (value,)
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                params[f"{name}.group{index}"] = torch.tensor(values if name == "betas" else value, dtype=torch.float32)
+    return params
 
 
 def _groups(params):
@@ -308,9 +366,41 @@ class LAMB(_PoptorchOptimizer, torch.optim.Optimizer):
             group_keys,
         )
 
+    @torch.no_grad()
     def step(self, closure=None):
-        """Not run: the update rule is compiled into the wrapped model's program."""
-        raise Error("poptorch.optim.LAMB only runs inside a poptorch.trainingModel.")
+        """One LAMB step on the host from the parameters' ``.grad`` (as PopTorch's LAMB runs on the CPU); a
+        wrapped model runs the same rule on the device. State slots and step count match the device's."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        trained = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        scale = 1.0
+        if self.max_grad_norm is not None and trained:
+            # Global-norm clipping as on the device (torch.nn.utils.clip_grad_norm_), without editing .grad.
+            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in trained]))
+            scale = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
+        for group, p in trained:
+            p.sub_(self._update(group, p, p.grad * scale))
+        return loss
+
+    def _update(self, group, p, grad):
+        """lr * trust ratio * update for one parameter, advancing its state."""
+        state = self.state[p]
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if self.bias_correction:
+            step = float(state["step"])
+            m, v = m / (1 - beta1**step), v / (1 - beta2**step)
+        update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+        r1, r2 = p.norm().clamp(max=group["max_weight_norm"]), update.norm()
+        trust = 1.0 if r1 == 0 or r2 == 0 else float(r1 / r2)
+        return update * (group["lr"] * trust)
 
 
 def _adaptive_extras(opt, loss_scaling, accum_type, first, second, max_grad_norm):

@@ -2,7 +2,9 @@
 
 Setters are camelCase, return ``self`` (so calls chain) and refuse to run once the options are frozen by
 a wrapper or a DataLoader. Values live in one flat dict keyed by dotted names ("Training.gradientAccumulation");
-the snake_case properties are the read side that PopTorch code (and popdata) use.
+the snake_case properties are the read side that PopTorch code (and popdata) use. Every setter either does
+what PopTorch documents on the simulated IPU or raises, saying the simulator does not model it; assigning
+to an option (``opts.deviceIterations = 4``) raises instead of silently shadowing the setter.
 """
 
 import ast
@@ -12,7 +14,15 @@ import os
 
 import torch
 
-from poptorch.enums import MeanReductionStrategy, OutputMode, ReductionType
+from poptorch import _logging
+from poptorch.enums import (
+    ConnectionType,
+    HalfFloatCastingBehavior,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+    SyncPattern,
+)
 from poptorch.errors import Error
 
 IPU_VERSIONS = {"ipu1": "ipu1", "ipu2": "ipu2", "ipu21": "ipu21", 1: "ipu1", 2: "ipu2", 21: "ipu21"}
@@ -32,13 +42,26 @@ _DEFAULTS = {
     "executionStrategy": None,
     "autoRoundNumIPUs": False,
     "enableSyntheticData": False,
+    "maxRepeatLogs": 4,
+    "modelName": None,
+    "connectionType": ConnectionType.Always,
+    "syncPattern": SyncPattern.Full,
+    "enableStableNorm": False,
+    "profileDir": None,
+    "moduleNamescope": True,
+    "updatableNamedBuffers": (),
+    "relaxOptimizerAttributesChecks": False,
+    "sourceLocationExcludes": (),
     "Training.gradientAccumulation": 1,
     "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
     "Training.meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
+    "Training.automaticLossScaling": False,
+    "Training.convolutionDithering": False,
     "Precision.partialsType": "float32",
     "Precision.stochasticRounding": False,
     "Precision.floatingPointExceptions": False,
     "Precision.runningStatisticsAlwaysFloat": True,
+    "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
     "TensorLocations.numIOTiles": 0,
@@ -53,10 +76,21 @@ COMPILE_KEYS = (
     "Training.meanAccumulationAndReplicationReductionStrategy",
     "Precision.partialsType",
     "Precision.stochasticRounding",
+    "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
 )
 
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
+# PopTorch's random seed is an unsigned 64-bit integer.
+_SEED_LIMIT = 2**64
+ENV_DEFAULTS = "POPTORCH_DEFAULT_OPTIONS"
+ENV_IPU_MODEL = "POPTORCH_IPU_MODEL"
+_ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+# The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
+_POPART_OPTIONS = {
+    "enableStableNorm": "enableStableNorm",
+    "instrumentWithHardwareCycleCounter": "logCycleCount",
+}
 
 
 def _positive_int(name, value):
@@ -65,13 +99,57 @@ def _positive_int(name, value):
     return value
 
 
-class _Group:
+def _bool(name, value):
+    """``value`` if it is a bool: ``bool("False")`` is True, so strings and numbers are refused."""
+    if not isinstance(value, bool):
+        raise Error(f"{name} takes True or False, got {value!r}")
+    return value
+
+
+def _enum(name, enum_type, value):
+    """``value`` if it is a member of ``enum_type``; a name given as a string is refused with the member to pass."""
+    if isinstance(value, enum_type):
+        return value
+    kind = enum_type.__name__
+    if isinstance(value, str) and value in enum_type.__members__:
+        raise Error(f"{name} takes a poptorch.{kind}, got the string {value!r}: pass poptorch.{kind}.{value}")
+    members = ", ".join(f"{kind}.{m}" for m in enum_type.__members__)
+    raise Error(f"{name} takes a poptorch.{kind} ({members}), got {value!r}")
+
+
+def _path(name, value):
+    """A directory argument: a non-empty str or os.PathLike, never a number or None made into a string."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise Error(f"{name} takes a directory path (str or os.PathLike), got {value!r}")
+    return os.fspath(value)
+
+
+def not_modelled(option, instead):
+    """The error for an option the simulated IPU cannot honour (options are never accepted and ignored)."""
+    return Error(f"{option} is not modelled by the simulated IPU: {instead}")
+
+
+class _NoAssignment:
+    """Refuses ``opts.deviceIterations = 4``, which would shadow the setter and change nothing."""
+
+    def __setattr__(self, name, value):
+        if name.startswith("_") or name not in dir(type(self)) and not self.__dict__.get("_sealed"):
+            object.__setattr__(self, name, value)
+            return
+        owner = type(self).__name__.lstrip("_")
+        if callable(getattr(type(self), name, None)):
+            raise Error(f"{owner}.{name} is a setter: call it, e.g. opts.{name}({value!r}), instead of assigning")
+        raise Error(f"Cannot assign {name!r} on {owner}: options change only through their setters")
+
+
+class _Group(_NoAssignment):
     """A named group of options (``opts.Training``...) writing into its owner's store."""
 
     _prefix = ""
 
     def __init__(self, owner):
         self._owner = owner
+        self._sealed = True
 
     def _set(self, key, value):
         self._owner._set(f"{self._prefix}.{key}", value)
@@ -92,15 +170,38 @@ class _TrainingOptions(_Group):
 
     def accumulationAndReplicationReductionType(self, reduction_type):
         """Reduce accumulated and replicated gradients by ReductionType.Mean (default) or ReductionType.Sum."""
-        if reduction_type not in (ReductionType.Mean, ReductionType.Sum):
-            raise Error(
-                f"accumulationAndReplicationReductionType must be ReductionType.Mean or Sum, not {reduction_type}"
-            )
-        return self._set("accumulationAndReplicationReductionType", ReductionType(reduction_type))
+        reduction_type = _enum("accumulationAndReplicationReductionType", ReductionType, reduction_type)
+        if reduction_type == ReductionType.NoReduction:
+            raise Error("accumulationAndReplicationReductionType must be ReductionType.Mean or ReductionType.Sum")
+        return self._set("accumulationAndReplicationReductionType", reduction_type)
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy):
-        """When a Mean reduction divides (MeanReductionStrategy); the results are the same up to rounding."""
-        return self._set("meanAccumulationAndReplicationReductionStrategy", MeanReductionStrategy(strategy))
+        """When a Mean reduction divides: Post (default) sums the micro-batches' gradients and divides at the
+        step; Running keeps a running mean, which cannot overflow a float16 accumulator."""
+        strategy = _enum("setMeanAccumulationAndReplicationReductionStrategy", MeanReductionStrategy, strategy)
+        if strategy == MeanReductionStrategy.PostAndLoss:
+            raise not_modelled(
+                "MeanReductionStrategy.PostAndLoss", "use MeanReductionStrategy.Post or MeanReductionStrategy.Running"
+            )
+        return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
+
+    def setAutomaticLossScaling(self, enabled):
+        """Automatic loss scaling: only False is accepted."""
+        if _bool("setAutomaticLossScaling", enabled):
+            raise not_modelled(
+                "Training.setAutomaticLossScaling(True)",
+                "set a fixed loss_scaling on a poptorch.optim optimizer instead",
+            )
+        return self._set("automaticLossScaling", False)
+
+    def setConvolutionDithering(self, enabled):
+        """Convolution dithering (a tile-placement heuristic): only False is accepted."""
+        if _bool("setConvolutionDithering", enabled):
+            raise not_modelled(
+                "Training.setConvolutionDithering(True)",
+                "the convolution planner places tiles its own way; remove the call",
+            )
+        return self._set("convolutionDithering", False)
 
     @property
     def gradient_accumulation(self):
@@ -109,6 +210,10 @@ class _TrainingOptions(_Group):
     @property
     def accumulation_and_replication_reduction_type(self):
         return self._get("accumulationAndReplicationReductionType")
+
+    @property
+    def mean_reduction_strategy(self):
+        return self._get("meanAccumulationAndReplicationReductionStrategy")
 
 
 class _PrecisionOptions(_Group):
@@ -123,20 +228,38 @@ class _PrecisionOptions(_Group):
         return self._set("partialsType", _PARTIALS[dtype])
 
     def enableStochasticRounding(self, enabled):
-        """Stochastic rounding of half-precision results."""
-        return self._set("stochasticRounding", bool(enabled))
+        """Round float16 results stochastically (from the device's seeded random numbers) instead of to nearest."""
+        return self._set("stochasticRounding", _bool("enableStochasticRounding", enabled))
 
     def enableFloatingPointExceptions(self, enabled):
-        """Trap on floating-point overflow, invalid operation and division by zero."""
-        return self._set("floatingPointExceptions", bool(enabled))
+        """Raise poptorch.Error, naming the op and source line, when an op produces inf or NaN."""
+        return self._set("floatingPointExceptions", _bool("enableFloatingPointExceptions", enabled))
 
     def runningStatisticsAlwaysFloat(self, enabled):
         """Keep batch-norm running statistics in float32 even in a half model."""
-        return self._set("runningStatisticsAlwaysFloat", bool(enabled))
+        return self._set("runningStatisticsAlwaysFloat", _bool("runningStatisticsAlwaysFloat", enabled))
+
+    def halfFloatCasting(self, behavior):
+        """Type of ops mixing float16 and float32: HalfUpcastToFloat (torch's rule, the default)."""
+        behavior = _enum("halfFloatCasting", HalfFloatCastingBehavior, behavior)
+        if behavior == HalfFloatCastingBehavior.FloatDowncastToHalf:
+            raise not_modelled(
+                "HalfFloatCastingBehavior.FloatDowncastToHalf",
+                "ops follow torch's type promotion (HalfUpcastToFloat); cast the float32 operand to half yourself",
+            )
+        return self._set("halfFloatCasting", HalfFloatCastingBehavior.HalfUpcastToFloat)
 
     @property
     def partials_type(self):
         return self._get("partialsType")
+
+    @property
+    def stochastic_rounding(self):
+        return self._get("stochasticRounding")
+
+    @property
+    def floating_point_exceptions(self):
+        return self._get("floatingPointExceptions")
 
 
 class _DistributedOptions(_Group):
@@ -167,10 +290,14 @@ class _TensorLocationOptions(_Group):
     _prefix = "TensorLocations"
 
     def numIOTiles(self, num_tiles):
-        """Tiles reserved for overlapping I/O: an even number from 32 to 192."""
+        """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
         if not isinstance(num_tiles, int) or num_tiles % 2 or not 32 <= num_tiles <= 192:
             raise Error("numIOTiles must be an even number between 32 and 192.")
         return self._set("numIOTiles", num_tiles)
+
+    @property
+    def num_io_tiles(self):
+        return self._get("numIOTiles")
 
 
 class _JitOptions(_Group):
@@ -187,7 +314,27 @@ class _JitOptions(_Group):
         return self
 
 
-class Options:
+class _PopartOptions(_Group):
+    """``opts._Popart``: PopART session options. The few with a meaning here map onto Options setters."""
+
+    _prefix = "_Popart"
+
+    def set(self, key, value):
+        """Set PopART option ``key``; only those the simulator models are accepted."""
+        if key not in _POPART_OPTIONS:
+            raise not_modelled(
+                f"The PopART option {key!r}",
+                f"the simulator has no PopART backend; it models only {', '.join(sorted(_POPART_OPTIONS))}",
+            )
+        getattr(self._owner, _POPART_OPTIONS[key])(value)
+        return self
+
+    def setPatterns(self, patterns, level=None):
+        """PopART graph patterns: refused, the simulator runs its own popir passes."""
+        raise not_modelled("_Popart.setPatterns", "the simulator optimises graphs with its own passes; remove the call")
+
+
+class Options(_NoAssignment):
     """Options of a wrapped model (the PopTorch 3.x API)."""
 
     def __init__(self):
@@ -198,12 +345,16 @@ class Options:
         self.Distributed = _DistributedOptions(self)
         self.TensorLocations = _TensorLocationOptions(self)
         self.Jit = _JitOptions(self)
+        self._Popart = _PopartOptions(self)
+        self._sealed = True
         if os.environ.get("POPTORCH_CACHE_DIR"):
             self._values["executableCachePath"] = os.environ["POPTORCH_CACHE_DIR"]
         if os.environ.get("POPTORCH_IPU_MODEL_VERSION"):
             self.ipuVersion(os.environ["POPTORCH_IPU_MODEL_VERSION"])
-        if os.environ.get("POPTORCH_DEFAULT_OPTIONS"):
-            self._apply_dict(json.loads(os.environ["POPTORCH_DEFAULT_OPTIONS"]))
+        if os.environ.get(ENV_IPU_MODEL):
+            self._values["useIpuModel"] = _env_flag(ENV_IPU_MODEL)
+        if os.environ.get(ENV_DEFAULTS):
+            self._apply_json(os.environ[ENV_DEFAULTS], f"the environment variable {ENV_DEFAULTS}")
 
     # -- store ----------------------------------------------------------------------------------
     def _set(self, key, value):
@@ -219,12 +370,28 @@ class Options:
         self._frozen = True
         return self
 
+    def _for_model(self, training):
+        """The frozen copy a wrapper runs with: OutputMode.Default resolved to Final (training) or All."""
+        resolved = self.clone()
+        if resolved.defaultOutputMode():
+            resolved._values["outputMode"] = OutputMode.Final if training else OutputMode.All
+        return resolved._freeze()
+
     def _apply_dict(self, settings, prefix=""):
         for name, value in settings.items():
             if isinstance(value, dict):
                 self._apply_dict(value, f"{prefix}{name}.")
             else:
                 self._call(f"{prefix}{name}", value if isinstance(value, list) else [value])
+
+    def _apply_json(self, text, source):
+        try:
+            settings = json.loads(text)
+            if not isinstance(settings, dict):
+                raise ValueError('expected a JSON object such as {"deviceIterations": 2}')
+            self._apply_dict(settings)
+        except (ValueError, TypeError, Error) as exc:
+            raise Error(f"Cannot apply the options in {source}: {exc}") from None
 
     def _call(self, dotted, args):
         target = self
@@ -272,6 +439,12 @@ class Options:
                     raise Error(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
         return self
 
+    def from_json(self, text):
+        """Apply settings from a JSON object, in the format of POPTORCH_DEFAULT_OPTIONS:
+        ``{"deviceIterations": 2, "Training": {"gradientAccumulation": 4}}``."""
+        self._apply_json(text, "the JSON string given to Options.from_json")
+        return self
+
     # -- setters --------------------------------------------------------------------------------
     def deviceIterations(self, device_iterations):
         """Optimizer steps (training) or micro-batches (inference) run per call."""
@@ -282,25 +455,31 @@ class Options:
         return self._set("replicationFactor", _positive_int("replicationFactor", replication_factor))
 
     def outputMode(self, output_mode, output_return_period=None):
-        """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default."""
-        output_mode = OutputMode(output_mode)
+        """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default.
+
+        The return period changes only with EveryN."""
+        output_mode = _enum("outputMode", OutputMode, output_mode)
         if output_mode == OutputMode.EveryN:
-            _positive_int("output_return_period", output_return_period)
+            self._set("outputReturnPeriod", _positive_int("output_return_period", output_return_period))
         elif output_return_period is not None:
             raise ValueError("output_return_period is only used with OutputMode.EveryN")
-        self._set("outputMode", output_mode)
-        return self._set("outputReturnPeriod", output_return_period or 1)
+        return self._set("outputMode", output_mode)
+
+    def anchorMode(self, anchor_mode, anchor_return_period=None):
+        """PopTorch's older name for :meth:`outputMode`."""
+        return self.outputMode(anchor_mode, anchor_return_period)
 
     def randomSeed(self, random_seed):
-        """Seed of on-device randomness; also seeds torch on the host."""
-        if not isinstance(random_seed, int) or random_seed < 0:
-            raise ValueError(f"randomSeed must be a non-negative integer, got {random_seed!r}")
+        """Seed of on-device randomness (an unsigned 64-bit integer); also seeds torch on the host."""
+        if isinstance(random_seed, bool) or not isinstance(random_seed, int) or not 0 <= random_seed < _SEED_LIMIT:
+            raise Error(f"randomSeed takes an integer in [0, 2**64), got {random_seed!r}")
         torch.manual_seed(random_seed)
         return self._set("randomSeed", random_seed)
 
     def useIpuModel(self, use_model):
-        """Accepted for compatibility: the device is always the simulated IPU."""
-        return self._set("useIpuModel", bool(use_model))
+        """Run on the IPU Model, a simulator of the IPU (overrides POPTORCH_IPU_MODEL). Without IPU hardware
+        both settings run on the simulated IPU."""
+        return self._set("useIpuModel", _bool("useIpuModel", use_model))
 
     def ipuVersion(self, version):
         """Simulated IPU generation: "ipu1" (Mk1), "ipu2" (Mk2, default) or "ipu21" (Bow)."""
@@ -309,32 +488,112 @@ class Options:
         return self._set("ipuVersion", IPU_VERSIONS[version])
 
     def enableExecutableCaching(self, path):
-        """Cache compiled executables under ``path`` (None disables caching)."""
-        return self._set("executableCachePath", None if path is None else str(path))
+        """Cache compiled executables under the directory ``path`` (None disables caching)."""
+        return self._set("executableCachePath", None if path is None else _path("enableExecutableCaching", path))
 
     def logDir(self, log_dir):
-        """Directory for profiles and logs written by the model."""
-        return self._set("logDir", str(log_dir))
+        """Directory where the model writes its logs and profiles (default: the current directory)."""
+        return self._set("logDir", _path("logDir", log_dir))
 
     def logCycleCount(self, log_cycle_count):
-        """Record the simulated cycle count of each run (read with PoplarExecutor.cycleCount())."""
-        return self._set("logCycleCount", bool(log_cycle_count))
+        """Record the simulated cycle count of each run: logged at DEBUG, read with PoplarExecutor.cycleCount()."""
+        return self._set("logCycleCount", _bool("logCycleCount", log_cycle_count))
 
-    def showCompilationProgressBar(self, show):
+    def showCompilationProgressBar(self, show=True):
         """Show a progress bar while compiling (default True)."""
-        return self._set("showCompilationProgressBar", bool(show))
+        return self._set("showCompilationProgressBar", _bool("showCompilationProgressBar", show))
 
     def setExecutionStrategy(self, strategy):
         """How multi-IPU blocks execute (PipelinedExecution by default)."""
         return self._set("executionStrategy", strategy)
 
-    def autoRoundNumIPUs(self, auto_round):
+    def autoRoundNumIPUs(self, auto_round=True):
         """Round the number of IPUs up to a power of two."""
-        return self._set("autoRoundNumIPUs", bool(auto_round))
+        return self._set("autoRoundNumIPUs", _bool("autoRoundNumIPUs", auto_round))
 
     def enableSyntheticData(self, enabled):
-        """Skip host transfers (inputs are zeros on the device)."""
-        return self._set("enableSyntheticData", bool(enabled))
+        """Disable host I/O: inputs are drawn from a normal distribution on the device (zeros for integer
+        inputs) and outputs are not copied back (they are returned as zeros)."""
+        return self._set("enableSyntheticData", _bool("enableSyntheticData", enabled))
+
+    def maxRepeatLogs(self, number):
+        """After ``number`` repetitions of the same log message, further repetitions are silenced."""
+        number = _positive_int("maxRepeatLogs", number)
+        _logging.set_max_repeats(number)
+        return self._set("maxRepeatLogs", number)
+
+    def modelName(self, name):
+        """Name of the model in its logs and profiles (profiles go to ``<profile dir>/<name>/``)."""
+        if not isinstance(name, str) or not name or os.sep in name:
+            raise Error(f"modelName takes a non-empty name without {os.sep!r}, got {name!r}")
+        return self._set("modelName", name)
+
+    def connectionType(self, connection_type):
+        """When to attach to the device: Always (at compile time, default), OnDemand (at the first run) or
+        Never (compile only: running raises)."""
+        return self._set("connectionType", _enum("connectionType", ConnectionType, connection_type))
+
+    def syncPattern(self, sync_pattern):
+        """The IPU sync pattern: the simulated device syncs all its tiles (SyncPattern.Full)."""
+        sync_pattern = _enum("syncPattern", SyncPattern, sync_pattern)
+        if sync_pattern != SyncPattern.Full:
+            raise not_modelled(
+                f"SyncPattern.{sync_pattern.name}", "the simulated device only syncs with SyncPattern.Full"
+            )
+        return self._set("syncPattern", sync_pattern)
+
+    def enableStableNorm(self, enabled):
+        """Stable (two-pass) variance in norm layers; the simulator always computes it that way."""
+        return self._set("enableStableNorm", _bool("enableStableNorm", enabled))
+
+    def enableProfiling(self, profile_dir=None):
+        """Write the simulated profile (profile.json) after compiling, into ``profile_dir`` (default: the log dir)
+        under a sub-directory named by modelName (default: training or inference)."""
+        return self._set("profileDir", "." if profile_dir is None else _path("enableProfiling", profile_dir))
+
+    def disableModuleNamescope(self):
+        """Do not prefix op names with module names (the simulator names ops by source line anyway)."""
+        return self._set("moduleNamescope", False)
+
+    def updatableNamedBuffers(self, buffers):
+        """Names of the buffers ``PoplarExecutor.copyNamedBuffersToDevice()`` uploads."""
+        if isinstance(buffers, str) or not all(isinstance(b, str) for b in buffers):
+            raise Error(f"updatableNamedBuffers takes a list of buffer names, got {buffers!r}")
+        return self._set("updatableNamedBuffers", tuple(buffers))
+
+    def relaxOptimizerAttributesChecks(self, relax=True):
+        """Report unexpected optimizer attributes in setOptimizer() at DEBUG instead of as warnings."""
+        return self._set("relaxOptimizerAttributesChecks", _bool("relaxOptimizerAttributesChecks", relax))
+
+    def sourceLocationExcludes(self, excludes):
+        """Path fragments of files skipped when errors name the user's source line, besides torch's and
+        poptorch's own files (which are always skipped)."""
+        if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
+            raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
+        return self._set("sourceLocationExcludes", tuple(excludes))
+
+    def useOfflineIpuTarget(self, ipu_version=2):
+        """Compile for an IPU of ``ipu_version`` (1, 2 or 21) without attaching to a device
+        (ConnectionType.Never)."""
+        self.ipuVersion(ipu_version)
+        return self.connectionType(ConnectionType.Never)
+
+    def useIpuId(self, ipu_id):
+        """Refused: there are no physical IPUs to choose from."""
+        raise not_modelled(f"useIpuId({ipu_id!r})", "there are no physical IPUs; remove the call")
+
+    def setAvailableMemoryProportion(self, available_memory_proportion):
+        """Refused: the simulator's matmul and convolution planners do not take a temporary-memory budget."""
+        raise not_modelled(
+            "setAvailableMemoryProportion", "the planners size temporary memory themselves; remove the call"
+        )
+
+    def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
+        """Refused: tensors inside the graph have no PopART names to anchor; return the value from forward."""
+        raise not_modelled(
+            f"anchorTensor({short_name!r}, {long_name!r})",
+            "return the tensor from the model's forward (add it to the outputs) to read it after a run",
+        )
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
     @property
@@ -381,10 +640,47 @@ class Options:
     def enable_synthetic_data(self):
         return self._values["enableSyntheticData"]
 
+    @property
+    def use_ipu_model(self):
+        return self._values["useIpuModel"]
+
+    @property
+    def connection_type(self):
+        return self._values["connectionType"]
+
+    @property
+    def model_name(self):
+        return self._values["modelName"]
+
+    @property
+    def profile_dir(self):
+        return self._values["profileDir"]
+
+    @property
+    def updatable_named_buffers(self):
+        return self._values["updatableNamedBuffers"]
+
+    @property
+    def source_location_excludes(self):
+        return self._values["sourceLocationExcludes"]
+
     def defaultOutputMode(self):
         """True while the output mode is OutputMode.Default."""
         return self._values["outputMode"] == OutputMode.Default
 
+    def defaultAnchorMode(self):
+        """PopTorch's older name for :meth:`defaultOutputMode`."""
+        return self.defaultOutputMode()
+
     def _compile_key(self):
         """The options that change the compiled program, for the executable cache."""
         return {k: str(self._values[k]) for k in COMPILE_KEYS}
+
+
+def _env_flag(variable):
+    value = os.environ[variable].strip().lower()
+    if value not in _ENV_FLAGS:
+        raise Error(
+            f"The environment variable {variable} must be 1 or 0 (or true / false), got {os.environ[variable]!r}"
+        )
+    return _ENV_FLAGS[value]

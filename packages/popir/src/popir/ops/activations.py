@@ -132,3 +132,13 @@ def prelu(x, weight):
     elif x.ndim > 1:
         weight = reshape(weight, shape=(weight.shape[0],) + (1,) * (x.ndim - 2))
     return where(gt(x, zeros_like(x)), x, x * weight)
+
+
+def rrelu(x, lower=1.0 / 8.0, upper=1.0 / 3.0, seed=None):
+    """torch.nn.functional.rrelu: x where x >= 0, else x times a slope drawn uniformly from [lower, upper)
+    per element (training, ``seed`` given), or times the mean slope (evaluation, ``seed`` None)."""
+    if seed is None:
+        slope = full(x.graph, (), (lower + upper) / 2.0, x.dtype)
+    else:
+        slope = random_uniform(seed, shape=x.shape, dtype=x.dtype) * (upper - lower) + lower
+    return where(ge(x, zeros_like(x)), x, x * slope)

@@ -1,14 +1,15 @@
-"""Layer composites: linear, embedding, average pooling, transposed convolution, masking."""
+"""Layer composites: linear, bilinear, embedding, pooling (1-3 d), transposed convolution (1-3 d), masking."""
 
 import numpy as np
 
 from popir.ops import _window
-from popir.ops.base import full, reshape
+from popir.ops.base import full, reduce_sum, reshape
 from popir.ops.conv import conv2d, conv2d_grad_input, max_pool2d, padding_pairs, pair
 from popir.ops.elementwise import where
 from popir.ops.linalg import matmul
 from popir.ops.movement import concat, gather, pad, slice_, transpose
 from popir.ops.reduction import reduce_max
+from popir.ops.resize import apply_along
 from popir.ops.stats import mean
 
 
@@ -208,3 +209,95 @@ def adaptive_avg_pool2d(x, output_size):
 def adaptive_max_pool2d(x, output_size):
     """torch.nn.functional.adaptive_max_pool2d (values only); ties share the gradient like amax."""
     return _adaptive_bins(x, output_size, reduce_max)
+
+
+def bilinear(a, b, weight, bias=None):
+    """torch.nn.functional.bilinear: out[..., o] = a[..., i] weight[o, i, j] b[..., j] + bias[o]."""
+    out_f, in_a, in_b = weight.shape
+    lead = a.shape[:-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    w = reshape(transpose(weight, perm=(1, 0, 2)), shape=(in_a, out_f * in_b))
+    t = reshape(matmul(reshape(a, shape=(rows, in_a)), w), shape=(rows, out_f, in_b))
+    y = reduce_sum(t * reshape(b, shape=(rows, 1, in_b)), axes=(2,), keepdims=False)
+    y = reshape(y, shape=lead + (out_f,))
+    return y if bias is None else y + bias
+
+
+def _triple(v):
+    return (v,) * 3 if isinstance(v, int) else tuple(v)
+
+
+def _depth_as_height(y, n, c):
+    """(n*c, D, H', W') -> (n*c, 1, D, H'*W'): depth becomes the height of a single-channel 2-D map."""
+    return reshape(y, shape=(n * c, 1, y.shape[1], y.shape[2] * y.shape[3]))
+
+
+def _back_to_3d(z, n, c, hw):
+    return reshape(z, shape=(n, c, z.shape[2]) + hw)
+
+
+def avg_pool3d(x, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """torch.nn.functional.avg_pool3d, separably: a 2-D average over (H, W), then one over depth. Window
+    counts (with padding and ceil_mode) are per-axis products, so the two stages divide exactly as torch."""
+    kernel = _triple(kernel)
+    stride = kernel if stride is None or stride == () else _triple(stride)
+    padding = _triple(padding)
+    n, c = x.shape[:2]
+    planes = reshape(x, shape=(n * c,) + x.shape[2:])
+    y = avg_pool2d(planes, kernel[1:], stride[1:], padding[1:], ceil_mode, count_include_pad)
+    z = avg_pool2d(
+        _depth_as_height(y, n, c), (kernel[0], 1), (stride[0], 1), (padding[0], 0), ceil_mode, count_include_pad
+    )
+    return _back_to_3d(z, n, c, y.shape[2:])
+
+
+def max_pool3d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """torch.nn.functional.max_pool3d (values), separably: a 2-D max over (H, W), then one over depth."""
+    kernel = _triple(kernel)
+    stride = kernel if stride is None or stride == () else _triple(stride)
+    padding, dilation = _triple(padding), _triple(dilation)
+    n, c = x.shape[:2]
+    planes = reshape(x, shape=(n * c,) + x.shape[2:])
+    y = max_pool2d(planes, kernel[1:], stride[1:], padding[1:], dilation[1:], ceil_mode)
+    z = max_pool2d(
+        _depth_as_height(y, n, c), (kernel[0], 1), (stride[0], 1), (padding[0], 0), (dilation[0], 1), ceil_mode
+    )
+    return _back_to_3d(z, n, c, y.shape[2:])
+
+
+def adaptive_avg_pool3d(x, output_size):
+    """torch.nn.functional.adaptive_avg_pool3d: adaptive bins are per-axis, so (H, W) then depth."""
+    out = _triple(output_size)
+    out = tuple(d if o is None else o for o, d in zip(out, x.shape[2:]))
+    n, c = x.shape[:2]
+    y = adaptive_avg_pool2d(reshape(x, shape=(n * c,) + x.shape[2:]), out[1:])
+    z = adaptive_avg_pool2d(_depth_as_height(y, n, c), (out[0], y.shape[2] * y.shape[3]))
+    return _back_to_3d(z, n, c, y.shape[2:])
+
+
+def conv_transpose3d(x, weight, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose3d without bias: a conv_transpose2d per kernel depth over the input
+    planes, each placed on the output's depth axis by a constant selection map (then cropped by padding)."""
+    (sd, sh, sw), (pd, ph, pw), (od, oh, ow), (dd, dh, dw) = map(_triple, (stride, padding, output_padding, dilation))
+    n, _, depth = x.shape[:3]
+    kd = weight.shape[2]
+    planes = reshape(transpose(x, perm=(0, 2, 1, 3, 4)), shape=(n * depth,) + x.shape[1:2] + x.shape[3:])
+    full_depth = (depth - 1) * sd + dd * (kd - 1) + 1
+    out_depth = full_depth - 2 * pd + od
+    total = None
+    for k in range(kd):
+        w = reshape(
+            slice_(weight, starts=(0, 0, k, 0, 0), stops=weight.shape[:2] + (k + 1,) + weight.shape[3:]),
+            shape=weight.shape[:2] + weight.shape[3:],
+        )
+        y = conv_transpose2d(planes, w, (sh, sw), (ph, pw), (oh, ow), groups, (dh, dw))
+        y = reshape(y, shape=(n, depth) + y.shape[1:])  # (n, D, C_out, H', W')
+        # Input plane i lands at output depth i*sd + k*dd - pd (rows outside [0, out_depth) fall away).
+        place = np.zeros((out_depth, depth))
+        for i in range(depth):
+            z = i * sd + k * dd - pd
+            if 0 <= z < out_depth:
+                place[z, i] = 1.0
+        y = apply_along(y, 1, place)
+        total = y if total is None else total + y
+    return transpose(total, perm=(0, 2, 1, 3, 4))

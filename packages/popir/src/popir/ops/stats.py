@@ -1,11 +1,15 @@
-"""Statistics composites over primitives: mean, var, std, logsumexp."""
+"""Statistics composites over primitives: mean, var, std, logsumexp, norms and distances, median, cumprod."""
 
 import math
 
+import numpy as np
+
 from popir.ops._infer import norm_axes
-from popir.ops.base import exp, reduce_sum, reshape
-from popir.ops.elementwise import abs_, cast, log, ne, pow_, sqrt
-from popir.ops.reduction import reduce_max, reduce_min
+from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
+from popir.ops.elementwise import abs_, cast, gt, log, ne, pow_, sqrt, where
+from popir.ops.movement import slice_
+from popir.ops.ordering import sort
+from popir.ops.reduction import reduce_max, reduce_min, reduce_prod
 
 
 def count(x, axes):
@@ -58,3 +62,44 @@ def norm(x, p=2.0, axes=None, keepdims=False):
         return sqrt(reduce_sum(x * x, axes=axes, keepdims=keepdims))
     total = reduce_sum(pow_(a, x.graph.constant(float(p), x.dtype)), axes=axes, keepdims=keepdims)
     return pow_(total, total.graph.constant(1.0 / p, x.dtype))
+
+
+def cumprod(x, axis):
+    """torch.cumprod along ``axis``: out[i] is the product of x[j] for j <= i (a masked reduce_prod)."""
+    axis = axis % x.ndim
+    n = x.shape[axis]
+    # spread[..., i, j, ...] = x[..., j, ...] where j <= i, else 1.
+    lower = np.tril(np.ones((n, n), dtype=bool)).reshape((1,) * axis + (n, n) + (1,) * (x.ndim - axis - 1))
+    spread = reshape(x, shape=x.shape[:axis] + (1,) + x.shape[axis:])
+    picked = where(x.graph.constant(lower), spread, x.graph.constant(np.ones((), x.dtype.numpy)))
+    return reduce_prod(picked, axes=(axis + 1,), keepdims=False)
+
+
+def median(x, axis=None, keepdims=False):
+    """torch.median: the lower median (sorted position (n - 1) // 2) and its int32 index along ``axis``
+    (None: of the flattened tensor, value only)."""
+    if axis is None:
+        flat = reshape(x, shape=(x.type.size,))
+        return median(flat, 0)[0]
+    axis = axis % x.ndim
+    values, order = sort(x, axis=axis, descending=False)
+    k = (x.shape[axis] - 1) // 2
+    starts = tuple(k if a == axis else 0 for a in range(x.ndim))
+    stops = tuple(k + 1 if a == axis else d for a, d in enumerate(x.shape))
+    shape = x.shape[:axis] + ((1,) if keepdims else ()) + x.shape[axis + 1 :]
+    return reshape(slice_(values, starts=starts, stops=stops), shape=shape), reshape(
+        slice_(order, starts=starts, stops=stops), shape=shape
+    )
+
+
+def cdist(a, b, p=2.0):
+    """torch.cdist of row sets a (..., P, M) and b (..., R, M): (..., P, R) p-norm distances. At zero
+    distance the 2-norm's gradient is 0, as in torch (not the 0/0 of sqrt's)."""
+    diff = reshape(a, shape=a.shape[:-1] + (1, a.shape[-1])) - reshape(b, shape=b.shape[:-2] + (1,) + b.shape[-2:])
+    if p != 2.0:
+        return norm(diff, p=p, axes=(-1,), keepdims=False)
+    squared = reduce_sum(diff * diff, axes=(-1,), keepdims=False)
+    zero = zeros_like(squared)
+    positive = gt(squared, zero)
+    safe = where(positive, squared, full(squared.graph, (), 1.0, squared.dtype))
+    return where(positive, sqrt(safe), zero)

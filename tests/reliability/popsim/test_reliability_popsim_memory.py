@@ -1,4 +1,5 @@
-"""Program sets that cannot fit are refused from sizes alone, before any planning, with the numbers."""
+"""Catalogue (popsim, no torch): program sets that cannot fit are refused from sizes alone, before any
+planning, with the numbers."""
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ def _graph(param_elements, input_elements=16):
     return g
 
 
+@pytest.mark.outcome("clear error")
 def test_variables_beyond_the_tile_memory_are_refused_before_planning(monkeypatch):
     planned = []
     monkeypatch.setattr(executable, "lower_graph", lambda *a: planned.append(1))
@@ -27,11 +29,13 @@ def test_variables_beyond_the_tile_memory_are_refused_before_planning(monkeypatc
     assert not planned
 
 
+@pytest.mark.outcome("clear error")
 def test_inputs_beyond_the_tile_memory_are_refused():
     with pytest.raises(popsim.OutOfMemoryError, match=r"800,000 bytes of inputs"):
         popsim.compile(_graph(16, input_elements=200_000), TARGET)
 
 
+@pytest.mark.outcome("clear error")
 def test_relax_memory_still_refuses_what_the_simulator_cannot_address():
     g = popir.Graph("g")
     w = g.add_input("w", (2**29 + 1,), "float32", kind="parameter")  # just over 2 GiB, never allocated
@@ -40,6 +44,7 @@ def test_relax_memory_still_refuses_what_the_simulator_cannot_address():
         popsim.compile(g, TARGET, relax_memory=True)
 
 
+@pytest.mark.outcome("right result")
 def test_a_program_set_that_fits_by_size_still_compiles_and_runs():
     exe = popsim.compile(_graph(1000), TARGET)
     exe.write_variable("w", np.ones(1000, np.float32))

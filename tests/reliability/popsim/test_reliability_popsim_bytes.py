@@ -1,5 +1,5 @@
-"""Executable.to_bytes / from_bytes: a round trip runs alike; damaged, truncated, crafted or pickled bytes are
-a popsim.Error (never a crash, never code run)."""
+"""Catalogue (popsim, no torch): Executable.to_bytes / from_bytes. A round trip runs alike; damaged,
+truncated, crafted or pickled bytes are a popsim.Error (never a crash, never code run)."""
 
 import hashlib
 import io
@@ -50,6 +50,7 @@ def _signed(header, arrays, allow_pickle=False):
     return fmt.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
 
 
+@pytest.mark.outcome("right result")
 def test_round_trip_runs_alike_with_its_variables(exe):
     clone = popsim.Executable.from_bytes(exe.to_bytes())
     np.testing.assert_array_equal(clone.read_variable("w"), exe.read_variable("w"))
@@ -57,6 +58,7 @@ def test_round_trip_runs_alike_with_its_variables(exe):
     assert clone.to_bytes() == exe.to_bytes()
 
 
+@pytest.mark.outcome("right result")
 def test_the_format_holds_no_pickle(exe):
     data = exe.to_bytes()
     assert b"\x80\x04" not in data[: len(fmt.MAGIC)]
@@ -65,6 +67,7 @@ def test_the_format_holds_no_pickle(exe):
     assert header["format"] == fmt.FORMAT_VERSION
 
 
+@pytest.mark.outcome("clear error")
 def test_every_damaged_byte_is_detected(exe):
     data = exe.to_bytes()
     positions = np.random.default_rng(0).choice(len(data), 60, replace=False)
@@ -75,6 +78,7 @@ def test_every_damaged_byte_is_detected(exe):
             popsim.Executable.from_bytes(bytes(damaged))
 
 
+@pytest.mark.outcome("clear error")
 @pytest.mark.parametrize("keep", [0, 5, 40, 200, -100, -1])
 def test_truncated_bytes_are_an_error(exe, keep):
     data = exe.to_bytes()
@@ -116,6 +120,7 @@ CRAFTED = {
 }
 
 
+@pytest.mark.outcome("clear error")
 @pytest.mark.parametrize("case", sorted(CRAFTED))
 def test_crafted_bytes_with_a_valid_checksum_are_an_error(exe, case):
     with pytest.raises(popsim.Error, match="not a valid popsim executable|format"):
@@ -127,6 +132,7 @@ class _Explodes:
         return (exec, ("raise SystemExit('pickle ran')",))
 
 
+@pytest.mark.outcome("clear error")
 def test_a_pickled_object_inside_is_refused_without_running_it(exe):
     header, arrays = _split(exe.to_bytes())
     arrays[header["variables"]["w"]["value"]] = np.array([_Explodes()], dtype=object)
@@ -134,6 +140,7 @@ def test_a_pickled_object_inside_is_refused_without_running_it(exe):
         popsim.Executable.from_bytes(_signed(header, arrays, allow_pickle=True))
 
 
+@pytest.mark.outcome("clear error")
 def test_a_deeply_nested_header_is_an_error():
     text = ("[" * 100_000 + "]" * 100_000).encode()
     buffer = io.BytesIO()
@@ -144,6 +151,7 @@ def test_a_deeply_nested_header_is_an_error():
         popsim.Executable.from_bytes(data)
 
 
+@pytest.mark.outcome("clear error")
 def test_an_executable_refuses_to_pickle(exe):
     with pytest.raises(TypeError, match="to_bytes"):
         pickle.dumps(exe)

@@ -1,0 +1,808 @@
+"""Codelets: one call runs one vertex (an instruction row) on its tile's memory, with the GIL released.
+
+Every operand is an absolute byte offset into the arena, planned so that all operands of one row lie in
+the memory of that row's tile. Elementwise codelets load blocks of up to BLOCK elements into doubles,
+compute, and store back converting to the field's element type, so each kernel is written once for every
+dtype while the inner loops stay free of type switches. Kinds, sub-ops, dtype codes and columns are the
+names _opcodes.py declares (generated into _opcodes.pxi); an unknown kind or sub-op traps (TRAPPED).
+"""
+
+from libc.math cimport (INFINITY, acos, acosh, asin, asinh, atan, atan2, atanh, ceil, cos, cosh, erf, exp, expm1, fabs,
+                        fabsf, floor, fmod, isnan, log, log1p, nearbyint, pow, sin, sinh, sqrt, tan, tanh)
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memmove, memset
+from scipy.linalg.cython_blas cimport sgemm
+
+from popsim._types cimport byte_t, int32_t, offset_t, u32
+
+from popsim._opcodes_enums cimport *
+
+include "_opcodes_report.pxi"
+
+cdef extern from *:
+    """
+    #include <string.h>
+    static inline double ps_h2d(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (double)f; }
+    static inline unsigned short ps_d2h(double d) {
+        _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
+    """
+    double ps_h2d(unsigned short h) noexcept nogil
+    unsigned short ps_d2h(double d) noexcept nogil
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    #define PS_CLONES __attribute__((target_clones("avx2", "default")))
+    #else
+    #define PS_CLONES
+    #endif
+    /* out (m, n) = a (m, k) @ b (k, n) for the tiny per-tile blocks most plans produce, where a BLAS call
+       costs more than the work. Outputs are computed in strips of up to 4 rows by 8, 4 or 1-3 columns whose
+       accumulators stay in registers over the whole of k (GCC vector types). On x86-64 GCC also builds an
+       AVX2 clone, picked at load time; without FMA contraction both clones round alike. */
+    typedef float ps_v8 __attribute__((vector_size(32)));
+    typedef float ps_v4 __attribute__((vector_size(16)));
+
+    /* R rows of out, columns j..j+W-1 as one vector of W; every element sums its products in ascending k
+       from zero, whichever strip computes it. */
+    #define PS_STRIP(R, W, T)                                                                         \
+        static inline void ps_strip_##R##_##W(const float* a, const float* b, float* out, int k, int n, int j) { \
+            T c[R];                                                                                    \
+            int r, kk;                                                                                 \
+            for (r = 0; r < R; r++) c[r] = (T){0};                                                     \
+            for (kk = 0; kk < k; kk++) {                                                               \
+                T v;                                                                                   \
+                memcpy(&v, b + (long)kk * n + j, sizeof v);                                            \
+                for (r = 0; r < R; r++) c[r] += a[(long)r * k + kk] * v;                               \
+            }                                                                                          \
+            for (r = 0; r < R; r++) memcpy(out + (long)r * n + j, &c[r], sizeof c[r]);                \
+        }
+    /* The last 1-3 columns: R x W scalar accumulators, again held in registers over k. */
+    #define PS_SCALARS(R, W)                                                                           \
+        static inline void ps_strip_##R##_s##W(const float* a, const float* b, float* out, int k, int n, int j) { \
+            float c[R][W];                                                                             \
+            int r, w, kk;                                                                              \
+            for (r = 0; r < R; r++) for (w = 0; w < W; w++) c[r][w] = 0.0f;                            \
+            for (kk = 0; kk < k; kk++) {                                                               \
+                const float* row = b + (long)kk * n + j;                                               \
+                for (r = 0; r < R; r++) for (w = 0; w < W; w++) c[r][w] += a[(long)r * k + kk] * row[w]; \
+            }                                                                                          \
+            for (r = 0; r < R; r++) for (w = 0; w < W; w++) out[(long)r * n + j + w] = c[r][w];        \
+        }
+    #define PS_KERNELS(R) PS_STRIP(R, 8, ps_v8) PS_STRIP(R, 4, ps_v4) PS_SCALARS(R, 1) PS_SCALARS(R, 2) PS_SCALARS(R, 3)
+    PS_KERNELS(1)
+    PS_KERNELS(2)
+    PS_KERNELS(3)
+    PS_KERNELS(4)
+
+    #define PS_ROWS(R)                                                                                 \
+        for (j = 0; j + 8 <= n; j += 8) ps_strip_##R##_8(ai, b, oi, k, n, j);                          \
+        if (j + 4 <= n) { ps_strip_##R##_4(ai, b, oi, k, n, j); j += 4; }                              \
+        if (n - j == 3) ps_strip_##R##_s3(ai, b, oi, k, n, j);                                         \
+        else if (n - j == 2) ps_strip_##R##_s2(ai, b, oi, k, n, j);                                    \
+        else if (n - j == 1) ps_strip_##R##_s1(ai, b, oi, k, n, j);
+
+    PS_CLONES static void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) {
+        int i = 0, j;
+        const float* ai;
+        float* oi;
+        for (; i + 4 <= m; i += 4) {
+            ai = a + (long)i * k;
+            oi = out + (long)i * n;
+            PS_ROWS(4)
+        }
+        ai = a + (long)i * k;
+        oi = out + (long)i * n;
+        switch (m - i) {
+        case 3: { PS_ROWS(3) } break;
+        case 2: { PS_ROWS(2) } break;
+        case 1: { PS_ROWS(1) } break;
+        }
+    }
+    """
+    void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil
+
+DEF BLOCK = 256
+# Below this many multiply-adds a plain loop beats the overhead of a BLAS call.
+DEF SMALL_GEMM_MACS = 32768
+
+
+cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
+    cdef Py_ssize_t i
+    if dt == DT_FLOAT32:
+        for i in range(n):
+            buf[i] = (<const float*> p)[start + i]
+    elif dt == DT_FLOAT16:
+        for i in range(n):
+            buf[i] = ps_h2d((<const unsigned short*> p)[start + i])
+    elif dt == DT_INT32:
+        for i in range(n):
+            buf[i] = (<const int32_t*> p)[start + i]
+    else:
+        for i in range(n):
+            buf[i] = (<const byte_t*> p)[start + i] != 0
+
+
+cdef inline double scalar(const byte_t* p, int dt) noexcept nogil:
+    """The one element of a scalar operand, as a double."""
+    cdef double v
+    load(p, dt, 0, 1, &v)
+    return v
+
+
+cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf, bint is_scalar,
+                       double value) noexcept nogil:
+    """Elements start..start+n-1 of an operand into ``buf``; a scalar operand (one element the vertex
+    broadcasts, see _opcodes.py) gives ``value`` in every slot."""
+    cdef Py_ssize_t i
+    if is_scalar:
+        for i in range(n):
+            buf[i] = value
+    else:
+        load(p, dt, start, n, buf)
+
+
+cdef inline int32_t to_int32(double v) noexcept nogil:
+    """float -> int truncates toward zero; NaN and out-of-range values become INT_MIN, like x86."""
+    if isnan(v) or v >= 2147483648.0 or v < -2147483648.0:
+        return -2147483648
+    return <int32_t> v
+
+
+cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const double* buf) noexcept nogil:
+    cdef Py_ssize_t i
+    if dt == DT_FLOAT32:
+        for i in range(n):
+            (<float*> p)[start + i] = <float> buf[i]
+    elif dt == DT_FLOAT16:
+        for i in range(n):
+            (<unsigned short*> p)[start + i] = ps_d2h(buf[i])
+    elif dt == DT_INT32:
+        for i in range(n):
+            (<int32_t*> p)[start + i] = to_int32(buf[i])
+    else:
+        for i in range(n):
+            (<byte_t*> p)[start + i] = buf[i] != 0
+
+
+cdef inline bint unary(int op, double* x, Py_ssize_t n) noexcept nogil:
+    """x = op(x) in place; False (nothing done) for a sub-op without a codelet. copy and cast compute
+    nothing: the load and store around them convert."""
+    cdef Py_ssize_t i
+    cdef double e
+    if op == U_COPY or op == U_CAST:
+        pass
+    elif op == U_NEG:
+        for i in range(n):
+            x[i] = -x[i]
+    elif op == U_EXP:
+        for i in range(n):
+            x[i] = exp(x[i])
+    elif op == U_LOG:
+        for i in range(n):
+            x[i] = log(x[i])
+    elif op == U_SQRT:
+        for i in range(n):
+            x[i] = sqrt(x[i])
+    elif op == U_RSQRT:
+        for i in range(n):
+            x[i] = 1.0 / sqrt(x[i])
+    elif op == U_TANH:
+        for i in range(n):
+            x[i] = tanh(x[i])
+    elif op == U_SIGMOID:
+        for i in range(n):
+            e = exp(-fabs(x[i]))
+            x[i] = 1.0 / (1.0 + e) if x[i] >= 0 else e / (1.0 + e)
+    elif op == U_ERF:
+        for i in range(n):
+            x[i] = erf(x[i])
+    elif op == U_ABS:
+        for i in range(n):
+            x[i] = fabs(x[i])
+    elif op == U_SIN:
+        for i in range(n):
+            x[i] = sin(x[i])
+    elif op == U_COS:
+        for i in range(n):
+            x[i] = cos(x[i])
+    elif op == U_RELU:
+        for i in range(n):
+            x[i] = x[i] if x[i] > 0 else (x[i] if isnan(x[i]) else 0.0)
+    elif op == U_SIGN:
+        for i in range(n):
+            x[i] = (x[i] > 0) - (x[i] < 0) if not isnan(x[i]) else x[i]
+    elif op == U_LOGICAL_NOT:
+        for i in range(n):
+            x[i] = x[i] == 0
+    elif op == U_ACOS:
+        for i in range(n):
+            x[i] = acos(x[i])
+    elif op == U_ACOSH:
+        for i in range(n):
+            x[i] = acosh(x[i])
+    elif op == U_ASIN:
+        for i in range(n):
+            x[i] = asin(x[i])
+    elif op == U_ASINH:
+        for i in range(n):
+            x[i] = asinh(x[i])
+    elif op == U_ATAN:
+        for i in range(n):
+            x[i] = atan(x[i])
+    elif op == U_ATANH:
+        for i in range(n):
+            x[i] = atanh(x[i])
+    elif op == U_COSH:
+        for i in range(n):
+            x[i] = cosh(x[i])
+    elif op == U_SINH:
+        for i in range(n):
+            x[i] = sinh(x[i])
+    elif op == U_TAN:
+        for i in range(n):
+            x[i] = tan(x[i])
+    elif op == U_CEIL:
+        for i in range(n):
+            x[i] = ceil(x[i])
+    elif op == U_FLOOR:
+        for i in range(n):
+            x[i] = floor(x[i])
+    elif op == U_ROUND:
+        for i in range(n):
+            x[i] = nearbyint(x[i])  # round half to even, like np.round
+    elif op == U_EXPM1:
+        for i in range(n):
+            x[i] = expm1(x[i])
+    elif op == U_LOG1P:
+        for i in range(n):
+            x[i] = log1p(x[i])
+    elif op == U_BITWISE_NOT:
+        for i in range(n):
+            x[i] = -x[i] - 1.0  # two's complement ~x of an int32
+    else:
+        return False
+    return True
+
+
+cdef inline bint binary(int op, double* a, const double* b, Py_ssize_t n, bint integer) noexcept nogil:
+    """a = a op b in place; False (nothing done) for a sub-op without a codelet."""
+    cdef Py_ssize_t i
+    if op == B_ADD:
+        for i in range(n):
+            a[i] = a[i] + b[i]
+    elif op == B_SUB:
+        for i in range(n):
+            a[i] = a[i] - b[i]
+    elif op == B_MUL:
+        for i in range(n):
+            a[i] = a[i] * b[i]
+    elif op == B_DIV:
+        if integer:
+            for i in range(n):
+                a[i] = floor(a[i] / b[i]) if b[i] != 0 else 0.0
+        else:
+            for i in range(n):
+                a[i] = a[i] / b[i]
+    elif op == B_POW:
+        for i in range(n):
+            a[i] = pow(a[i], b[i])
+    elif op == B_MAXIMUM:
+        for i in range(n):
+            a[i] = a[i] if (a[i] >= b[i] or isnan(a[i])) else b[i]
+    elif op == B_MINIMUM:
+        for i in range(n):
+            a[i] = a[i] if (a[i] <= b[i] or isnan(a[i])) else b[i]
+    elif op == B_EQ:
+        for i in range(n):
+            a[i] = a[i] == b[i]
+    elif op == B_NE:
+        for i in range(n):
+            a[i] = a[i] != b[i]
+    elif op == B_LT:
+        for i in range(n):
+            a[i] = a[i] < b[i]
+    elif op == B_LE:
+        for i in range(n):
+            a[i] = a[i] <= b[i]
+    elif op == B_GT:
+        for i in range(n):
+            a[i] = a[i] > b[i]
+    elif op == B_GE:
+        for i in range(n):
+            a[i] = a[i] >= b[i]
+    elif op == B_LOGICAL_AND:
+        for i in range(n):
+            a[i] = (a[i] != 0) and (b[i] != 0)
+    elif op == B_LOGICAL_OR:
+        for i in range(n):
+            a[i] = (a[i] != 0) or (b[i] != 0)
+    elif op == B_ATAN2:
+        for i in range(n):
+            a[i] = atan2(a[i], b[i])
+    elif op == B_REMAINDER:
+        for i in range(n):
+            a[i] = remainder(a[i], b[i], integer)
+    elif op == B_BITWISE_AND:
+        for i in range(n):
+            a[i] = <int32_t> a[i] & <int32_t> b[i]
+    elif op == B_BITWISE_OR:
+        for i in range(n):
+            a[i] = <int32_t> a[i] | <int32_t> b[i]
+    elif op == B_BITWISE_XOR:
+        for i in range(n):
+            a[i] = <int32_t> a[i] ^ <int32_t> b[i]
+    else:
+        return False
+    return True
+
+
+cdef inline bint has_float32_path(int op) noexcept nogil:
+    """Whether binary_float32 runs ``op`` (_opcodes.BINARY_FLOAT32_OPS)."""
+    return op == B_ADD or op == B_SUB or op == B_MUL or op == B_DIV
+
+
+cdef inline void binary_float32(int op, const float* a, const float* b, float* out, Py_ssize_t n) noexcept nogil:
+    """add, sub, mul and div of float32 without the trip through doubles (which rounds to the same float)."""
+    cdef Py_ssize_t i
+    if op == B_ADD:
+        for i in range(n):
+            out[i] = a[i] + b[i]
+    elif op == B_SUB:
+        for i in range(n):
+            out[i] = a[i] - b[i]
+    elif op == B_MUL:
+        for i in range(n):
+            out[i] = a[i] * b[i]
+    else:  # B_DIV (see has_float32_path)
+        for i in range(n):
+            out[i] = a[i] / b[i]
+
+
+cdef inline bint unary_float32(int op, const float* x, float* out, Py_ssize_t n) noexcept nogil:
+    """copy, neg, abs and relu of float32 directly (exact, so the same as the double path). Returns False
+    for ops left to the general path."""
+    cdef Py_ssize_t i
+    cdef float v
+    if op == U_COPY:
+        memmove(out, x, n * sizeof(float))
+    elif op == U_NEG:
+        for i in range(n):
+            out[i] = -x[i]
+    elif op == U_ABS:
+        for i in range(n):
+            out[i] = fabsf(x[i])
+    elif op == U_RELU:
+        for i in range(n):
+            v = x[i]
+            out[i] = v if v > 0 else (v if v != v else 0.0)
+    else:
+        return False
+    return True
+
+
+cdef inline void where32(const byte_t* cond, const int32_t* a, const int32_t* b, int32_t* out,
+                         Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i] = a[i] if cond[i] != 0 else b[i]
+
+
+cdef inline double remainder(double a, double b, bint integer) noexcept nogil:
+    """np.remainder: the result takes the divisor's sign (0 for an integer division by zero)."""
+    cdef double r
+    if integer and b == 0:
+        return 0.0
+    r = fmod(a, b)
+    if r != 0 and ((r < 0) != (b < 0)):
+        r += b
+    return r
+
+
+cdef inline double reduce_step(int op, double acc, double v) noexcept nogil:
+    """One element into a running sum, max, min or product; NaN propagates for max and min."""
+    if op == R_SUM:
+        return acc + v
+    if op == R_PROD:
+        return acc * v
+    if not isnan(acc) and (isnan(v) or (v > acc if op == R_MAX else v < acc)):
+        return v
+    return acc
+
+
+cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, int dt_out,
+                             Py_ssize_t rows, Py_ssize_t group) noexcept nogil:
+    """dst[r] = reduce(src[r * group : (r + 1) * group]) in double, in index order (NaN propagates for max/min).
+    float32 rows are read in place; other dtypes go through a staging buffer of doubles."""
+    cdef double buf[BLOCK]
+    cdef double acc
+    cdef Py_ssize_t r, s, n, i
+    cdef const float* f
+    for r in range(rows):
+        acc = 0.0 if op == R_SUM else (-INFINITY if op == R_MAX else (INFINITY if op == R_MIN else 1.0))
+        if dt_in == DT_FLOAT32:
+            f = <const float*> src + r * group
+            for i in range(group):
+                acc = reduce_step(op, acc, f[i])
+        else:
+            s = 0
+            while s < group:
+                n = min(BLOCK, group - s)
+                load(src, dt_in, r * group + s, n, buf)
+                for i in range(n):
+                    acc = reduce_step(op, acc, buf[i])
+                s += n
+        store(dst, dt_out, r, 1, &acc)
+
+
+cdef inline void widen(const byte_t* src, int dt, float* dst, Py_ssize_t count) noexcept nogil:
+    cdef double buf[BLOCK]
+    cdef Py_ssize_t s = 0, i, n
+    while s < count:
+        n = min(BLOCK, count - s)
+        load(src, dt, s, n, buf)
+        for i in range(n):
+            dst[s + i] = <float> buf[i]
+        s += n
+
+
+cdef inline void gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil:
+    cdef float one = 1.0, zero = 0.0
+    if n <= BLOCK and <long> m * k * n <= SMALL_GEMM_MACS:
+        ps_small_gemm(a, b, out, m, k, n)
+    else:
+        sgemm("N", "N", &n, &m, &k, &one, <float*> b, &n, <float*> a, &k, &zero, out, &n)
+
+
+cdef void matmul_partial(const byte_t* a, const byte_t* b, int dt, float* out,
+                         int m, int k, int n) noexcept nogil:
+    """out (m, n, float32) = a (m, k) @ b (k, n); float16 operands are widened to float32 partials first."""
+    cdef float* fa
+    cdef float* fb
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        memset(out, 0, m * n * sizeof(float))
+        return
+    if dt == DT_FLOAT32:
+        gemm(<const float*> a, <const float*> b, out, m, k, n)
+        return
+    fa = <float*> malloc(m * k * sizeof(float))
+    fb = <float*> malloc(k * n * sizeof(float))
+    widen(a, dt, fa, m * k)
+    widen(b, dt, fb, k * n)
+    gemm(fa, fb, out, m, k, n)
+    free(fa)
+    free(fb)
+
+
+cdef inline void random_uniform(const int32_t* seed, byte_t* out, int dt, Py_ssize_t first,
+                                Py_ssize_t n) noexcept nogil:
+    """The counter-based recipe of popir's random_uniform, bit for bit, for flat indices first..first+n-1."""
+    cdef u32 s0 = <u32> seed[0]
+    cdef u32 s1 = <u32> seed[1]
+    cdef u32 h
+    cdef double buf[BLOCK]
+    cdef float u
+    cdef Py_ssize_t s = 0, i, cnt
+    while s < n:
+        cnt = min(BLOCK, n - s)
+        for i in range(cnt):
+            h = (<u32> (first + s + i) * <u32> 0x9E3779B9u + s0) ^ (s1 * <u32> 0x85EBCA6Bu)
+            h ^= h >> 16
+            h *= <u32> 0x85EBCA6Bu
+            h ^= h >> 13
+            h *= <u32> 0xC2B2AE35u
+            h ^= h >> 16
+            u = <float> (h >> 8) * <float> 5.9604644775390625e-08
+            buf[i] = u
+        store(out, dt, s, cnt, buf)
+        s += cnt
+
+
+cdef inline void settle(int dt, double* buf, Py_ssize_t n) noexcept nogil:
+    """Round ``buf`` to what storing it as ``dt`` and loading it back gives (see store and load), so a fused
+    expression's intermediates are exactly those of the separate vertices it replaces."""
+    cdef Py_ssize_t i
+    if dt == DT_FLOAT32:
+        for i in range(n):
+            buf[i] = <float> buf[i]
+    elif dt == DT_FLOAT16:
+        for i in range(n):
+            buf[i] = ps_h2d(ps_d2h(buf[i]))
+    elif dt == DT_INT32:
+        for i in range(n):
+            buf[i] = to_int32(buf[i])
+    else:
+        for i in range(n):
+            buf[i] = buf[i] != 0
+
+
+DEF EXPR_BLOCK = 64
+
+
+cdef inline offset_t leaf_address(const offset_t* row, int leaf) noexcept nogil:
+    """Arena address of a fused expression's leaf (fields a..f sit in the columns EXPR_LEAF_COLUMNS names)."""
+    if leaf < 3:
+        return row[C_A + leaf]
+    return row[C_DTA + leaf - 3]
+
+
+cdef bint expression_ok(const offset_t* prog) noexcept nogil:
+    """Whether an EXPR program stays within the registers and names known ops (else the vertex traps)."""
+    cdef offset_t leaves = prog[X_LEAVES], ops = prog[X_OPS], j, k
+    cdef const offset_t* o
+    if leaves < 0 or leaves > EXPR_LEAVES or ops < 1 or ops > EXPR_MAX_OPS:
+        return False
+    if prog[X_RESULT] < 0 or prog[X_RESULT] >= leaves + ops:
+        return False
+    for j in range(ops):
+        o = prog + (1 + j) * NCOLS
+        if o[O_DST] != leaves + j or not (o[O_KIND] == K_UNARY and 0 <= o[O_SUB] < U_END
+                                         or o[O_KIND] == K_BINARY and 0 <= o[O_SUB] < B_END
+                                         or o[O_KIND] == K_WHERE):
+            return False
+        for k in range(EXPR_SRCS):
+            if o[O_SRC + k] < 0 or o[O_SRC + k] >= leaves + j:
+                return False
+    return True
+
+
+cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
+    """run_expression for float32 add/sub/mul/div only: the float32 loops round each op as the double path
+    does, leaves are read in place, and the last op writes the output itself."""
+    cdef float regs[EXPR_REGS * EXPR_BLOCK]
+    cdef const float* src[EXPR_REGS]
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
+    cdef int scalars = <int> prog[X_SCALARS]
+    cdef float* out = <float*> (base + row[C_OUT])
+    cdef float* d
+    cdef const offset_t* o
+    for leaf in range(leaves):
+        if scalars & (1 << leaf):
+            for i in range(EXPR_BLOCK):
+                regs[leaf * EXPR_BLOCK + i] = (<const float*> (base + leaf_address(row, leaf)))[0]
+            src[leaf] = regs + leaf * EXPR_BLOCK
+    while s < n:
+        cnt = min(EXPR_BLOCK, n - s)
+        for leaf in range(leaves):
+            if not scalars & (1 << leaf):
+                src[leaf] = (<const float*> (base + leaf_address(row, leaf))) + s
+        for j in range(ops):
+            o = prog + (1 + j) * NCOLS
+            d = out + s if j == ops - 1 else regs + o[O_DST] * EXPR_BLOCK
+            binary_float32(<int> o[O_SUB], src[o[O_SRC]], src[o[O_SRC + 1]], d, cnt)
+            src[o[O_DST]] = d
+        s += cnt
+
+
+cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog) noexcept nogil:
+    """A fused elementwise vertex (popops' map expressions): ``prog`` (rows of the instruction table, laid
+    out as _opcodes.py's EXPR comment says) holds a header row, then one row per op. Leaves load into
+    registers 0.., each op writes its own register and is rounded to its dtype, block by block. An all-float32
+    add/sub/mul/div program (X_FLOAT32) runs on floats directly. The program was checked (expression_ok)."""
+    cdef double regs[EXPR_REGS * EXPR_BLOCK]
+    cdef double values[EXPR_LEAVES]
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
+    cdef int scalars = <int> prog[X_SCALARS]
+    cdef const offset_t* o
+    cdef double* d
+    cdef double* a
+    cdef double* b
+    cdef double* c
+    if prog[X_FLOAT32]:
+        run_expression_float32(base, row, prog)
+        return
+    for leaf in range(leaves):
+        if scalars & (1 << leaf):
+            values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf])
+    while s < n:
+        cnt = min(EXPR_BLOCK, n - s)
+        for leaf in range(leaves):
+            fetch(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf], s, cnt, regs + leaf * EXPR_BLOCK,
+                  scalars & (1 << leaf), values[leaf])
+        for j in range(ops):
+            o = prog + (1 + j) * NCOLS
+            d = regs + o[O_DST] * EXPR_BLOCK
+            a = regs + o[O_SRC] * EXPR_BLOCK
+            b = regs + o[O_SRC + 1] * EXPR_BLOCK
+            c = regs + o[O_SRC + 2] * EXPR_BLOCK
+            if o[O_KIND] == K_WHERE:
+                for i in range(cnt):
+                    d[i] = b[i] if a[i] != 0 else c[i]
+            else:
+                memcpy(d, a, cnt * sizeof(double))
+                if o[O_KIND] == K_UNARY:
+                    unary(<int> o[O_SUB], d, cnt)
+                else:
+                    binary(<int> o[O_SUB], d, b, cnt, <bint> o[O_INTEGER])
+            settle(<int> o[O_DT], d, cnt)
+        store(base + row[C_OUT], <int> prog[X_OUT_DT], s, cnt, regs + prog[X_RESULT] * EXPR_BLOCK)
+        s += cnt
+
+
+cdef inline bint known_sub(int op, int sub) noexcept nogil:
+    """Whether ``sub`` is a sub-op _opcodes.py declares for kind ``op`` (an unknown kind is never known)."""
+    if op == K_UNARY:
+        return 0 <= sub < U_END
+    if op == K_BINARY:
+        return 0 <= sub < B_END
+    if op == K_REDUCE:
+        return 0 <= sub < R_END
+    if op == K_GATHER or op == K_SCATTER_ADD:
+        return 0 <= sub < G_END
+    return K_UNARY <= op < K_END and sub == S_DEFAULT
+
+
+cdef inline int itemsize_of(int dt) noexcept nogil:
+    if dt == DT_FLOAT32 or dt == DT_INT32:
+        return 4
+    return 2 if dt == DT_FLOAT16 else 1
+
+
+cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogil:
+    """A UNARY, BINARY or WHERE vertex; bit i of its P0 marks operand i (a, b, c) as a scalar it broadcasts.
+    Returns 0, or TRAPPED for a sub-op without a codelet."""
+    cdef int op = <int> row[C_OP]
+    cdef int sub = <int> row[C_SUB]
+    cdef Py_ssize_t n = row[C_N]
+    cdef Py_ssize_t s = 0, cnt, i
+    cdef double bufa[BLOCK]
+    cdef double bufb[BLOCK]
+    cdef double bufc[BLOCK]
+    cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
+    cdef int scalars = <int> row[C_P0]
+    cdef double va, vb, vc
+    cdef float splat[BLOCK]
+    cdef const float* fa
+    cdef const float* fb
+    cdef const float* fs
+    if op == K_UNARY:
+        if scalars == 0 and dta == DT_FLOAT32 and dto == DT_FLOAT32 and unary_float32(
+            sub, <const float*> (base + row[C_A]), <float*> (base + row[C_OUT]), n
+        ):
+            return 0
+        va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
+            if not unary(sub, bufa, cnt):
+                return TRAPPED
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    elif op == K_BINARY:
+        if dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3:
+            fa = <const float*> (base + row[C_A])
+            fb = <const float*> (base + row[C_B])
+            if scalars == 0:
+                binary_float32(sub, fa, fb, <float*> (base + row[C_OUT]), n)
+                return 0
+            # One scalar operand: repeat it over a block of floats and run the same loops block by block.
+            for i in range(BLOCK):
+                splat[i] = fa[0] if scalars & 1 else fb[0]
+            fs = splat
+            while s < n:
+                cnt = min(BLOCK, n - s)
+                binary_float32(sub, fs if scalars & 1 else fa + s, fs if scalars & 2 else fb + s,
+                               <float*> (base + row[C_OUT]) + s, cnt)
+                s += cnt
+            return 0
+        va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
+        vb = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
+            fetch(base + row[C_B], dtb, s, cnt, bufb, scalars & 2, vb)
+            if not binary(sub, bufa, bufb, cnt, dta == DT_INT32):
+                return TRAPPED
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    else:
+        if scalars == 0 and dtb == dto and (dto == DT_FLOAT32 or dto == DT_INT32):
+            # 4-byte results are bit copies of one of the two operands.
+            where32(base + row[C_A], <const int32_t*> (base + row[C_B]), <const int32_t*> (base + row[C_C]),
+                    <int32_t*> (base + row[C_OUT]), n)
+            return 0
+        vc = scalar(base + row[C_A], DT_BOOL) if scalars & 1 else 0.0
+        va = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
+        vb = scalar(base + row[C_C], dtb) if scalars & 4 else 0.0
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            fetch(base + row[C_A], DT_BOOL, s, cnt, bufc, scalars & 1, vc)
+            fetch(base + row[C_B], dtb, s, cnt, bufa, scalars & 2, va)
+            fetch(base + row[C_C], dtb, s, cnt, bufb, scalars & 4, vb)
+            for i in range(cnt):
+                if bufc[i] == 0:
+                    bufa[i] = bufb[i]
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    return 0
+
+
+cdef Py_ssize_t run_gather(byte_t* base, const offset_t* row) noexcept nogil:
+    """GATHER / SCATTER_ADD: x viewed as (rows, size, inner) at C_A; n int32 indices at C_B; rows, inner and
+    size in P0, P1 and P2. GATHER: out (rows, n, inner) = x[:, idx, :]. SCATTER_ADD: out (rows, size, inner)
+    += c (rows, n, inner) at idx. Returns how many indices were out of range (counted unless the sub-op says a
+    check vertex beside this one counts the user's own indices)."""
+    cdef Py_ssize_t n = row[C_N], rows = row[C_P0], inner = row[C_P1], size = row[C_P2]
+    cdef Py_ssize_t i, j, s, idx, bad = 0
+    cdef int dta = <int> row[C_DTA]
+    cdef int itemsize = itemsize_of(dta)
+    cdef bint count = row[C_SUB] == G_COUNT_BAD
+    cdef double bufa[BLOCK]
+    cdef double bufb[BLOCK]
+    for j in range(rows):
+        for i in range(n):
+            idx = (<const int32_t*> (base + row[C_B]))[i]
+            if idx < 0:
+                idx += size
+            if idx < 0 or idx >= size:
+                # Never touch memory outside the tile: a gathered slice becomes zeros, an update is dropped,
+                # and the run reports an error.
+                bad += count
+                if row[C_OP] == K_GATHER:
+                    memset(base + row[C_OUT] + ((j * n + i) * inner) * itemsize, 0, inner * itemsize)
+                continue
+            if row[C_OP] == K_GATHER:
+                memcpy(base + row[C_OUT] + ((j * n + i) * inner) * itemsize,
+                       base + row[C_A] + ((j * size + idx) * inner) * itemsize, inner * itemsize)
+            else:
+                load(base + row[C_C], dta, (j * n + i) * inner, inner, bufb)
+                load(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+                for s in range(inner):
+                    bufa[s] += bufb[s]
+                store(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+    return bad
+
+
+cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam,
+                                const offset_t* table) noexcept nogil:
+    """Run one vertex (``table``: the instruction table, where EXPR programs sit); returns how many of its
+    dynamic indices were out of range (those rows are skipped), or TRAPPED (nothing done) for a kind or
+    sub-op the engine does not know."""
+    cdef int op = <int> row[C_OP]
+    cdef Py_ssize_t n = row[C_N]
+    cdef Py_ssize_t s = 0, cnt, i, size
+    cdef double bufa[BLOCK]
+    cdef int dta = <int> row[C_DTA], dto = <int> row[C_DTOUT]
+    cdef float* partial
+    if not known_sub(op, <int> row[C_SUB]):
+        return TRAPPED
+    if op == K_UNARY or op == K_BINARY or op == K_WHERE:
+        return run_elementwise(base, row)
+    elif op == K_EXPR:
+        if not expression_ok(table + row[C_P0] * NCOLS):
+            return TRAPPED
+        run_expression(base, row, table + row[C_P0] * NCOLS)
+    elif op == K_REDUCE:
+        reduce_rows(<int> row[C_SUB], base + row[C_A], dta, base + row[C_OUT], dto, row[C_P0], row[C_P1])
+    elif op == K_MATMUL:
+        if dto == DT_FLOAT32:
+            matmul_partial(base + row[C_A], base + row[C_B], dta, <float*> (base + row[C_OUT]),
+                           <int> row[C_P0], <int> row[C_P1], <int> n)
+        else:
+            # float16 partials: accumulate in float32, then round once into the tile's partials.
+            size = row[C_P0] * n
+            partial = <float*> malloc(max(size, 1) * sizeof(float))
+            matmul_partial(base + row[C_A], base + row[C_B], dta, partial, <int> row[C_P0], <int> row[C_P1], <int> n)
+            for i in range(size):
+                bufa[0] = partial[i]
+                store(base + row[C_OUT], dto, i, 1, bufa)
+            free(partial)
+    elif op == K_RNG:
+        random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)
+    elif op == K_COPY:
+        memcpy(base + row[C_OUT], base + row[C_A], n * itemsize_of(dto))
+    elif op == K_FILL:
+        for i in range(min(n, BLOCK)):
+            bufa[i] = fparam
+        while s < n:
+            cnt = min(BLOCK, n - s)
+            store(base + row[C_OUT], dto, s, cnt, bufa)
+            s += cnt
+    elif op == K_GATHER or op == K_SCATTER_ADD:
+        return run_gather(base, row)
+    return 0

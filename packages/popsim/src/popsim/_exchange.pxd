@@ -1,0 +1,58 @@
+# Exchange and host transfers: byte-run copies between tiles and slices of host streams (see _exchange.pyx).
+# The per-row copy is inline here so the engine loop runs it without a call through a module boundary.
+from libc.string cimport memcpy
+
+from popsim._types cimport byte_t, copy_t, int32_t, offset_t
+
+from popsim._opcodes_enums cimport *
+
+
+cdef inline void small_copy(byte_t* d, const byte_t* s, offset_t n) noexcept nogil:
+    """memcpy for the few-byte runs most exchange rows move: fixed-size moves (two of them, overlapping
+    when ``n`` is not a power of two) instead of a library call."""
+    if n >= 32:
+        memcpy(d, s, n)
+    elif n >= 16:
+        memcpy(d, s, 16)
+        memcpy(d + n - 16, s + n - 16, 16)
+    elif n >= 8:
+        memcpy(d, s, 8)
+        memcpy(d + n - 8, s + n - 8, 8)
+    elif n >= 4:
+        memcpy(d, s, 4)
+        memcpy(d + n - 4, s + n - 4, 4)
+    elif n >= 2:
+        memcpy(d, s, 2)
+        memcpy(d + n - 2, s + n - 2, 2)
+    elif n == 1:
+        d[0] = s[0]
+
+
+cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
+    """One exchange row: ``reps`` repetitions, the source advancing by ``outer`` bytes each, of ``count``
+    elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes, 0 for a broadcast element) to
+    contiguous dst (the columns _opcodes.COPY_COLUMNS names)."""
+    cdef offset_t src = row[CP_SRC], dst = row[CP_DST], count = row[CP_COUNT], stride = row[CP_STRIDE]
+    cdef offset_t isz = row[CP_ITEMSIZE], reps = row[CP_REPS], outer = row[CP_OUTER], nbytes = count * isz, j, k
+    cdef byte_t* d = base + dst
+    cdef const byte_t* s = base + src
+    if stride == isz:
+        for k in range(reps):
+            small_copy(d + k * nbytes, s + k * outer, nbytes)
+        return
+    for k in range(reps):
+        if isz == 4:
+            for j in range(count):
+                (<int32_t*> d)[j] = (<const int32_t*> (s + j * stride))[0]
+        elif isz == 2:
+            for j in range(count):
+                (<unsigned short*> d)[j] = (<const unsigned short*> (s + j * stride))[0]
+        else:
+            for j in range(count):
+                memcpy(d + j * isz, s + j * stride, isz)
+        d += nbytes
+        s += outer
+
+
+cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset_t* rows,
+                      Py_ssize_t start, Py_ssize_t stop) noexcept nogil

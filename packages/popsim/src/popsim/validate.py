@@ -1,0 +1,355 @@
+"""Checks that keep the engine inside tile memory: a vertex when it is built, a compiled program's tables
+before they run (``check_program``, for programs that did not come from this process's builder, such as
+ones loaded from bytes).
+
+The engine itself does no bounds checks (its loops are the simulator's hot path), so everything it reads
+is checked here, against the format _opcodes.py declares; every failure is a ``popsim.Error``.
+"""
+
+import numpy as np
+
+from popsim import _opcodes as oc
+from popsim.errors import Error
+
+_DTYPE_NAMES = {code: name for name, code in oc.DTYPE_CODES.items()}
+_KIND_NAMES = {code: name for name, code in oc.KINDS.items()}
+_ELEMENTWISE = (oc.UNARY, oc.BINARY, oc.WHERE)
+_INT32_MAX = 2**31 - 1
+_HEAD, _OP = oc.EXPR_HEAD, oc.EXPR_OP  # columns of an EXPR program header and op rows
+
+
+def kind_code(kind):
+    """The number of a vertex kind given by number or by name ("BINARY", "binary")."""
+    if isinstance(kind, str) and kind.upper() in oc.KINDS:
+        return oc.KINDS[kind.upper()]
+    if isinstance(kind, int | np.integer) and int(kind) in _KIND_NAMES:
+        return int(kind)
+    raise Error(f"unknown vertex kind {kind!r}; kinds: {', '.join(oc.KIND_NAMES)}")
+
+
+def sub_code(kind, sub):
+    """The number of sub-op ``sub`` (a number or a name such as "add") of vertex kind ``kind``."""
+    table = oc.SUB_OPS[kind]
+    if isinstance(sub, str) and sub in table:
+        return table[sub]
+    if isinstance(sub, int | np.integer) and 0 <= int(sub) < len(table):
+        return int(sub)
+    raise Error(f"{_KIND_NAMES[kind]} vertex: unknown sub-op {sub!r}; sub-ops: {', '.join(table)}")
+
+
+def _size(fields, name):
+    return fields[name].stop - fields[name].start
+
+
+def _dtype(fields, name):
+    return str(fields[name].tensor.dtype)
+
+
+def check_vertex(kind, sub, n, fields, params, fparam, program):
+    """Raise a popsim.Error unless a vertex of ``kind`` (a number) reads and writes only inside its field
+    Regions: known field names (each kind's fields are ``oc.VERTEX_FIELDS``), known parameters, sizes that
+    match ``n`` and the parameters, and the dtypes its codelet handles."""
+    what = f"{_KIND_NAMES[kind]} vertex"
+    allowed = oc.VERTEX_FIELDS[kind]
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise Error(f"{what}: unknown field(s) {unknown}; a {_KIND_NAMES[kind]} vertex has fields {list(allowed)}")
+    names = set(oc.VERTEX_PARAMS[kind])
+    if set(params) - names:
+        raise Error(f"{what}: unknown parameter(s) {sorted(set(params) - names)}; it takes {sorted(names) or 'none'}")
+    if any(not isinstance(v, int | np.integer) or not 0 <= v <= _INT32_MAX for v in params.values()):
+        raise Error(f"{what}: parameters must be integers in 0..2**31-1, got {params}")
+    if fparam and kind != oc.FILL:
+        raise Error(f"{what}: only a FILL vertex takes fparam (its value); use the named parameters {sorted(names)}")
+    if program is not None and kind != oc.EXPR:
+        raise Error(f"{what}: only an EXPR vertex takes a program")
+    if not isinstance(n, int | np.integer) or not 0 <= n <= _INT32_MAX:
+        raise Error(f"{what}: n must be a non-negative integer, got {n!r}")
+    required = allowed if kind != oc.EXPR else ("out",)
+    missing = [f for f in required if f not in fields]
+    if missing:
+        raise Error(f"{what}: missing field(s) {missing}")
+    _SHAPE_CHECKS[kind](what, n, fields, params, program)
+
+
+def _need(what, cond, message):
+    if not cond:
+        raise Error(f"{what}: {message}")
+
+
+def _elementwise_check(what, n, fields, params, program):
+    scalars = params.get("scalars", 0)
+    operands = [f for f in "abc" if f in fields]
+    _need(what, scalars < (1 << len(operands)), f"scalars mask {scalars} names operands it does not have")
+    _need(what, _size(fields, "out") == n, f"field 'out' holds {_size(fields, 'out')} elements, n is {n}")
+    for i, name in enumerate(operands):
+        want = 1 if scalars >> i & 1 else n
+        _need(what, _size(fields, name) == want, f"field {name!r} holds {_size(fields, name)} elements, needs {want}")
+    if "c" in fields:  # WHERE: a bool condition selects between b and c, which share out's dtype
+        _need(what, _dtype(fields, "a") == "bool", "the condition (field 'a') must be bool")
+        same = _dtype(fields, "b") == _dtype(fields, "c") == _dtype(fields, "out")
+        _need(what, same, "b, c and out must share a dtype")
+
+
+def _reduce_check(what, n, fields, params, program):
+    rows, group = params.get("rows", 0), params.get("group", 0)
+    _need(what, rows == n == _size(fields, "out"), f"needs rows == n == the size of 'out' ({_size(fields, 'out')})")
+    _need(what, group >= 1, "needs group >= 1 (the inputs reduced into each output)")
+    _need(what, _size(fields, "a") == rows * group, f"field 'a' must hold rows * group = {rows * group} elements")
+
+
+def _matmul_check(what, n, fields, params, program):
+    m, k = params.get("m", 0), params.get("k", 0)
+    for name, want in (("a", m * k), ("b", k * n), ("out", m * n)):
+        _need(what, _size(fields, name) == want, f"field {name!r} must hold {want} elements (m={m}, k={k}, n={n})")
+    _need(what, _dtype(fields, "a") == _dtype(fields, "b"), "a and b must share a dtype")
+    _need(what, _dtype(fields, "a") in ("float32", "float16"), "a and b must be float32 or float16")
+    _need(what, _dtype(fields, "out") in ("float32", "float16"), "out (the partials) must be float32 or float16")
+
+
+def _rng_check(what, n, fields, params, program):
+    _need(what, _size(fields, "a") == 2 and _dtype(fields, "a") == "int32", "field 'a' must be the 2 int32 seed words")
+    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
+    _need(what, _dtype(fields, "out") in ("float32", "float16"), "out must be float32 or float16")
+
+
+def _copy_check(what, n, fields, params, program):
+    _need(what, _size(fields, "a") == _size(fields, "out") == n, f"fields 'a' and 'out' must hold n = {n} elements")
+    _need(what, _dtype(fields, "a") == _dtype(fields, "out"), "a and out must share a dtype")
+
+
+def _gather_check(what, n, fields, params, program):
+    rows, inner, size = params.get("rows", 0), params.get("inner", 0), params.get("size", 0)
+    _need(what, rows >= 1 and size >= 1, "needs rows >= 1 and size >= 1 (the indexed axis)")
+    _need(what, _dtype(fields, "b") == "int32" and _size(fields, "b") == n, f"field 'b' must be n = {n} int32 indices")
+    _need(what, _dtype(fields, "a") == _dtype(fields, "out"), "a and out must share a dtype")
+    if "c" in fields:  # SCATTER_ADD: out (rows, size, inner) += c (rows, n, inner)
+        _need(what, _size(fields, "out") >= rows * size * inner, "field 'out' must hold rows * size * inner elements")
+        _need(what, _size(fields, "c") >= rows * n * inner, "field 'c' must hold rows * n * inner elements")
+        _need(what, _dtype(fields, "c") == _dtype(fields, "out"), "c and out must share a dtype")
+    else:
+        _need(what, _size(fields, "a") >= rows * size * inner, "field 'a' must hold rows * size * inner elements")
+        _need(what, _size(fields, "out") >= rows * n * inner, "field 'out' must hold rows * n * inner elements")
+
+
+def _fill_check(what, n, fields, params, program):
+    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
+
+
+def _expr_check(what, n, fields, params, program):
+    _need(what, isinstance(program, np.ndarray) and program.ndim == 2, "needs its program (an int64 array)")
+    header = program[0]
+    leaves = [f for f in oc.EXPR_FIELDS if f in fields]
+    _need(what, leaves == list(oc.EXPR_FIELDS[: len(leaves)]), f"leaves must be the first fields of {oc.EXPR_FIELDS}")
+    _need(what, header[_HEAD["leaves"]] == len(leaves), "its program's leaf count differs from its fields")
+    check_expression(program, what)
+    for i, name in enumerate(leaves):
+        want = 1 if header[_HEAD["scalars"]] >> i & 1 else n
+        _need(what, _size(fields, name) == want, f"field {name!r} holds {_size(fields, name)} elements, needs {want}")
+        _need(what, oc.DTYPE_CODES[_dtype(fields, name)] == header[_HEAD["leaf_dt"] + i], f"leaf {name!r} dtype")
+    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
+    _need(what, oc.DTYPE_CODES[_dtype(fields, "out")] == header[_HEAD["out_dt"]], "out: dtype differs")
+
+
+_SHAPE_CHECKS = {
+    oc.UNARY: _elementwise_check,
+    oc.BINARY: _elementwise_check,
+    oc.WHERE: _elementwise_check,
+    oc.REDUCE: _reduce_check,
+    oc.MATMUL: _matmul_check,
+    oc.RNG: _rng_check,
+    oc.COPY: _copy_check,
+    oc.GATHER: _gather_check,
+    oc.SCATTER_ADD: _gather_check,
+    oc.FILL: _fill_check,
+    oc.EXPR: _expr_check,
+}
+
+
+def check_expression(program, what="EXPR program"):
+    """An EXPR program (header row, one row per op) that the engine can run within its registers."""
+    program = np.asarray(program)
+    _need(what, program.ndim == 2 and program.shape[1] == oc.NCOLS and len(program) >= 2, "malformed program rows")
+    header = program[0]
+    leaves, ops = int(header[_HEAD["leaves"]]), int(header[_HEAD["ops"]])
+    _need(what, 0 <= leaves <= len(oc.EXPR_FIELDS) and 1 <= ops <= oc.EXPR_MAX_OPS, "too many leaves or ops")
+    _need(what, len(program) == 1 + ops, f"program has {len(program) - 1} op rows for {ops} ops")
+    _need(what, 0 <= header[_HEAD["result"]] < leaves + ops, "result register out of range")
+    dtypes = [header[_HEAD["out_dt"]], *header[_HEAD["leaf_dt"] : _HEAD["leaf_dt"] + leaves]]
+    _need(what, all(d in _DTYPE_NAMES for d in dtypes), "unknown dtype code")
+    _need(what, 0 <= header[_HEAD["scalars"]] < (1 << leaves), "scalars mask names missing leaves")
+    if header[_HEAD["float32"]]:
+        fast = {oc.BINARY_OPS[name] for name in oc.BINARY_FLOAT32_OPS}
+        _need(
+            what,
+            all(d == oc.DTYPE_CODES["float32"] for d in dtypes)
+            and all(r[_OP["kind"]] == oc.BINARY and r[_OP["sub"]] in fast for r in program[1:])
+            and all(r[_OP["dt"]] == oc.DTYPE_CODES["float32"] for r in program[1:]),
+            "the float32 flag needs float32 leaves and only float32 " + "/".join(oc.BINARY_FLOAT32_OPS),
+        )
+    for j, row in enumerate(program[1:]):
+        kind, sub = int(row[_OP["kind"]]), int(row[_OP["sub"]])
+        _need(what, kind in _ELEMENTWISE, f"op {j}: kind {kind} is not UNARY, BINARY or WHERE")
+        _need(what, 0 <= sub < len(oc.SUB_OPS[kind]), f"op {j}: unknown sub-op {sub}")
+        _need(what, row[_OP["dst"]] == leaves + j, f"op {j} must write register {leaves + j}")
+        srcs = row[_OP["src"] : _OP["src"] + oc.EXPR_SRCS]
+        _need(what, all(0 <= r < leaves + j for r in srcs), f"op {j} reads a register not yet written")
+        _need(what, row[_OP["dt"]] in _DTYPE_NAMES, f"op {j}: unknown dtype code")
+
+
+# -- compiled tables ------------------------------------------------------------------------------------------
+_MAX_ROW_VALUE = 2**40  # any count or offset beyond this is corrupt (and would overflow the extents below)
+
+
+def _fail(message):
+    raise Error(f"invalid compiled program: {message}")
+
+
+def _itemsizes(codes):
+    """Bytes per element of dtype codes (an array); unknown codes were rejected before."""
+    sizes = np.zeros(max(oc.DTYPE_CODES.values()) + 1, np.int64)
+    for name, code in oc.DTYPE_CODES.items():
+        sizes[code] = oc.DTYPE_ITEMSIZES[name]
+    return sizes[codes]
+
+
+def _instruction_extents(table, rows):
+    """(addresses, byte counts) of the up to 7 fields each instruction row in ``rows`` touches (count 0: unused).
+    EXPR rows are checked (and their leaves measured) by _expression_extents."""
+    r = table[rows]
+    col = oc.COL
+    kind, n, p0, p1, p2 = r[:, col["op"]], r[:, col["n"]], r[:, col["p0"]], r[:, col["p1"]], r[:, col["p2"]]
+    # An EXPR row's dtype columns hold leaf addresses (its program holds the dtypes).
+    isa, isb, iso = (_itemsizes(np.where(kind == oc.EXPR, 0, r[:, col[c]])) for c in ("dta", "dtb", "dtout"))
+    addr = np.zeros((len(r), 7), np.int64)
+    size = np.zeros((len(r), 7), np.int64)
+    addr[:, :4] = r[:, [col["a"], col["b"], col["c"], col["out"]]]
+    elementwise = np.isin(kind, _ELEMENTWISE)
+    scalar = [np.where(elementwise & (p0 >> i & 1 == 1), 1, n) for i in range(3)]
+    for k, (a, b, c, out) in {
+        oc.UNARY: (scalar[0] * isa, 0, 0, n * iso),
+        oc.BINARY: (scalar[0] * isa, scalar[1] * isb, 0, n * iso),
+        oc.WHERE: (scalar[0], scalar[1] * isb, scalar[2] * isb, n * iso),
+        oc.REDUCE: (p0 * p1 * isa, 0, 0, p0 * iso),
+        oc.MATMUL: (p0 * p1 * isa, p1 * n * isa, 0, p0 * n * iso),
+        oc.RNG: (8, 0, 0, n * iso),
+        oc.COPY: (n * iso, 0, 0, n * iso),
+        oc.GATHER: (p0 * p2 * p1 * isa, n * 4, 0, p0 * n * p1 * isa),
+        oc.SCATTER_ADD: (0, n * 4, p0 * n * p1 * isa, p0 * p2 * p1 * isa),
+        oc.FILL: (0, 0, 0, n * iso),
+    }.items():
+        sel = kind == k
+        for j, extent in enumerate((a, b, c, out)):
+            size[sel, j] = np.broadcast_to(extent, len(r))[sel]
+    return addr, size
+
+
+def _expression_extents(table, row, addr, size):
+    """Check the EXPR program row ``row`` points at and fill in its leaves' and output's extents."""
+    col = oc.COL
+    start = table[row, col["p0"]]
+    if not 0 <= start < len(table):
+        _fail(f"row {row}: EXPR program row {start} is outside the table")
+    ops = table[start, _HEAD["ops"]]
+    if not 1 <= ops <= oc.EXPR_MAX_OPS or start + 1 + ops > len(table):
+        _fail(f"row {row}: EXPR program at row {start} is truncated")
+    try:
+        check_expression(table[start : start + 1 + ops], f"row {row} EXPR program")
+    except Error as exc:
+        _fail(str(exc))
+    header, n = table[start], table[row, col["n"]]
+    addr[:] = 0
+    size[:] = 0
+    addr[0], size[0] = table[row, col["out"]], n * _itemsizes(header[_HEAD["out_dt"]])
+    for leaf in range(header[_HEAD["leaves"]]):
+        count = 1 if header[_HEAD["scalars"]] >> leaf & 1 else n
+        addr[1 + leaf] = table[row, oc.EXPR_LEAF_COLUMNS[leaf]]
+        size[1 + leaf] = count * _itemsizes(header[_HEAD["leaf_dt"] + leaf])
+
+
+def _check_instructions(table, rows, tile_bytes, num_tiles):
+    col = oc.COL
+    r = table[rows]
+    kind, sub = r[:, col["op"]], r[:, col["sub"]]
+    for k in np.unique(kind):
+        if int(k) not in _KIND_NAMES:
+            _fail(f"row {rows[kind == k][0]}: unknown vertex kind {int(k)}")
+        subs = sub[kind == k]
+        if subs.min() < 0 or subs.max() >= len(oc.SUB_OPS[int(k)]):
+            _fail(f"a {_KIND_NAMES[int(k)]} row has unknown sub-op {int(subs.max())}")
+    dts = r[:, [col["dta"], col["dtb"], col["dtout"]]]
+    not_expr = kind != oc.EXPR
+    if not np.isin(dts[not_expr], list(_DTYPE_NAMES)).all():
+        _fail("a row has an unknown dtype code")
+    values = r[:, [col["n"], col["p0"], col["p1"], col["p2"]]]
+    if values.min(initial=0) < 0 or values.max(initial=0) > _INT32_MAX:
+        _fail("a row has a negative or oversized count or parameter")
+    addr, size = _instruction_extents(table, rows)
+    for i in np.flatnonzero(~not_expr):
+        _expression_extents(table, rows[i], addr[i], size[i])
+    used = size > 0
+    tile = np.where(used, addr // tile_bytes, -1)
+    first = np.max(tile, axis=1, keepdims=True)
+    inside = (addr >= 0) & (addr + size <= (tile + 1) * tile_bytes) & (tile < num_tiles) & (tile == first)
+    bad = used & ~inside
+    if bad.any():
+        row = rows[np.flatnonzero(bad.any(axis=1))[0]]
+        _fail(f"instruction row {row} reaches outside its tile's memory")
+
+
+def _check_copies(copies, arena_bytes):
+    c = copies.astype(np.int64)
+    src, dst, count, stride, isz, reps, outer = (c[:, i] for i in range(len(oc.COPY_COLUMNS)))
+    if len(c) and (count.min() < 1 or reps.min() < 1 or not np.isin(isz, [1, 2, 4]).all()):
+        _fail("an exchange row has no elements or an unknown element size")
+    low = src + np.minimum(0, (reps - 1) * outer) + np.minimum(0, (count - 1) * stride)
+    high = src + np.maximum(0, (reps - 1) * outer) + np.maximum(0, (count - 1) * stride) + isz
+    if len(c) and (
+        low.min() < 0 or high.max() > arena_bytes or dst.min() < 0 or (dst + reps * count * isz).max() > arena_bytes
+    ):
+        _fail("an exchange row reaches outside tile memory")
+
+
+def check_program(flat, num_tiles, tile_bytes, num_streams):
+    """Raise a popsim.Error unless the engine can run ``flat`` (a program as program.flatten_program returns it)
+    on an arena of ``num_tiles`` x ``tile_bytes`` with ``num_streams`` host streams without touching memory
+    outside it: every phase, instruction row, EXPR program, exchange row and stream row is checked against
+    the declared format. Call it on any program that was not just built here (one loaded from bytes)."""
+    arena_bytes = num_tiles * tile_bytes
+    phases, table = np.asarray(flat.phases), np.asarray(flat.instructions)
+    if phases.ndim != 2 or phases.shape[1] != oc.PHASE_COLS or table.ndim != 2 or table.shape[1] != oc.NCOLS:
+        _fail("tables of the wrong width")
+    if len(flat.phase_cycles) != len(phases) or len(flat.fparams) != len(table):
+        _fail("per-phase or per-row arrays of the wrong length")
+    if np.abs(table).max(initial=0) > _MAX_ROW_VALUE or np.abs(phases).max(initial=0) > _MAX_ROW_VALUE:
+        _fail("an oversized value in a table")
+    compute = []
+    for p, (kind, a, b, c) in enumerate(phases.tolist()):
+        _check_phase(p, kind, a, b, c, flat, len(phases), len(table), arena_bytes, num_streams)
+        if kind == oc.PHASES["COMPUTE"]:
+            compute.append(np.arange(a, b))
+    rows = np.unique(np.concatenate(compute)) if compute else np.zeros(0, np.int64)
+    if len(rows):
+        _check_instructions(table, rows, tile_bytes, num_tiles)
+    _check_copies(np.asarray(flat.copies), arena_bytes)
+    sr = np.asarray(flat.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS))
+    if len(sr) and (sr.min() < 0 or (sr[:, 1] + sr[:, 2]).max() > arena_bytes):
+        _fail("a stream row reaches outside tile memory")
+
+
+def _check_phase(p, kind, a, b, c, flat, num_phases, num_rows, arena_bytes, num_streams):
+    ph = oc.PHASES
+    within = {
+        ph["COMPUTE"]: 0 <= a <= b <= num_rows,
+        ph["EXCHANGE"]: 0 <= a <= b <= len(flat.copies),
+        ph["BRANCH_IF_ZERO"]: 0 <= a and 0 <= b and a + b <= arena_bytes and 0 <= c <= num_phases,
+        ph["JUMP"]: 0 <= a <= num_phases,
+        ph["LOOP_INIT"]: 0 <= a < flat.num_counters and b >= 0,
+        ph["LOOP_BACK"]: 0 <= a < flat.num_counters and 0 <= b <= num_phases,
+        ph["SYNC"]: True,
+        ph["STREAM"]: 0 <= a < num_streams and 0 <= b <= c <= len(flat.stream_rows),
+    }
+    if kind not in within:
+        _fail(f"phase {p} has unknown kind {kind}")
+    if not within[kind]:
+        _fail(f"phase {p} ({oc.PHASE_NAMES[kind]}) points outside its tables")

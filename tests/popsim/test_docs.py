@@ -1,0 +1,31 @@
+"""The docs stay true: their Python examples run, and the op reference matches popir's registry."""
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+
+
+def _blocks(name):
+    """The complete Python examples of a doc (a block with ``...`` placeholders is a sketch, not run)."""
+    text = (DOCS / name).read_text()
+    return [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "..." not in b]
+
+
+@pytest.mark.parametrize("name", ["device_api.md", "frontends.md"])
+def test_the_examples_of_a_doc_run(name):
+    blocks = _blocks(name)
+    assert blocks
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, str(DOCS / name), "exec"), namespace)
+
+
+def test_the_op_reference_is_generated_from_the_registry():
+    spec = importlib.util.spec_from_file_location("make_op_reference", DOCS / "make_op_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (DOCS / "ops.md").read_text() == module.reference(), "run: python docs/make_op_reference.py"
