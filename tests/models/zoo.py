@@ -69,10 +69,17 @@ def bert():
 
 def gpt2():
     config = _transformers().GPT2Config(
-        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=SEQ + 4, bos_token_id=0
+        vocab_size=VOCAB,
+        n_embd=HIDDEN,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        n_positions=SEQ + 4,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
-    config.eos_token_id = 0
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     ids = _ids()
     return Case(
         _transformers().GPT2LMHeadModel(config), kwargs={"input_ids": ids, "labels": ids}, inference_drops=("labels",)
