@@ -6,7 +6,7 @@ resolver ever pulls a CUDA build.
 
 import nox
 
-nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch"]
+nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch", "models"]
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -77,9 +77,18 @@ def poptorch(session):
     _pytest(session, "tests/poptorch", "tests/common", "tests/examples", "tests/reliability/poptorch")
 
 
+@nox.session
+def models(session):
+    """The model zoo (tests/models): Hugging Face transformers, CNNs and RNNs against eager PyTorch."""
+    session.install(TORCH)
+    session.install(*TEST_DEPS, "transformers>=5")
+    _install_layers(session, "popir", "popsim", "popdata", "poptorch")
+    _pytest(session, "tests/models")
+
+
 @nox.session(default=False)
 def bench(session):
     session.install(TORCH)
-    session.install("scikit-learn>=1.3")
+    session.install("scikit-learn>=1.3", "transformers>=5")
     _install_layers(session, "popir", "popsim", "popdata", "poptorch")
     session.run("python", "bench/run_all.py", *session.posargs)

@@ -105,3 +105,28 @@ def test_boolean_mask_assignment_of_a_tensor_suggests_where():
     assert out.shape == (3, 4)
     with pytest.raises(poptorch.Error, match=r"torch\.where"):
         poptorch.inferenceModel(Apply(lambda x: _put(x, (x > 0,), torch.ones(5))))(torch.randn(3, 4))
+
+
+class LargeTable(torch.nn.Module):
+    """A 256 KiB table: more than a quarter of a tile, so popsim gathers and scatters it in slices."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(64, 16, 64))
+
+    def forward(self, i, j):
+        rows = self.table[i, j]
+        return rows, poptorch.identity_loss((rows**2).sum(), reduction="none")
+
+
+def test_large_table_gathers_and_scatters_in_slices():
+    torch.manual_seed(0)
+    model = LargeTable()
+    eager = copy.deepcopy(model)
+    i, j = torch.tensor([0, 63, 17, 63, -1]), torch.tensor([[3], [15]])
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    rows, loss = training(i, j)
+    expected_rows, expected = eager(i, j)
+    expected.backward()
+    torch.testing.assert_close(rows, expected_rows.detach())
+    torch.testing.assert_close(model.table, eager.table - 0.1 * eager.table.grad)

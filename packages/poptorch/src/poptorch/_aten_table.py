@@ -16,7 +16,7 @@ import torch
 
 import popir
 from poptorch import _host_print
-from poptorch._indexing import advanced_index, index_put
+from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
 
@@ -848,9 +848,7 @@ def _pad(ctx, x, pad, value=0):
 def _index_value(ctx, indices, size, what="indexing"):
     """Integer indices as int32 with negative ones wrapped into [0, size) (checked in [-size, size))."""
     ctx.bound_index(indices, size, what, negative=True)
-    indices = _cast(indices, "int32")
-    zero = _const(ctx.graph, 0, "int32")
-    return _op("where", _op("lt", indices, zero), _op("add", indices, _const(ctx.graph, size, "int32")), indices)
+    return wrapped_index(indices, size)
 
 
 @lowers(aten.embedding.default)

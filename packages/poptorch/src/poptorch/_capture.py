@@ -123,7 +123,7 @@ class _TensorOutputs(torch.nn.Module):
 
 
 _WRAPPED = "wrapped."
-_PLAIN_LEAVES = (torch.Tensor, int, float, bool, str)
+_PLAIN_LEAVES = (torch.Tensor, int, float, bool, str, type(None))  # a None output stays an error, as before
 
 
 class _Dropped:
@@ -139,8 +139,6 @@ pytree.register_pytree_node(
 def _returnable(leaf):
     if isinstance(leaf, _PLAIN_LEAVES):
         return leaf
-    if leaf is None:
-        return _DROPPED
     log_once(
         f"the model returns a {type(leaf).__module__}.{type(leaf).__qualname__}, which is not a tensor or a "
         "container of tensors; the IPU model returns None in its place"
