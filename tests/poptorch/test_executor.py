@@ -4,28 +4,11 @@ import copy
 
 import pytest
 import torch
+from regressor import Regressor
+from regressor import quiet_options as _opts
+from regressor import regression_data as _data
 
 import poptorch
-
-
-def _opts():
-    return poptorch.Options().showCompilationProgressBar(False)
-
-
-class Regressor(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-        self.loss = torch.nn.MSELoss()
-
-    def forward(self, x, y):
-        out = self.fc(x)
-        return out, self.loss(out, y)
-
-
-def _data(n=4):
-    torch.manual_seed(1)
-    return torch.randn(n, 4), torch.randn(n, 3)
 
 
 def test_inference_matches_eager_and_structures_outputs():
