@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
@@ -31,6 +32,11 @@ _TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the
 # program holds their dtypes).
 _COLUMNS = tuple((col, name) for name, col in oc.FIELD_COLUMNS.items())
 _EXPR_COLUMNS = ((oc.COL["out"], "out"), *zip(oc.EXPR_LEAF_COLUMNS, oc.EXPR_FIELDS))
+# Column lookups done once rather than per instruction row.
+_OP_COL, _SUB_COL, _N_COL = oc.COL["op"], oc.COL["sub"], oc.COL["n"]
+_PARAM_COLS = {kind: {name: oc.COL[col] for name, col in params.items()} for kind, params in oc.VERTEX_PARAMS.items()}
+_DTYPE_COLUMNS = tuple(oc.DTYPE_COLUMNS.items())
+_DTYPE_CODE = {d: DT[d.value] for d in DType}
 
 
 def _address(region, block_base):
@@ -236,9 +242,10 @@ class _Flattener:
         for v in step.vertices:
             f = v.fields
             row = [0] * NCOLS
-            row[oc.COL["op"]], row[oc.COL["sub"]], row[oc.COL["n"]] = v.kind, v.sub, v.n
+            row[_OP_COL], row[_SUB_COL], row[_N_COL] = v.kind, v.sub, v.n
+            param_cols = _PARAM_COLS[v.kind]
             for name, value in v.params.items():
-                row[oc.COL[oc.VERTEX_PARAMS[v.kind][name]]] = value
+                row[param_cols[name]] = value
             columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
             for col, name in columns:
                 if name in f:
@@ -246,9 +253,9 @@ class _Flattener:
             if v.kind == oc.EXPR:
                 self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
             else:
-                for name, col in oc.DTYPE_COLUMNS.items():
+                for name, col in _DTYPE_COLUMNS:
                     if name in f:
-                        row[col] = DT[f[name].tensor.dtype.value]
+                        row[col] = _DTYPE_CODE[f[name].tensor.dtype]
             self.rows.append(row)
             self.fparams.append(v.fparam)
             per_tile[v.tile] += v.cycles
