@@ -53,6 +53,16 @@ def element_addresses(tensor, elements, block_base):
     return block_base(tensor.storage)[block] + (elements - m.starts[block]) * tensor.itemsize, m.tiles[block]
 
 
+def _all_element_addresses(tensor, block_base):
+    """``element_addresses`` of every element in order. A TileMapping's blocks cover 0..size in order, so
+    each block's run is laid out by repetition instead of a binary search per element."""
+    m = tensor.storage.mapping
+    sizes = m.stops - m.starts
+    block = np.repeat(np.arange(sizes.size), sizes)
+    within = np.arange(m.size) - np.repeat(m.starts, sizes)
+    return block_base(tensor.storage)[block] + within * tensor.itemsize, m.tiles[block]
+
+
 def host_blocks(tensor, block_base):
     """(host byte offsets, arena byte offsets, byte counts) of each block: a StreamCopy's plan."""
     m = tensor.storage.mapping
@@ -65,7 +75,7 @@ def _copy_rows(step, block_base):
     dst = step.dst
     isz = dst.itemsize
     index = step.index
-    dst_addr, dst_tile = element_addresses(dst, np.arange(dst.size), block_base)
+    dst_addr, dst_tile = _all_element_addresses(dst, block_base)
     src_addr = np.empty(dst.size, np.int64)
     src_tile = np.empty(dst.size, np.int64)
     base = 0
