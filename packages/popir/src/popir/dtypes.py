@@ -17,19 +17,23 @@ class DType(str, enum.Enum):
 
     @property
     def numpy(self):
-        return np.dtype(self.value)
+        return _NUMPY[self]
 
     @property
     def itemsize(self):
-        return self.numpy.itemsize
+        return _ITEMSIZE[self]
 
     @property
     def is_float(self):
         return self in (DType.float32, DType.float16)
 
     def __str__(self):
-        return self.value
+        return str.__str__(self)  # the value, without Enum's descriptor lookup (hot in the compile path)
 
+
+# Looked up per vertex and per block at compile time, so computed once here.
+_NUMPY = {d: np.dtype(str.__str__(d)) for d in DType}
+_ITEMSIZE = {d: n.itemsize for d, n in _NUMPY.items()}
 
 _NARROW = {np.dtype("int64"): DType.int32, np.dtype("float64"): DType.float32}
 

@@ -1,5 +1,6 @@
 """Per-tile memory allocation with liveness, and the out-of-memory report."""
 
+import bisect
 from collections import defaultdict
 
 from popsim.errors import OutOfMemoryError
@@ -29,17 +30,18 @@ class TileAllocator:
 
     def place(self, storage, tile_bytes, first, last):
         offsets = {}
+        live = self.live
         for tile, nbytes in tile_bytes.items():
             nbytes = -(-nbytes // ALIGN) * ALIGN
-            blocks = [b for b in self.live[tile] if b[2] >= first]
-            blocks.sort()
+            blocks = [b for b in live[tile] if b[2] >= first]  # stays sorted: kept so by insort below
             offset = 0
             for start, end, _, _ in blocks:
                 if start - offset >= nbytes:
                     break
-                offset = max(offset, end)
-            blocks.append((offset, offset + nbytes, last, storage))
-            self.live[tile] = blocks
+                if end > offset:
+                    offset = end
+            bisect.insort(blocks, (offset, offset + nbytes, last, storage))
+            live[tile] = blocks
             end = offset + nbytes
             self.peak[tile] = max(self.peak[tile], end)
             if end > self.budget[tile] and tile not in self.overflow:

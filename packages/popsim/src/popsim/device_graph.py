@@ -11,6 +11,7 @@ streams inside the program). ``Executable.run`` also streams a compiled graph's 
 and its outputs out after it.
 """
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,7 +66,7 @@ class Region:
         tiles, _, stops = m.lists()
         if self.start < 0 or self.stop > m.size or self.stop <= self.start:
             raise Error(f"region [{self.start}, {self.stop}) is outside {self.tensor!r}")
-        block = m.block_of_one(self.start)
+        block = bisect.bisect_right(stops, self.start)  # m.block_of_one, inlined: called per vertex field
         if self.stop > stops[block]:
             last = m.block_of_one(self.stop - 1)
             spanned = sorted(set(tiles[block : last + 1]))
@@ -191,8 +192,11 @@ class DeviceGraph:
                 raise Error(f"{oc.KIND_NAMES[kind - 1]} vertex: takes no parameter in column {column}")
             params.setdefault(names[0], value)
         params = {name: int(v) if isinstance(v, int | np.integer) else v for name, v in params.items()}
+        tensors = self.tensors
         for name, region in fields.items():
-            self.check_own(region.tensor, f"vertex field {name!r}")
+            t = region.tensor
+            if not (isinstance(t, Tensor) and t.id < len(tensors) and tensors[t.id] is t):  # check_own, inlined
+                self.check_own(t, f"vertex field {name!r}")
             where = region.tile()
             if where != tile:
                 raise Error(

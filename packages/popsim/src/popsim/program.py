@@ -13,10 +13,12 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
   ``slot`` and tile memory.
 """
 
+import bisect
 from types import SimpleNamespace
 
 import numpy as np
 
+from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
@@ -30,13 +32,18 @@ _TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the
 # program holds their dtypes).
 _COLUMNS = tuple((col, name) for name, col in oc.FIELD_COLUMNS.items())
 _EXPR_COLUMNS = ((oc.COL["out"], "out"), *zip(oc.EXPR_LEAF_COLUMNS, oc.EXPR_FIELDS))
+# Column lookups done once rather than per instruction row.
+_OP_COL, _SUB_COL, _N_COL = oc.COL["op"], oc.COL["sub"], oc.COL["n"]
+_PARAM_COLS = {kind: {name: oc.COL[col] for name, col in params.items()} for kind, params in oc.VERTEX_PARAMS.items()}
+_DTYPE_COLUMNS = tuple(oc.DTYPE_COLUMNS.items())
+_DTYPE_CODE = {d: DT[d.value] for d in DType}
 
 
 def _address(region, block_base):
     storage = region.tensor.storage
-    m = storage.mapping
-    block = m.block_of_one(region.start)
-    return block_base(storage)[block] + (region.start - m.lists()[1][block]) * storage.itemsize
+    _, starts, stops = storage.mapping.lists()
+    block = bisect.bisect_right(stops, region.start)  # mapping.block_of_one, inlined: called per vertex field
+    return block_base(storage)[block] + (region.start - starts[block]) * storage.itemsize
 
 
 def element_addresses(tensor, elements, block_base):
@@ -44,6 +51,16 @@ def element_addresses(tensor, elements, block_base):
     m = tensor.storage.mapping
     block = m.block_of(elements)
     return block_base(tensor.storage)[block] + (elements - m.starts[block]) * tensor.itemsize, m.tiles[block]
+
+
+def _all_element_addresses(tensor, block_base):
+    """``element_addresses`` of every element in order. A TileMapping's blocks cover 0..size in order, so
+    each block's run is laid out by repetition instead of a binary search per element."""
+    m = tensor.storage.mapping
+    sizes = m.stops - m.starts
+    block = np.repeat(np.arange(sizes.size), sizes)
+    within = np.arange(m.size) - np.repeat(m.starts, sizes)
+    return block_base(tensor.storage)[block] + within * tensor.itemsize, m.tiles[block]
 
 
 def host_blocks(tensor, block_base):
@@ -58,7 +75,7 @@ def _copy_rows(step, block_base):
     dst = step.dst
     isz = dst.itemsize
     index = step.index
-    dst_addr, dst_tile = element_addresses(dst, np.arange(dst.size), block_base)
+    dst_addr, dst_tile = _all_element_addresses(dst, block_base)
     src_addr = np.empty(dst.size, np.int64)
     src_tile = np.empty(dst.size, np.int64)
     base = 0
@@ -235,9 +252,10 @@ class _Flattener:
         for v in step.vertices:
             f = v.fields
             row = [0] * NCOLS
-            row[oc.COL["op"]], row[oc.COL["sub"]], row[oc.COL["n"]] = v.kind, v.sub, v.n
+            row[_OP_COL], row[_SUB_COL], row[_N_COL] = v.kind, v.sub, v.n
+            param_cols = _PARAM_COLS[v.kind]
             for name, value in v.params.items():
-                row[oc.COL[oc.VERTEX_PARAMS[v.kind][name]]] = value
+                row[param_cols[name]] = value
             columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
             for col, name in columns:
                 if name in f:
@@ -245,9 +263,9 @@ class _Flattener:
             if v.kind == oc.EXPR:
                 self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
             else:
-                for name, col in oc.DTYPE_COLUMNS.items():
+                for name, col in _DTYPE_COLUMNS:
                     if name in f:
-                        row[col] = DT[f[name].tensor.dtype.value]
+                        row[col] = _DTYPE_CODE[f[name].tensor.dtype]
             self.rows.append(row)
             self.fparams.append(v.fparam)
             per_tile[v.tile] += v.cycles

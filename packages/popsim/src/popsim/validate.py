@@ -17,6 +17,9 @@ _KIND_NAMES = {code: name for name, code in oc.KINDS.items()}
 _ELEMENTWISE = (oc.UNARY, oc.BINARY, oc.WHERE)
 _INT32_MAX = 2**31 - 1
 _HEAD, _OP = oc.EXPR_HEAD, oc.EXPR_OP  # columns of an EXPR program header and op rows
+# Each kind's field and parameter names as sets, built once (check_vertex runs per vertex).
+_FIELD_SETS = {kind: frozenset(fields) for kind, fields in oc.VERTEX_FIELDS.items()}
+_PARAM_SETS = {kind: frozenset(params) for kind, params in oc.VERTEX_PARAMS.items()}
 
 
 def kind_code(kind):
@@ -52,11 +55,11 @@ def check_vertex(kind, sub, n, fields, params, fparam, program):
     match ``n`` and the parameters, and the dtypes its codelet handles."""
     what = f"{_KIND_NAMES[kind]} vertex"
     allowed = oc.VERTEX_FIELDS[kind]
-    unknown = sorted(set(fields) - set(allowed))
+    unknown = sorted(fields.keys() - _FIELD_SETS[kind])
     if unknown:
         raise Error(f"{what}: unknown field(s) {unknown}; a {_KIND_NAMES[kind]} vertex has fields {list(allowed)}")
-    names = set(oc.VERTEX_PARAMS[kind])
-    if set(params) - names:
+    names = _PARAM_SETS[kind]
+    if params.keys() - names:
         raise Error(f"{what}: unknown parameter(s) {sorted(set(params) - names)}; it takes {sorted(names) or 'none'}")
     if any(not isinstance(v, int | np.integer) or not 0 <= v <= _INT32_MAX for v in params.values()):
         raise Error(f"{what}: parameters must be integers in 0..2**31-1, got {params}")
