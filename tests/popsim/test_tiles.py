@@ -119,6 +119,26 @@ def test_elementwise_updates_write_their_variable_in_place_unless_the_old_value_
     np.testing.assert_array_equal(exe.read_variable("w"), values["w"] - np.float32(0.5) * np.float32(0.1))
 
 
+@pytest.mark.parametrize("view", ["reshape", "stop_gradient", "reduce_sum_of_one"])
+def test_a_view_of_a_state_read_after_its_update_keeps_the_old_value(view):
+    # A reshape (or any lowering that hands back its input) shares the variable's memory: an output or a later
+    # read of it must see the value before the step, so the update cannot overwrite the variable early.
+    g = popir.Graph("view")
+    w = g.add_input("w", (1,), "float32", kind="parameter")
+    seen = {
+        "reshape": lambda: ops.reshape(w, shape=()),
+        "stop_gradient": lambda: ops.stop_gradient(w),
+        "reduce_sum_of_one": lambda: ops.reduce_sum(w, axes=(0,), keepdims=False),
+    }[view]()
+    g.output("seen", seen)
+    g.update(w, w - w * 0.02)
+    exe = popsim.compile(g, "small")
+    exe.write_variable("w", np.array([0.5], np.float32))
+    outputs, updates = popir.interpreter.step(g, {"w": np.array([0.5], np.float32)})
+    np.testing.assert_array_equal(exe.run({})["seen"], outputs["seen"])
+    np.testing.assert_array_equal(exe.read_variable("w"), updates["w"])
+
+
 def test_programs_share_variables_by_name():
     train = popir.Graph("train")
     w = train.add_input("w", (300,), "float32", kind="parameter")

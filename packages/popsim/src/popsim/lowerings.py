@@ -101,11 +101,14 @@ def _in_place_updates(graph, at):
     value is neither an output nor another state's new value (both are read after every node has run).
     ``at[i]`` is where node i is computed (a fused node reads its inputs where its reader runs)."""
     producer = {v.id: (i, node) for i, node in enumerate(graph.nodes) for v in node.outputs}
+    aliases = _possible_aliases(graph)
     last_read = {}
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
-            last_read[v.id] = max(last_read.get(v.id, -1), at[i])
-    read_at_end = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+            for root in aliases.get(v.id, (v.id,)):
+                last_read[root] = max(last_read.get(root, -1), at[i])
+    ends = [*graph.outputs.values(), *graph.updates.values()]
+    read_at_end = {root for v in ends for root in aliases.get(v.id, (v.id,))}
     found = {}
     for state, value in graph.updates.items():
         if value.id not in producer or value.id in found or state.id in read_at_end:
@@ -114,6 +117,22 @@ def _in_place_updates(graph, at):
         if LOWERINGS.get(node.op) is _elementwise and last_read.get(state.id, -1) <= i:
             found[value.id] = state.name
     return found
+
+
+def _possible_aliases(graph):
+    """{value id: ids of the values whose memory it may share}. An elementwise lowering always makes a new
+    tensor (or writes a state in place); any other may hand back an input, or a view of it, of the output's
+    size and dtype (reshape, stop_gradient, a relayout that changes nothing, an empty scatter), so reading
+    such a value reads its input's memory."""
+    aliases = {}
+    for node in graph.nodes:
+        if LOWERINGS.get(node.op) is _elementwise:
+            continue
+        for out in node.outputs:
+            same = [v for v in node.inputs if v.type.size == out.type.size and v.dtype == out.dtype]
+            if same:
+                aliases[out.id] = {out.id}.union(*(aliases.get(v.id, {v.id}) for v in same))
+    return aliases
 
 
 # -- fusion: chains of elementwise nodes run as one vertex per block (popops map expressions) --------
