@@ -1306,7 +1306,8 @@ def _pool1d(d, with_dilation):
     return Sample({"x": x}, out)
 
 
-def _pool1d_torch(s):
+def _kernel_first_torch(s):
+    """torch's 1-D / 3-D pooling call: the kernel positional, the other attributes as keywords (any rank)."""
     return [s.inputs["x"], s.attrs["kernel"]], {k: v for k, v in s.attrs.items() if k != "kernel"}
 
 
@@ -1315,7 +1316,7 @@ entry(
     lambda d: _pool1d(d, True),
     ops.max_pool1d,
     "torch.nn.functional.max_pool1d",
-    torch_args=_pool1d_torch,
+    torch_args=_kernel_first_torch,
     primitive=False,
     grad=("x",),
 )
@@ -1324,7 +1325,7 @@ entry(
     lambda d: _pool1d(d, False),
     ops.avg_pool1d,
     "torch.nn.functional.avg_pool1d",
-    torch_args=_pool1d_torch,
+    torch_args=_kernel_first_torch,
     primitive=False,
     grad=("x",),
 )
@@ -1854,17 +1855,12 @@ def _pool3d(d, with_dilation):
     return Sample({"x": d.floats(shape)}, attrs)
 
 
-def _pool3d_torch(s):
-    a = dict(s.attrs)
-    return [s.inputs["x"], a.pop("kernel")], a
-
-
 entry(
     "max_pool3d",
     lambda d: _pool3d(d, True),
     ops.max_pool3d,
     "torch.nn.functional.max_pool3d",
-    torch_args=_pool3d_torch,
+    torch_args=_kernel_first_torch,
     primitive=False,
     grad=("x",),
 )
@@ -1873,7 +1869,7 @@ entry(
     lambda d: _pool3d(d, False),
     ops.avg_pool3d,
     "torch.nn.functional.avg_pool3d",
-    torch_args=_pool3d_torch,
+    torch_args=_kernel_first_torch,
     primitive=False,
     grad=("x",),
 )
