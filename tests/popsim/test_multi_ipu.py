@@ -112,3 +112,32 @@ def test_out_of_memory_names_the_ipu_of_the_tile():
     dg.add_tensor((2048,), DType.float32, popsim.TileMapping.on_tiles([2048], [6]), "big", "variable")
     with pytest.raises(popsim.OutOfMemoryError, match=r"tile 6 \(IPU 1, tile 2\).*big"):
         popsim.compile_device_graph(dg)
+
+
+def _four_stage_graph():
+    """Four placed stages of equal work, one per IPU."""
+    g = popir.Graph("chain")
+    h = g.add_input("x", (16, 32), DType.float32)
+    for stage in range(4):
+        w = g.add_input(f"w{stage}", (32, 32), DType.float32, kind="parameter")
+        with g.placed((stage, stage)):
+            h = ops.relu(h @ w)
+    g.output("y", h)
+    return g
+
+
+def test_a_pipelined_step_overlaps_the_ipus_and_pays_for_its_bubbles():
+    device = popsim.Device(SMALL, 4)
+    program = popsim.compile(_four_stage_graph(), device).profile.programs["chain"]
+    micro_batches = 8
+    sharded = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=False)
+    pipelined = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=True)
+    assert sharded.serial_cycles == sharded.total_cycles == micro_batches * program["total_cycles"]
+    assert sorted(pipelined.stage_ipu.items()) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    slot = max(pipelined.stage_cycles.values())
+    assert pipelined.slot_cycles == slot
+    # Three bubbles of one slot, split between ramp-up and ramp-down, around 8 slots of full overlap.
+    assert pipelined.ramp_up_cycles + pipelined.ramp_down_cycles == 3 * slot
+    assert pipelined.main_cycles == micro_batches * slot
+    assert pipelined.total_cycles < sharded.total_cycles
+    assert pipelined.as_dict()["stages"][2] == {"ipu": 2, "cycles": pipelined.stage_cycles[2]}

@@ -34,6 +34,7 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
+from popsim.schedule import Schedule, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -52,6 +53,7 @@ __all__ = [
     "Profile",
     "Region",
     "Repeat",
+    "Schedule",
     "Sequence",
     "StreamCopy",
     "Sync",
@@ -65,5 +67,6 @@ __all__ = [
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "step_schedule",
     "supported_ops",
 ]

@@ -7,6 +7,22 @@ import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
+from poptorch._blocks import (
+    IPU,
+    AutoStage,
+    BeginBlock,
+    Block,
+    BlockFunction,
+    Liveness,
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    recomputationCheckpoint,
+    removeBlocks,
+)
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -127,6 +143,20 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "IPU",
+    "Liveness",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "recomputationCheckpoint",
+    "removeBlocks",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",

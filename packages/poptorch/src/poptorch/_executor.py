@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _blocks,
     _cache,
     _device,
     _executor_api,
@@ -235,10 +236,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 with (
                     excluding_sources(self._options.source_location_excludes),
                     _executor_api.running_on_ipu(self._training),
+                    _blocks.recording(self._options.execution_strategy),
                 ):
                     captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
+            self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
                 programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
@@ -258,7 +261,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 _training.optimise(programs)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
-                exe = _device.compile_programs(programs.graphs, self._options)
+                exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
                 if cache:
                     cache.store(key, exe)
             else:
@@ -492,6 +495,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
+        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
+        group = runs_per_step if self._training else ran
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from poptorch import _logging
+from poptorch import _blocks, _logging
 from poptorch.enums import (
     ConnectionType,
     HalfFloatCastingBehavior,
@@ -525,11 +525,15 @@ class Options(_NoAssignment):
         return self._set("showCompilationProgressBar", _bool("showCompilationProgressBar", show))
 
     def setExecutionStrategy(self, strategy):
-        """How multi-IPU blocks execute (PipelinedExecution by default)."""
+        """How the model's blocks run over IPUs: a PipelinedExecution (the default when blocks are used),
+        ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution."""
+        if not isinstance(strategy, _blocks.STRATEGIES):
+            names = ", ".join(f"poptorch.{s.__name__}" for s in _blocks.STRATEGIES)
+            raise Error(f"setExecutionStrategy takes an execution strategy ({names}), got {strategy!r}")
         return self._set("executionStrategy", strategy)
 
     def autoRoundNumIPUs(self, auto_round=True):
-        """Round the number of IPUs up to a power of two."""
+        """Allocate a power-of-two number of IPUs when the model uses another number (else that is an error)."""
         return self._set("autoRoundNumIPUs", _bool("autoRoundNumIPUs", auto_round))
 
     def enableSyntheticData(self, enabled):
@@ -617,6 +621,14 @@ class Options(_NoAssignment):
         )
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
+    @property
+    def execution_strategy(self):
+        return self._values["executionStrategy"]
+
+    @property
+    def auto_round_num_ipus(self):
+        return self._values["autoRoundNumIPUs"]
+
     @property
     def device_iterations(self):
         return self._values["deviceIterations"]
