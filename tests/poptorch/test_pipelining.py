@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+import popsim
 import poptorch
 
 GA = 8
@@ -123,3 +124,42 @@ def test_blocks_are_the_default_pipeline_and_copy_pickle_and_print():
     assert "schedule" in trained.profile.programs["accumulate"]
     graph = trained._programs.graphs["accumulate"]
     assert {n.placement for n in graph.nodes if n.placement is not None} == {(0, 0), (1, 1)}
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(4))
+
+    def forward(self, x, target):
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return x, torch.nn.functional.mse_loss(x, target)
+
+
+def test_a_model_out_of_tile_memory_on_one_ipu_trains_on_two(monkeypatch):
+    # IPUs of 4 tiles x 48 KiB: the weights, their accumulators and the activations of four 64 x 64 layers
+    # overflow one IPU's tiles; split in two they fit.
+    small = popsim.Target.small(num_tiles=4, tile_bytes=48 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: small)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(GA * MICRO, 64, generator=g), torch.randn(GA * MICRO, 64, generator=g)
+
+    def train(ipus):
+        torch.manual_seed(0)
+        model = Wide()
+        if ipus > 1:
+            for i, block in enumerate(model.blocks):
+                poptorch.BeginBlock(block, ipu_id=i * ipus // 4)
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(GA)
+        trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        return trained, trained(x, y)
+
+    with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU: out of memory on tile"):
+        train(1)
+    trained, (out, loss) = train(2)
+    torch.manual_seed(0)
+    eager = _eager(Wide(), x[None], y[None])
+    _assert_same([(out, loss, [p.detach().clone() for p in trained.parameters()])], eager)
+    assert trained.profile.programs["accumulate"]["memory_max_tile_bytes"] <= small.tile_bytes
