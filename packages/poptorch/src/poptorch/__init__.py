@@ -35,12 +35,14 @@ from poptorch._executor_api import (
 )
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch._memory import serializedMatMul
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
     ConnectionType,
     HalfFloatCastingBehavior,
+    MatMulSerializationMode,
     MeanReductionStrategy,
     OutputMode,
     ReductionType,
@@ -149,6 +151,7 @@ __all__ = [
     "BlockFunction",
     "IPU",
     "Liveness",
+    "MatMulSerializationMode",
     "ParallelPhasedExecution",
     "Phase",
     "PipelinedExecution",
@@ -157,6 +160,7 @@ __all__ = [
     "Stage",
     "recomputationCheckpoint",
     "removeBlocks",
+    "serializedMatMul",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
