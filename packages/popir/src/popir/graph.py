@@ -96,16 +96,18 @@ class Value:
 
 
 class Node:
-    """One application of a primitive. ``source`` is the user's source line that produced it, if known."""
+    """One application of a primitive. ``source`` is the user's source line that produced it, if known.
+    ``placement`` is the (pipeline stage, IPU) the node runs on in a multi-IPU model, or None (IPU 0)."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "source")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "source", "placement")
 
-    def __init__(self, op, inputs, attrs, outputs, source=None):
+    def __init__(self, op, inputs, attrs, outputs, source=None, placement=None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
         self.outputs = outputs
         self.source = source
+        self.placement = placement
 
     def describe(self):
         args = ", ".join(f"%{v.id}: {v.type}" for v in self.inputs)
@@ -160,6 +162,21 @@ class _SourceScope:
         self.graph._source = self.previous
 
 
+class _PlacementScope:
+    """The context manager of ``Graph.placed``."""
+
+    __slots__ = ("graph", "placement", "previous")
+
+    def __init__(self, graph, placement):
+        self.graph, self.placement = graph, None if placement is None else tuple(int(p) for p in placement)
+
+    def __enter__(self):
+        self.previous, self.graph._placement = self.graph._placement, self.placement
+
+    def __exit__(self, *exc):
+        self.graph._placement = self.previous
+
+
 def graph_of(values):
     """The one graph that all Values in ``values`` belong to."""
     graphs = {id(v.graph): v.graph for v in values if isinstance(v, Value)}
@@ -183,6 +200,7 @@ class Graph:
         self.updates = {}
         self._next_id = 0
         self._source = None
+        self._placement = None
 
     # -- building -------------------------------------------------------------------------------
     def _new_value(self, type_, name=None, producer=None, kind=None):
@@ -222,6 +240,11 @@ class Graph:
         """Context manager: nodes created inside it record ``source`` (the user's line) for errors."""
         return _SourceScope(self, source)
 
+    def placed(self, placement):
+        """Context manager: nodes created inside it run on ``placement``, a (pipeline stage, IPU) pair (None:
+        unplaced, which popsim puts on IPU 0)."""
+        return _PlacementScope(self, placement)
+
     def apply(self, op, inputs, attrs):
         """Append a node applying primitive ``op``; returns its output Values (a list)."""
         opdef = get_op(op)
@@ -236,7 +259,7 @@ class Graph:
         except TypeError as exc:
             raise IRError(f"{_describe_call(op, inputs, attrs, self._source)}: bad attributes: {exc}") from None
         types = [result] if isinstance(result, TensorType) else list(result)
-        node = Node(op, list(inputs), attrs, [], self._source)
+        node = Node(op, list(inputs), attrs, [], self._source, self._placement)
         node.outputs = [self._new_value(TensorType.of(*t), producer=node) for t in types]
         self.nodes.append(node)
         return node.outputs
@@ -288,6 +311,8 @@ class Graph:
             attrs = ", ".join(f"{k}={_short(v)}" for k, v in sorted(node.attrs.items()))
             sep = ", " if args and attrs else ""
             where = f"  # {node.source}" if node.source else ""
+            if node.placement is not None:
+                where += f"  [stage {node.placement[0]}, IPU {node.placement[1]}]"
             lines.append(f"  {outs} = {node.op}({args}{sep}{attrs}){where}")
         for name, v in self.outputs.items():
             lines.append(f"  output {name} = %{v.id}")

@@ -41,6 +41,7 @@ def to_bytes(graph):
                 "out": [[v.id, list(v.shape), v.dtype.value] for v in n.outputs],
                 "attrs": {k: attr(v) for k, v in sorted(n.attrs.items())},
                 "source": n.source,
+                "placement": None if n.placement is None else list(n.placement),
             }
             for n in graph.nodes
         ],
@@ -103,7 +104,10 @@ def _decode(data):
         by_id[vid] = value
     for entry in header["nodes"]:
         inputs = [by_id[i] for i in entry["in"]]
-        node = Node(entry["op"], inputs, {k: attr(v) for k, v in entry["attrs"].items()}, [], entry["source"])
+        placement = entry.get("placement")
+        placement = None if placement is None else tuple(placement)
+        attrs = {k: attr(v) for k, v in entry["attrs"].items()}
+        node = Node(entry["op"], inputs, attrs, [], entry["source"], placement)
         for vid, shape, dtype in entry["out"]:
             by_id[vid] = graph._new_value(TensorType.of(shape, dtype), producer=node)
             node.outputs.append(by_id[vid])

@@ -94,6 +94,7 @@ class Vertex:
 class ComputeSet:
     name: str
     vertices: list = field(default_factory=list)
+    placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Copy:
     dst: Tensor
     srcs: list
     index: np.ndarray
+    placement: tuple = None  # as ComputeSet.placement
 
     def __post_init__(self):
         self.srcs = list(self.srcs)

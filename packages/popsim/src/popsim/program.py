@@ -137,6 +137,12 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     )
 
 
+def _placed(step):
+    """The profile fields saying which pipeline stage and IPU a step works for (none when unplaced)."""
+    placement = getattr(step, "placement", None)
+    return {} if placement is None else {"stage": int(placement[0]), "ipu": int(placement[1])}
+
+
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
     return np.array([compute, exchange, sync, control, host], np.int64)
 
@@ -281,6 +287,7 @@ class _Flattener:
                 "cycles": cycles,
                 "vertices": len(step.vertices),
                 "tiles": int((per_tile > 0).sum()),
+                **_placed(step),
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
@@ -313,7 +320,7 @@ class _Flattener:
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link
-            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
+            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum()), **_placed(step)}
             self.steps.append(merged)
             before, sync = 0, target.bsp_sync_cycles
         busiest, busiest_link = int(open_load.max()), int(open_link.max())
