@@ -21,6 +21,11 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         raise IRError(f"unreached must be 'zeros' or 'none', got {unreached!r}")
     if not loss.dtype.is_float:
         raise IRError(f"cannot differentiate a {loss.dtype} loss")
+    with graph.annotate(role="backward"):
+        return _grad(graph, loss, wrt, seed, unreached)
+
+
+def _grad(graph, loss, wrt, seed, unreached):
     needed = _on_path(graph, wrt, loss)
     cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
     for node in reversed(graph.nodes):
@@ -32,7 +37,8 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         opdef = get_op(node.op)
         if not opdef.differentiable:
             continue
-        with graph.source_line(node.source):
+        # A node's gradient nodes are the backward pass of its module, op and source line.
+        with graph.annotate(source=node.source, module=node.module, aten=node.aten, role="backward"):
             input_cts = opdef.vjp(tuple(node.inputs), tuple(node.outputs), tuple(cts), **node.attrs)
         for value, ct in zip(node.inputs, input_cts):
             if ct is None or value.id not in needed or not value.dtype.is_float:
