@@ -21,6 +21,11 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         raise IRError(f"unreached must be 'zeros' or 'none', got {unreached!r}")
     if not loss.dtype.is_float:
         raise IRError(f"cannot differentiate a {loss.dtype} loss")
+    with graph.annotate(role="backward"):
+        return _grad(graph, loss, wrt, seed, unreached)
+
+
+def _grad(graph, loss, wrt, seed, unreached):
     needed = _on_path(graph, wrt, loss)
     with graph.placed(loss.producer.placement if loss.producer is not None else None):
         cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
@@ -33,8 +38,9 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         opdef = get_op(node.op)
         if not opdef.differentiable:
             continue
-        # A node's gradient runs where the node ran (its pipeline stage and IPU).
-        with graph.source_line(node.source), graph.placed(node.placement):
+        # A node's gradient nodes are the backward pass of its module, op and source line, and run where the
+        # node ran (its pipeline stage and IPU).
+        with graph.annotate(**{**node.annotations(), "role": "backward"}):
             input_cts = opdef.vjp(tuple(node.inputs), tuple(node.outputs), tuple(cts), **node.attrs)
             for value, ct in zip(node.inputs, input_cts):
                 if ct is None or value.id not in needed or not value.dtype.is_float:

@@ -116,7 +116,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
     if micro_batches == 1:
-        builder.apply(graph, params, grads, group_of)
+        with graph.annotate(role="optimizer"):
+            builder.apply(graph, params, grads, group_of)
         return Programs({"train": graph}, "train", None, builder.initial, trained)
 
     initial = {}
@@ -136,7 +137,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
         reduced[name] = step_acc * (1.0 / micro_batches) if mean and not running else step_acc
         apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-    builder.apply(apply, step_params, reduced, group_of)
+    with apply.annotate(role="optimizer"):
+        builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
 
