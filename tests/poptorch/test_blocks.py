@@ -204,9 +204,14 @@ def test_pipeline_errors_at_compile_time():
     strategy = poptorch.PipelinedExecution("A")
     with pytest.raises(poptorch.Error, match=r"Unknown Block '0' list of expected Blocks: \['A'\]"):
         _compile(_staged(0), poptorch.Options().setExecutionStrategy(strategy))
-    phased = poptorch.SerialPhasedExecution(poptorch.Phase("0"))
-    with pytest.raises(poptorch.Error, match="SerialPhasedExecution is not modelled by the simulated IPU"):
+    phased = poptorch.SerialPhasedExecution(poptorch.Phase("0")).setTensorsLiveness(
+        poptorch.Liveness.OffChipAfterEachPhase
+    )
+    with pytest.raises(poptorch.Error, match="OffChipAfterEachPhase is not modelled by the simulated IPU"):
         _compile(_staged(0), poptorch.Options().setExecutionStrategy(phased))
+    separate = poptorch.ParallelPhasedExecution(poptorch.Phase("0")).useSeparateBackwardPhase()
+    with pytest.raises(poptorch.Error, match=r"useSeparateBackwardPhase\(True\) is not modelled"):
+        _compile(_staged(0), poptorch.Options().setExecutionStrategy(separate))
 
 
 def test_auto_stages_and_auto_rounding():
@@ -219,3 +224,42 @@ def test_auto_stages_and_auto_rounding():
     assert sorted(set(_placements(sharded, "inference"))) == [(0, 0), (1, 1)]
     rounded = _compile(_staged(0, 1, 2), poptorch.Options().deviceIterations(4).autoRoundNumIPUs(True))
     assert rounded._exe.target.num_ipus == 4
+
+
+class SixBlocks(torch.nn.Module):
+    """The user guide's phased examples: six layers, each in its own block."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = names
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in names)
+
+    def forward(self, x):
+        poptorch.Block.useAutoId()
+        for name, layer in zip(self.names, self.layers):
+            with poptorch.Block(name):
+                x = torch.relu(layer(x))
+        return x
+
+
+def _phased(names, strategy, *ipus):
+    for phase, pair in enumerate(ipus):
+        strategy.phase(phase).ipus(*pair)
+    torch.manual_seed(0)
+    model = SixBlocks(names)
+    x = torch.rand((2, 4))
+    executor, out = _infer(model, x, poptorch.Options().setExecutionStrategy(strategy))
+    torch.testing.assert_close(out, model(x))
+    return sorted(set(_placements(executor, "inference")))
+
+
+def test_the_guides_phased_examples_run_each_phase_on_its_ipus():
+    stages = [poptorch.Phase(poptorch.Stage(a), poptorch.Stage(b)) for a, b in (("A", "A2"), ("B", "B2"), ("C", "C2"))]
+    serial = poptorch.SerialPhasedExecution(*stages)
+    names = ["A", "A2", "B", "B2", "C", "C2"]
+    assert _phased(names, serial, (0, 1), (0, 1), (0, 1)) == [(p, i) for p in range(3) for i in range(2)]
+    parallel = poptorch.ParallelPhasedExecution(
+        *(poptorch.Phase(poptorch.Stage(str(2 * p)), poptorch.Stage(str(2 * p + 1))) for p in range(3))
+    )
+    placed = _phased([None] * 6, parallel, (0, 2), (1, 3), (0, 2))
+    assert placed == [(0, 0), (0, 2), (1, 1), (1, 3), (2, 0), (2, 2)]

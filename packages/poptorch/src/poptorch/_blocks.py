@@ -205,7 +205,9 @@ class ShardedExecution(PipelinedExecution):
 
 
 class _PhasedExecution(_ExecutionStrategy):
-    """Phased execution: refused at compile time (the simulator does not model phases)."""
+    """Phased execution: the phases run one after another, each stage on its IPU, every tensor kept on the
+    chip (Liveness.AlwaysLive). The simulator runs a phase's stages one after another too, and models no
+    streaming memory: other liveness settings and a separate backward phase are refused when compiling."""
 
     def __init__(self, *phases):
         if not phases:
@@ -265,18 +267,23 @@ class _Recorder:
     def __init__(self, strategy):
         self.strategy = strategy
         self.manager = strategy._manager()
-        self.open_blocks = 0
 
     def begin(self, user_id, ipu_id):
         user_id = user_id or self.manager.next_auto_id()
         stage = self.manager.stage_of(user_id, ipu_id)
         ipu = stage._ipu if stage._ipu is not None else ipu_id
+        phased = stage._phase_id >= 0
         if ipu is None:
+            if phased:
+                raise Error(
+                    f"No IPU for block {user_id} of phase {stage._phase_id}: give it with Stage(...).ipu(n), "
+                    "Phase(...).ipus(...) or the block's ipu_id"
+                )
             ipu = stage._stage_id
         _check_ipu_id(ipu)
         # A fresh dict each time: nodes recorded earlier keep the placement they were made under.
         custom = dict(fx_traceback.current_meta.get("custom", {}))
-        custom[PLACEMENT_KEY] = (stage._stage_id, ipu)
+        custom[PLACEMENT_KEY] = (stage._phase_id if phased else stage._stage_id, ipu)
         fx_traceback.current_meta["custom"] = custom
 
 
@@ -459,10 +466,15 @@ def plan(graph, options, training):
 
     strategy = options.execution_strategy
     if isinstance(strategy, _PhasedExecution):
-        raise not_modelled(
-            f"{type(strategy).__name__}",
-            "phased execution is not simulated; use PipelinedExecution or ShardedExecution",
-        )
+        if strategy._liveness != Liveness.AlwaysLive:
+            raise not_modelled(
+                f"Phased execution with Liveness.{strategy._liveness.name}",
+                "the simulator has no streaming memory to move tensors to between phases; keep Liveness.AlwaysLive",
+            )
+        if strategy._separate_backward_phase:
+            raise not_modelled(
+                "useSeparateBackwardPhase(True)", "the backward pass runs with the forward phases' placement"
+            )
     placements = [n.placement for n in graph.nodes if n.placement is not None]
     if not placements:
         return MultiIpuPlan((0,), 1, False)
