@@ -49,7 +49,7 @@ from poptorch.enums import (
     SyncPattern,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options
+from poptorch.options import Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -158,6 +158,7 @@ __all__ = [
     "SerialPhasedExecution",
     "ShardedExecution",
     "Stage",
+    "TensorLocationSettings",
     "recomputationCheckpoint",
     "removeBlocks",
     "serializedMatMul",

@@ -290,10 +290,92 @@ class _DistributedOptions(_Group):
         return self._get("numProcesses")
 
 
+class TensorLocationSettings:
+    """Where one kind of tensor lives (``Options.TensorLocations.set*Location``). The simulated IPU keeps every
+    tensor in tile memory: settings asking for that are accepted; streaming (off-chip) memory, replicated
+    tensor sharding and I/O tiles for loading are refused as not modelled when given to a ``set*Location``."""
+
+    def __init__(self):
+        self._values = {}
+
+    def _record(self, name, value, check):
+        self._values[name] = check(name, value)
+        return self
+
+    def minElementsForOffChip(self, min_elements):
+        """Tensors with fewer elements stay on the chip."""
+        return self._record("minElementsForOffChip", min_elements, _non_negative)
+
+    def minElementsForReplicatedTensorSharding(self, min_elements):
+        """Tensors with fewer elements are not sharded over replicas."""
+        return self._record("minElementsForReplicatedTensorSharding", min_elements, _non_negative)
+
+    def useOnChipStorage(self, use=True):
+        """Keep the tensors in tile memory (True) or in streaming memory (False)."""
+        return self._record("useOnChipStorage", use, _bool)
+
+    def useReplicatedTensorSharding(self, use=True):
+        """Shard the tensors over replicas."""
+        return self._record("useReplicatedTensorSharding", use, _bool)
+
+    def useIOTilesToLoad(self, use=True):
+        """Load the tensors from streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToLoad", use, _bool)
+
+    def useIOTilesToStore(self, use=True):
+        """Store the tensors to streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToStore", use, _bool)
+
+    def unmodelled(self):
+        """The settings that ask for something other than tile memory, as ``name(value)`` strings."""
+        wanted = {
+            "useOnChipStorage": True,
+            "useReplicatedTensorSharding": False,
+            "useIOTilesToLoad": False,
+            "useIOTilesToStore": False,
+        }
+        return [f"{k}({v})" for k, v in self._values.items() if k in wanted and v != wanted[k]]
+
+
+def _non_negative(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Error(f"{name} takes a non-negative integer, got {value!r}")
+    return value
+
+
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, activations, optimizer state and
+    accumulators in tile memory)."""
 
     _prefix = "TensorLocations"
+
+    def _location(self, kind, location):
+        if not isinstance(location, TensorLocationSettings):
+            raise Error(f"set{kind}Location takes a poptorch.TensorLocationSettings, got {location!r}")
+        refused = location.unmodelled()
+        if refused:
+            raise not_modelled(
+                f"TensorLocations.set{kind}Location with {', '.join(refused)}",
+                "every tensor lives in tile memory (no streaming memory, replicated tensor sharding or I/O-tile "
+                "loading); split the model over more IPUs instead",
+            )
+        return self
+
+    def setWeightLocation(self, location):
+        """Where weights live: tile memory only on the simulated IPU."""
+        return self._location("Weight", location)
+
+    def setActivationLocation(self, location):
+        """Where activations live: tile memory only on the simulated IPU."""
+        return self._location("Activation", location)
+
+    def setOptimizerLocation(self, location):
+        """Where optimizer state lives: tile memory only on the simulated IPU."""
+        return self._location("Optimizer", location)
+
+    def setAccumulatorLocation(self, location):
+        """Where gradient accumulators live: tile memory only on the simulated IPU."""
+        return self._location("Accumulator", location)
 
     def numIOTiles(self, num_tiles):
         """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
