@@ -75,3 +75,20 @@ def test_tensor_locations_keep_tile_memory_and_refuse_streaming_memory():
         opts.TensorLocations.setAccumulatorLocation({"useOnChipStorage": False})
     with pytest.raises(poptorch.Error, match="useOnChipStorage takes True or False"):
         poptorch.TensorLocationSettings().useOnChipStorage("no")
+
+
+class Budgeted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return poptorch.set_available_memory(self.linear(x), 0.2)
+
+
+def test_set_available_memory_is_an_identity_on_the_cpu_and_refused_on_the_device():
+    model = Budgeted()
+    x = torch.rand(2, 4)
+    torch.testing.assert_close(model(x), model.linear(x))
+    with pytest.raises(poptorch.Error, match="set_available_memory is not modelled by the simulated IPU"):
+        poptorch.inferenceModel(model)(x)

@@ -35,7 +35,7 @@ from poptorch._executor_api import (
 )
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
-from poptorch._memory import serializedMatMul
+from poptorch._memory import serializedMatMul, set_available_memory
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch._precompiled import load
 from poptorch.enums import (
@@ -162,6 +162,7 @@ __all__ = [
     "recomputationCheckpoint",
     "removeBlocks",
     "serializedMatMul",
+    "set_available_memory",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",

@@ -1,10 +1,13 @@
 """Memory controls of large models: ``serializedMatMul`` splits a matrix product into smaller ones run one
-after another, so each needs less temporary tile memory (at the cost of cycles)."""
+after another, so each needs less temporary tile memory (at the cost of cycles). ``set_available_memory``
+is refused on the device: the simulator's planners take no temporary-memory budget."""
 
 import torch
 
+from poptorch._executor_api import isRunningOnIpu
 from poptorch.enums import MatMulSerializationMode
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 # The dimension each mode splits: of lhs (dim -2, m), of both (lhs -1 / rhs -2, n), of rhs (dim -1, p).
 _SPLIT = {
@@ -43,3 +46,18 @@ def serializedMatMul(lhs, rhs, mode, factor=0, keep_precision=False):
     for partial in partials[1:]:
         total = total + (partial.float() if wide else partial)
     return total.to(partials[0].dtype)
+
+
+def set_available_memory(tensor, available_memory_proportion):
+    """PopTorch bounds the temporary memory of the op producing ``tensor`` to this share of a tile. The
+    simulator's matmul and convolution planners take no such budget, so capturing a model that calls it
+    raises; on the CPU it returns ``tensor`` unchanged."""
+    if not isinstance(tensor, torch.Tensor):
+        raise Error(f"You may only set available memory for torch.tensor values. {type(tensor)} is not supported.")
+    if isRunningOnIpu():
+        raise not_modelled(
+            "set_available_memory",
+            "the simulator's planners take no temporary-memory budget; remove the call (serializedMatMul "
+            "lowers a matmul's peak memory)",
+        )
+    return tensor
