@@ -115,14 +115,17 @@ def test_out_of_memory_names_the_ipu_of_the_tile():
 
 
 def _four_stage_graph():
-    """Four placed stages of equal work, one per IPU."""
+    """Four placed stages of equal work, one per IPU, and the gradient of the first weight."""
     g = popir.Graph("chain")
     h = g.add_input("x", (16, 32), DType.float32)
+    weights = []
     for stage in range(4):
-        w = g.add_input(f"w{stage}", (32, 32), DType.float32, kind="parameter")
-        with g.placed((stage, stage)):
-            h = ops.relu(h @ w)
-    g.output("y", h)
+        weights.append(g.add_input(f"w{stage}", (32, 32), DType.float32, kind="parameter"))
+        with g.placed((stage, stage)), g.annotate(role="forward"):
+            h = ops.relu(h @ weights[-1])
+    with g.placed((3, 3)), g.annotate(role="forward"):
+        loss = ops.reduce_sum(h, axes=(0, 1), keepdims=False)
+    g.output("grad", popir.autodiff.grad(g, loss, weights[:1])[0])
     return g
 
 
@@ -134,10 +137,15 @@ def test_a_pipelined_step_overlaps_the_ipus_and_pays_for_its_bubbles():
     pipelined = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=True)
     assert sharded.serial_cycles == sharded.total_cycles == micro_batches * program["total_cycles"]
     assert sorted(pipelined.stage_ipu.items()) == [(0, 0), (1, 1), (2, 2), (3, 3)]
-    slot = max(pipelined.stage_cycles.values())
-    assert pipelined.slot_cycles == slot
-    # Three bubbles of one slot, split between ramp-up and ramp-down, around 8 slots of full overlap.
-    assert pipelined.ramp_up_cycles + pipelined.ramp_down_cycles == 3 * slot
-    assert pipelined.main_cycles == micro_batches * slot
+    forward, backward = max(pipelined.forward_cycles.values()), max(pipelined.backward_cycles.values())
+    assert (pipelined.forward_slot, pipelined.backward_slot) == (forward, backward) and backward > 0
+    # Three forward slots fill the pipeline, three backward slots drain it, around 8 slots of full overlap.
+    assert pipelined.ramp_up_cycles == 3 * forward and pipelined.ramp_down_cycles == 3 * backward
+    assert pipelined.main_cycles == micro_batches * (forward + backward)
     assert pipelined.total_cycles < sharded.total_cycles
-    assert pipelined.as_dict()["stages"][2] == {"ipu": 2, "cycles": pipelined.stage_cycles[2]}
+    stage = pipelined.as_dict()["stages"][2]
+    assert stage == {
+        "ipu": 2,
+        "forward_cycles": pipelined.forward_cycles[2],
+        "backward_cycles": stage["backward_cycles"],
+    }

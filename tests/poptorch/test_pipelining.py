@@ -105,7 +105,10 @@ def test_a_pipelined_step_takes_fewer_cycles_than_a_sharded_one(reference):
     schedule = pipelined.profile.programs["accumulate"]["schedule"]
     assert [s["ipu"] for s in schedule["stages"].values()] == [0, 1, 2, 3]
     assert schedule["ramp_up_cycles"] > 0 and schedule["ramp_down_cycles"] > 0
-    assert schedule["main_cycles"] == GA * max(s["cycles"] for s in schedule["stages"].values())
+    forward = max(s["forward_cycles"] for s in schedule["stages"].values())
+    backward = max(s["backward_cycles"] for s in schedule["stages"].values())
+    assert schedule["main_cycles"] == GA * (forward + backward) and backward > 0
+    assert schedule["ramp_up_cycles"] == 3 * forward and schedule["ramp_down_cycles"] == 3 * backward
     assert "schedule" not in sharded.profile.programs["accumulate"]
 
 

@@ -95,6 +95,7 @@ class ComputeSet:
     name: str
     vertices: list = field(default_factory=list)
     placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
+    role: str = None  # that node's role: forward, backward or optimizer
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Copy:
     srcs: list
     index: np.ndarray
     placement: tuple = None  # as ComputeSet.placement
+    role: str = None  # as ComputeSet.role
 
     def __post_init__(self):
         self.srcs = list(self.srcs)

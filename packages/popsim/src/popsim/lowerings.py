@@ -86,7 +86,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         finally:
             lw.target = device_target
         for step in lw.dg.program[first_step:]:
-            step.placement = node.placement
+            step.placement, step.role = node.placement, node.role
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:

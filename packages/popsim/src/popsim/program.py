@@ -138,9 +138,12 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
 
 
 def _placed(step):
-    """The profile fields saying which pipeline stage and IPU a step works for (none when unplaced)."""
+    """The profile fields saying which pipeline stage and IPU a step works for, and in which pass (none when
+    unplaced)."""
     placement = getattr(step, "placement", None)
-    return {} if placement is None else {"stage": int(placement[0]), "ipu": int(placement[1])}
+    if placement is None:
+        return {}
+    return {"stage": int(placement[0]), "ipu": int(placement[1]), "role": getattr(step, "role", None)}
 
 
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
