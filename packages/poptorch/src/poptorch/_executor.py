@@ -30,6 +30,7 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _recompute,
     _stochastic_rounding,
     _synthetic_data,
     _training,
@@ -259,6 +260,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                if self._training:
+                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
