@@ -65,15 +65,19 @@ def lower_graph(lw, graph, variables):
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
+        lw.dg.origin = node
         try:
             result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
+        finally:
+            lw.dg.origin = None
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
+            lw.dg.node_outputs.add(t.storage.id)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
