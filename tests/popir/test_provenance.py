@@ -27,7 +27,13 @@ def test_nodes_record_the_annotations_of_every_enclosing_scope():
             inner = ops.exp(x).producer
         outer = ops.neg(x).producer
     after = ops.neg(x).producer
-    assert inner.annotations() == {"source": None, "module": "outer", "aten": "aten.exp.default", "role": "forward"}
+    assert inner.annotations() == {
+        "source": None,
+        "module": "outer",
+        "aten": "aten.exp.default",
+        "role": "forward",
+        "placement": None,
+    }
     assert (outer.module, outer.aten) == ("outer", None)
     assert after.annotations() == dict.fromkeys(popir.graph.ANNOTATIONS)
 

@@ -25,16 +25,19 @@ def test_graph_target_holds_the_tiles_of_every_ipu():
         popsim.Device(t, 2)
 
 
-def _mlp_graph():
+def _mlp_graph(placed=False):
+    """x @ w, relu, row sums; ``placed`` puts the matmul on IPU 0 and the rest on IPU 1."""
     g = popir.Graph("mlp")
     x = g.add_input("x", (32, 64), DType.float32)
     w = g.add_input("w", (64, 48), DType.float32, kind="parameter")
-    g.output("y", ops.reduce_sum(ops.relu(x @ w), axes=(1,), keepdims=False))
+    with g.placed((0, 0) if placed else None):
+        h = x @ w
+    with g.placed((1, 1) if placed else None):
+        g.output("y", ops.reduce_sum(ops.relu(h), axes=(1,), keepdims=False))
     return g
 
 
-def test_two_ipus_give_the_interpreters_results_using_both():
-    g = _mlp_graph()
+def _run_on_two_ipus(g):
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((32, 64)).astype(np.float32)}
     w = rng.standard_normal((64, 48)).astype(np.float32)
@@ -42,13 +45,40 @@ def test_two_ipus_give_the_interpreters_results_using_both():
     exe = popsim.compile(g, popsim.Device(SMALL, 2))
     exe.write_variable("w", w)
     np.testing.assert_allclose(exe.run(feeds)["y"], expected, rtol=1e-5, atol=1e-5)
-    busy = np.array(exe.profile.programs["mlp"]["tile_compute_cycles"]) > 0
-    assert busy.size == 16 and busy[:8].any() and busy[8:].any()
-    one = popsim.compile(g, SMALL).profile.programs["mlp"]
-    two = exe.profile.programs["mlp"]
+    return exe.profile.programs["mlp"]
+
+
+def test_an_unannotated_graph_stays_on_ipu_0_of_a_device():
+    program = _run_on_two_ipus(_mlp_graph())
+    compute = np.array(program["tile_compute_cycles"])
+    exchange = np.array(program["tile_exchange_bytes"])
+    assert compute.size == 16 and compute[:8].any() and not compute[8:].any()
+    assert not exchange[8:].any()
+    one = popsim.compile(_mlp_graph(), SMALL).profile.programs["mlp"]
     # Every sync of the two-IPU program spans both IPUs.
-    assert two["sync_cycles"] % SMALL.sync_cycles_across_ipus == 0
+    assert program["sync_cycles"] % SMALL.sync_cycles_across_ipus == 0
     assert one["sync_cycles"] % SMALL.sync_cycles == 0
+
+
+def test_placed_nodes_run_on_their_ipu_and_activations_cross_by_inter_ipu_copies():
+    program = _run_on_two_ipus(_mlp_graph(placed=True))
+    compute = np.array(program["tile_compute_cycles"])
+    assert compute[:8].any() and compute[8:].any()
+    by_ipu = {}
+    for step in program["steps"]:
+        if step["kind"] == "compute":
+            by_ipu.setdefault(step["ipu"], set()).add(step["name"])
+    assert "matmul" in by_ipu[0] and "matmul" not in by_ipu[1]
+    assert any(name.startswith("reduce") for name in by_ipu[1])
+    crossing = [s for s in program["steps"] if "inter-ipu to 1" in s["name"]]
+    # The 32 x 48 float32 activation crosses once, over the links of the two IPUs.
+    assert len(crossing) == 1 and crossing[0]["bytes"] == 32 * 48 * 4 and crossing[0]["busiest_link_bytes"] > 0
+    assert crossing[0]["ipu"] == 1 and crossing[0]["stage"] == 1
+
+
+def test_a_node_placed_beyond_the_device_is_refused():
+    with pytest.raises(popsim.Error, match="placed on IPU 1, but the device has 1 IPU"):
+        popsim.compile(_mlp_graph(placed=True), popsim.Device(SMALL, 1))
 
 
 def _copy_between(dst_tiles, link_bytes_per_second):

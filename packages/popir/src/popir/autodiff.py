@@ -27,7 +27,8 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
 
 def _grad(graph, loss, wrt, seed, unreached):
     needed = _on_path(graph, wrt, loss)
-    cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
+    with graph.placed(loss.producer.placement if loss.producer is not None else None):
+        cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
     for node in reversed(graph.nodes):
         if not any(v.id in needed for v in node.outputs):
             continue
@@ -37,16 +38,17 @@ def _grad(graph, loss, wrt, seed, unreached):
         opdef = get_op(node.op)
         if not opdef.differentiable:
             continue
-        # A node's gradient nodes are the backward pass of its module, op and source line.
-        with graph.annotate(source=node.source, module=node.module, aten=node.aten, role="backward"):
+        # A node's gradient nodes are the backward pass of its module, op and source line, and run where the
+        # node ran (its pipeline stage and IPU).
+        with graph.annotate(**{**node.annotations(), "role": "backward"}):
             input_cts = opdef.vjp(tuple(node.inputs), tuple(node.outputs), tuple(cts), **node.attrs)
-        for value, ct in zip(node.inputs, input_cts):
-            if ct is None or value.id not in needed or not value.dtype.is_float:
-                continue
-            if ct.type != value.type:
-                raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
-            previous = cotangents.get(value.id)
-            cotangents[value.id] = ct if previous is None else previous + ct
+            for value, ct in zip(node.inputs, input_cts):
+                if ct is None or value.id not in needed or not value.dtype.is_float:
+                    continue
+                if ct.type != value.type:
+                    raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
+                previous = cotangents.get(value.id)
+                cotangents[value.id] = ct if previous is None else previous + ct
     if unreached == "none":
         return [cotangents.get(w.id) for w in wrt]
     return [cotangents[w.id] if w.id in cotangents else _full(graph, w, 0.0) for w in wrt]

@@ -13,7 +13,7 @@ INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
 # Where a node came from, for errors and profiles: the user's source line, the module path
 # (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
 # (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
-ANNOTATIONS = ("source", "module", "aten", "role")
+ANNOTATIONS = ("source", "module", "aten", "role", "placement")
 ROLES = ("forward", "backward", "optimizer")
 
 
@@ -106,7 +106,7 @@ class Node:
 
     __slots__ = ("op", "inputs", "attrs", "outputs", *ANNOTATIONS)
 
-    def __init__(self, op, inputs, attrs, outputs, source=None, module=None, aten=None, role=None):
+    def __init__(self, op, inputs, attrs, outputs, source=None, module=None, aten=None, role=None, placement=None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
@@ -115,6 +115,7 @@ class Node:
         self.module = module
         self.aten = aten
         self.role = role
+        self.placement = placement  # (pipeline stage, IPU) in a multi-IPU model; None runs on IPU 0
 
     def annotations(self):
         """{annotation: value} of this node (see ``ANNOTATIONS``)."""
@@ -246,6 +247,11 @@ class Graph:
         top of those of any enclosing scope."""
         return _AnnotationScope(self, annotations)
 
+    def placed(self, placement):
+        """Context manager: nodes created inside it run on ``placement``, a (pipeline stage, IPU) pair (None:
+        unplaced, which popsim puts on IPU 0)."""
+        return self.annotate(placement=None if placement is None else tuple(int(p) for p in placement))
+
     def apply(self, op, inputs, attrs):
         """Append a node applying primitive ``op``; returns its output Values (a list)."""
         opdef = get_op(op)
@@ -313,6 +319,8 @@ class Graph:
             attrs = ", ".join(f"{k}={_short(v)}" for k, v in sorted(node.attrs.items()))
             sep = ", " if args and attrs else ""
             where = f"  # {node.source}" if node.source else ""
+            if node.placement is not None:
+                where += f"  [stage {node.placement[0]}, IPU {node.placement[1]}]"
             lines.append(f"  {outs} = {node.op}({args}{sep}{attrs}){where}")
         for name, v in self.outputs.items():
             lines.append(f"  output {name} = %{v.id}")

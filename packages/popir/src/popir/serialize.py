@@ -104,6 +104,8 @@ def _decode(data):
     for entry in header["nodes"]:
         inputs = [by_id[i] for i in entry["in"]]
         annotations = {name: entry.get(name) for name in ANNOTATIONS}
+        if annotations["placement"] is not None:
+            annotations["placement"] = tuple(annotations["placement"])
         node = Node(entry["op"], inputs, {k: attr(v) for k, v in entry["attrs"].items()}, [], **annotations)
         for vid, shape, dtype in entry["out"]:
             by_id[vid] = graph._new_value(TensorType.of(shape, dtype), producer=node)

@@ -96,6 +96,7 @@ class ComputeSet:
     name: str
     vertices: list = field(default_factory=list)
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Copy:
     srcs: list
     index: np.ndarray
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # as ComputeSet.placement
 
     def __post_init__(self):
         self.srcs = list(self.srcs)

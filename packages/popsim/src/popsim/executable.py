@@ -11,6 +11,8 @@ from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
 from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
+from popsim.mapping import TileMapping
+from popsim.placement import Placement
 from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
@@ -82,6 +84,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
     _check_fits(graphs, target, relax_memory)
+    placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
     variables = {}
     for g in graphs.values():
@@ -99,13 +102,16 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
                     f"variable {v.name!r} is {known.dtype}{list(known.shape)} in one program and {v.type} in another"
                 )
             if v.name not in variables:
-                variables[v.name] = dg.add_tensor(v.shape, v.dtype, None, v.name, "variable")
+                # A variable lives on the IPU of its first reader (IPU 0 of an unannotated graph).
+                where = target.ipu_view(placement.variable_ipu.get(v.name, 0))
+                mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
+                variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
                 dg.state_kinds[v.name] = v.kind
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type))
-        inputs, outputs = lower_graph(lw, g, variables)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 

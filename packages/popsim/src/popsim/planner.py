@@ -63,15 +63,18 @@ class Lowerer:
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
         """A new device tensor (linearly mapped unless ``mapping`` is given), for vertices to write."""
+        if mapping is None:
+            mapping = TileMapping.linear(int(np.prod(shape, dtype=np.int64)), dtype.itemsize, self.target)
         return self.dg.add_tensor(shape, dtype, mapping, name)
 
     def constant(self, array, dtype):
         """A constant tensor (scalars are shared)."""
         array = np.array(array, dtype=dtype.numpy, order="C")
-        key = (dtype, array.shape, array.tobytes()) if array.size == 1 else None
+        key = (dtype, array.shape, array.tobytes(), self.target.first_tile) if array.size == 1 else None
         if key in self._constants:
             return self._constants[key]
-        t = self.dg.add_tensor(array.shape, dtype, None, f"const{len(self.dg.tensors)}", "constant", array)
+        mapping = TileMapping.linear(array.size, dtype.itemsize, self.target)
+        t = self.dg.add_tensor(array.shape, dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array)
         if key is not None:
             self._constants[key] = t
         return t
@@ -240,7 +243,7 @@ class Lowerer:
         padded = np.full((rows, splits * chunk), -1, np.int64)
         padded[:, :group] = index
         first = (rows * 40503) % self.target.num_tiles
-        tiles = (first + np.arange(rows * splits)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(rows * splits)) % self.target.num_tiles
         staged = self.gather(
             (rows * splits, chunk),
             src_dtype,
@@ -312,7 +315,7 @@ class Lowerer:
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
         b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))
         first = (tasks * 7919) % self.target.num_tiles
-        tiles = (first + np.arange(tasks)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(tasks)) % self.target.num_tiles
         a_t = self.gather(
             (tasks, mb, kb),
             dtype,

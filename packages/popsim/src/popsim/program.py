@@ -138,6 +138,12 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     )
 
 
+def _placed(step):
+    """The profile fields saying which pipeline stage and IPU a step works for (none when unplaced)."""
+    placement = getattr(step, "placement", None)
+    return {} if placement is None else {"stage": int(placement[0]), "ipu": int(placement[1])}
+
+
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
     return np.array([compute, exchange, sync, control, host], np.int64)
 
@@ -284,6 +290,7 @@ class _Flattener:
                 "tiles": int((per_tile > 0).sum()),
                 "ipus": busy_ipus(target, per_tile),
                 "origin": origin_of(step.origin),
+                **_placed(step),
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
@@ -319,7 +326,8 @@ class _Flattener:
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link
-            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum()), "origin": origin_of(step.origin)}
+            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum()), **_placed(step)}
+            merged["origin"] = origin_of(step.origin)
             self.steps.append(merged)
             before, sync = 0, target.bsp_sync_cycles
         busiest, busiest_link = int(open_load.max()), int(open_link.max())
