@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _executable_format, _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost, provenance
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
@@ -106,6 +106,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
                 where = target.ipu_view(placement.variable_ipu.get(v.name, 0))
                 mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
                 variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
+                dg.state_kinds[v.name] = v.kind
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
@@ -168,10 +169,11 @@ class Executable:
         alloc = {}
         for t in pinned:
             alloc[t.id] = base.place(t, t.mapping.tile_bytes(t.itemsize), -1, np.inf)
-        per_program = {}
+        per_program, placed = {}, {}
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
-            for storage, first, last in _liveness(program, inputs, outputs):
+            placed[name] = _liveness(program, inputs, outputs)
+            for storage, first, last in placed[name]:
                 alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
             allocator.check(relax_memory, target)
             per_program[name] = allocator
@@ -233,6 +235,7 @@ class Executable:
                 flat.flops,
                 budget,
                 relax_memory,
+                *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}

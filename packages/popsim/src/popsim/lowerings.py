@@ -74,6 +74,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
+        lw.dg.origin = node
         first_step = len(lw.dg.program)
         if ipus:
             ipu = placement.ipu_of(node)
@@ -84,6 +85,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
         finally:
+            lw.dg.origin = None
             lw.target = device_target
         for step in lw.dg.program[first_step:]:
             step.placement, step.role = node.placement, node.role
@@ -92,6 +94,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             if t.shape != value.shape or t.dtype != value.dtype:
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
+            lw.dg.node_outputs.add(t.storage.id)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _auto_report,
     _blocks,
     _cache,
     _device,
@@ -218,6 +219,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
+        report_dir = _auto_report.report_directory()  # checked first: a bad setting fails before compiling
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -283,6 +285,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
+        if report_dir is not None:
+            name = self._options.model_name or ("training" if self._training else "inference")
+            logger.info("Profile report written to %s", _auto_report.write(exe.profile, report_dir, name))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
         _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
