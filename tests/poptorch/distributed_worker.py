@@ -1,8 +1,9 @@
 """One process of a distributed training run started by test_distributed_training.py.
 
-Usage: distributed_worker.py OUT_FILE MODE. Process id and count come from torchrun's variables (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test. MODE "train" trains STEPS steps and saves every
-step's losses and the final weights to OUT_FILE; MODE "die" makes process 1 exit after the first step.
+Usage: distributed_worker.py OUT_FILE MODE [REDUCTION]. Process id and count come from torchrun's variables
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test. MODE "train" trains STEPS steps and saves
+every step's losses and the final weights to OUT_FILE; MODE "die" makes process 1 exit after the first
+step. REDUCTION is a key of REDUCTIONS (default "post").
 """
 
 import os
@@ -44,8 +45,19 @@ def make_model(seed):
     return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def main(out_file, mode):
+# How replicas' gradients are reduced: (ReductionType, MeanReductionStrategy).
+REDUCTIONS = {
+    "post": (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Post),
+    "running": (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Running),
+    "sum": (poptorch.ReductionType.Sum, poptorch.MeanReductionStrategy.Post),
+}
+
+
+def main(out_file, mode, reduction="post"):
     opts = poptorch.Options().replicationFactor(REPLICAS).showCompilationProgressBar(False)
+    reduction_type, strategy = REDUCTIONS[reduction]
+    opts.Training.accumulationAndReplicationReductionType(reduction_type)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
     process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     # Each process starts from different weights: the broadcast from process 0 must make them alike.
     model, optimizer = make_model(seed=process)
@@ -63,4 +75,4 @@ def main(out_file, mode):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -23,13 +23,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, mode, timeout_seconds):
+def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
     port = _free_port()
     processes = []
     for rank in range(PROCESSES):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(PROCESSES), LOCAL_RANK=str(rank))
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), POPTORCH_DISTRIBUTED_TIMEOUT=str(timeout_seconds))
-        command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}.pt"), mode]
+        command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}.pt"), mode, reduction]
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     try:
@@ -44,26 +44,28 @@ def _launch(tmp_path, mode, timeout_seconds):
     return results
 
 
-def _eager(steps):
-    """Process 0's initial model trained in eager PyTorch on the combined batch of every process."""
+def _eager(steps, summed):
+    """Process 0's initial model trained in eager PyTorch on the combined batch of every process (with
+    ``summed``, on the sum of the replicas' gradients instead of their mean)."""
     model, optimizer = worker.make_model(seed=0)
     x, labels = worker.global_batches(PROCESSES)
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
         _, loss = model(x[step], labels[step])
-        loss.backward()
+        (loss * PROCESSES * worker.REPLICAS if summed else loss).backward()
         optimizer.step()
         losses.append(loss.detach())
     return torch.stack(losses), model.state_dict()
 
 
-def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_path):
-    results = _launch(tmp_path, "train", timeout_seconds=120)
+@pytest.mark.parametrize("reduction", sorted(worker.REDUCTIONS))
+def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_path, reduction):
+    results = _launch(tmp_path, "train", timeout_seconds=120, reduction=reduction)
     for code, _, err in results:
         assert code == 0, err[-3000:]
     runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
-    expected_losses, expected_state = _eager(worker.STEPS)
+    expected_losses, expected_state = _eager(worker.STEPS, summed=reduction == "sum")
     # Each process returns its replicas' losses per step; their mean is the combined batch's loss.
     losses = torch.cat([run["losses"] for run in runs], dim=1).mean(dim=1)
     torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-6)
