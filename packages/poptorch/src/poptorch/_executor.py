@@ -26,6 +26,7 @@ from poptorch import (
     _blocks,
     _cache,
     _device,
+    _distributed,
     _executor_api,
     _fp_exceptions,
     _host_print,
@@ -191,6 +192,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     def _reset(self):
         self._exe = None
+        self._shared_gradients = []
         self._programs = None
         self._captured = None
         self._device = None
@@ -232,6 +234,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 bar.set_postfix_str(name)
 
             phase("capture")
+            if self._training and self._options.Distributed.numProcesses > 1:
+                # Every process starts from process 0's weights and buffers.
+                _distributed.join(self._options)
+                _distributed.broadcast_host_tensors([*self._model.parameters(), *self._model.buffers()])
             mode = self._model.training
             self._model.train(self._training)
             try:
@@ -272,6 +278,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         self._captured, self._programs, self._exe = captured, programs, exe
+        distributed = self._training and self._options.Distributed.numProcesses > 1
+        self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -483,6 +491,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
+                        if self._shared_gradients:
+                            _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
                             cycles += exe.last_run_cycles or 0
