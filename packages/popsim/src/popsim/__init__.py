@@ -21,12 +21,13 @@ from popsim.device_graph import (
     Execute,
     If,
     Region,
+    Regions,
     Repeat,
     Sequence,
     StreamCopy,
     Sync,
     Tensor,
-    Vertex,
+    Vertices,
 )
 from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
@@ -52,6 +53,7 @@ __all__ = [
     "OutOfMemoryError",
     "Profile",
     "Region",
+    "Regions",
     "Repeat",
     "Schedule",
     "Sequence",
@@ -62,7 +64,7 @@ __all__ = [
     "TileArena",
     "TileMapping",
     "UnsupportedOpError",
-    "Vertex",
+    "Vertices",
     "__version__",
     "compile",
     "compile_device_graph",
