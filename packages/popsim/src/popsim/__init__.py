@@ -28,7 +28,7 @@ from popsim.device_graph import (
     Tensor,
     Vertex,
 )
-from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
@@ -47,6 +47,7 @@ __all__ = [
     "Executable",
     "Execute",
     "If",
+    "IndexRangeError",
     "Lowerer",
     "OutOfMemoryError",
     "Profile",
