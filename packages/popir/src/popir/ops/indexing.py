@@ -14,8 +14,8 @@ from popir.errors import IRError
 from popir.ops.base import broadcast_to, full, reduce_sum, reshape, zeros_like
 from popir.ops.elementwise import cast, eq, le, logical_not, lt, maximum, minimum, where
 from popir.ops.movement import gather, scatter_add, slice_
-from popir.ops.ordering import cumsum
 from popir.ops.reduction import reduce_max, reduce_min, reduce_prod
+from popir.ops.stats import doubling_scan
 
 REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
@@ -131,7 +131,8 @@ def _bag_of_positions(indices, offsets):
     starts = scatter_add(
         full(graph, (length + 1,), 0.0, DType.float32), offsets, _ones_f32(graph, offsets.shape), axis=0
     )
-    begun = cumsum(slice_(starts, starts=(0,), stops=(length,)), axis=0)
+    # A doubling scan, not cumsum: popsim lowers cumsum through a length x length index table.
+    begun = doubling_scan(slice_(starts, starts=(0,), stops=(length,)), 0, lambda a, b: a + b, 0.0)
     return cast(begun - 1.0, dtype=DType.int32)
 
 

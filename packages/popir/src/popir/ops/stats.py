@@ -62,10 +62,10 @@ def norm(x, p=2.0, axes=None, keepdims=False):
     return pow_(total, total.graph.constant(1.0 / p, x.dtype))
 
 
-def cumprod(x, axis):
-    """torch.cumprod along ``axis``: out[i] is the product of x[j] for j <= i. A doubling scan (after the
-    step with shift s, out[i] holds the product of the 2s entries ending at i), so memory stays linear in x
-    and zeros need no division."""
+def doubling_scan(x, axis, combine, identity):
+    """Inclusive running ``combine`` (an associative binary function) along ``axis``: after the step with
+    shift s, out[i] combines the 2s entries ending at i (the ``identity`` pads before the start). log2(n)
+    elementwise steps, so memory stays linear in x, unlike an n x n masked reduction."""
     axis = axis % x.ndim
     n = x.shape[axis]
     shift = 1
@@ -73,9 +73,15 @@ def cumprod(x, axis):
         stops = tuple(n - shift if a == axis else d for a, d in enumerate(x.shape))
         earlier = slice_(x, starts=(0,) * x.ndim, stops=stops)
         pads = tuple((shift, 0) if a == axis else (0, 0) for a in range(x.ndim))
-        x = x * pad(earlier, pads=pads, value=1.0)
+        x = combine(x, pad(earlier, pads=pads, value=identity))
         shift *= 2
     return x
+
+
+def cumprod(x, axis):
+    """torch.cumprod along ``axis``: out[i] is the product of x[j] for j <= i (a doubling scan, so zeros need
+    no division)."""
+    return doubling_scan(x, axis, lambda a, b: a * b, 1.0)
 
 
 def median(x, axis=None, keepdims=False):
