@@ -9,7 +9,7 @@ from popsim import _exchange, _executable_format, _kernels, cost, provenance
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.mapping import TileMapping
 from popsim.placement import Placement
@@ -331,9 +331,10 @@ class Executable:
                 "slice(s); feed one slice for every StreamCopy the program runs"
             )
         if bad:
-            raise Error(
+            raise IndexRangeError(
                 f"program {program!r}: {bad} gather/scatter index(es) out of range (an input index or class label "
-                "beyond its dimension); the results of this run are invalid"
+                "beyond its dimension); the results of this run are invalid",
+                count=bad,
             )
         results = {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
         for slot, (name, stream) in enumerate(self._streams.items()):

@@ -656,7 +656,7 @@ def _run_on_device(exe, feeds, program, graph=None):
         result = exe.run(feeds, program=program)
     except popsim.Error as exc:
         where = None
-        if graph is not None and "index(es) out of range" in str(exc):
+        if graph is not None and isinstance(exc, popsim.IndexRangeError):
             where = _device.locate_index_error(exe, graph, feeds)
         detail = f"\nThe failing op: {where}" if where else ""
         raise RecoverableError(
