@@ -21,14 +21,15 @@ from popsim.device_graph import (
     Execute,
     If,
     Region,
+    Regions,
     Repeat,
     Sequence,
     StreamCopy,
     Sync,
     Tensor,
-    Vertex,
+    Vertices,
 )
-from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
@@ -48,10 +49,12 @@ __all__ = [
     "Executable",
     "Execute",
     "If",
+    "IndexRangeError",
     "Lowerer",
     "OutOfMemoryError",
     "Profile",
     "Region",
+    "Regions",
     "Repeat",
     "Schedule",
     "Sequence",
@@ -62,7 +65,7 @@ __all__ = [
     "TileArena",
     "TileMapping",
     "UnsupportedOpError",
-    "Vertex",
+    "Vertices",
     "__version__",
     "compile",
     "compile_device_graph",

@@ -74,6 +74,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
+        lw.dg.origin = node
         first_step = len(lw.dg.program)
         if ipus:
             ipu = placement.ipu_of(node)
@@ -84,6 +85,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
         finally:
+            lw.dg.origin = None
             lw.target = device_target
         for step in lw.dg.program[first_step:]:
             step.placement, step.role = node.placement, node.role
@@ -92,6 +94,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             if t.shape != value.shape or t.dtype != value.dtype:
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
+            lw.dg.node_outputs.add(t.storage.id)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
@@ -353,10 +356,10 @@ def _random_uniform(lw, node, seed, shape, dtype):
         (k, 2), seed.dtype, [seed], np.tile(np.arange(2), k), TileMapping.on_tiles(np.full(k, 2), m.tiles), name="seed"
     )
     cs = lw.dg.add_compute_set("random")
-    for i, (tile, a, b) in enumerate(zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist())):
-        fields = {"a": seeds.region(2 * i, 2 * i + 2), "out": out.region(a, b)}
-        cycles = cost.elementwise_cycles(lw.target, b - a, out.dtype, "random")
-        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, first=a)
+    i, n = np.arange(k), m.stops - m.starts
+    fields = {"a": seeds.regions(2 * i, 2 * i + 2), "out": out.regions(m.starts, m.stops)}
+    cycles = cost.elementwise_cycles(lw.target, n, out.dtype, "random")
+    lw.dg.add_vertices(cs, oc.RNG, 0, m.tiles, n, fields, cycles, first=m.starts)
     return out
 
 

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from poptorch import _blocks, _logging
+from poptorch import _blocks, _distributed, _logging
 from poptorch.enums import (
     ConnectionType,
     HalfFloatCastingBehavior,
@@ -67,6 +67,7 @@ _DEFAULTS = {
     "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
+    "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
 }
 
@@ -83,6 +84,7 @@ COMPILE_KEYS = (
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
+    "Distributed.numProcesses",
 )
 
 # popart.RecomputationType values the simulator models -> what they recompute.
@@ -274,17 +276,38 @@ class _PrecisionOptions(_Group):
 
 
 class _DistributedOptions(_Group):
-    """``opts.Distributed``: this process's place among several host processes."""
+    """``opts.Distributed``: this process's place among several host processes.
+
+    A new Options reads it from ``torch.distributed`` when a process group is initialised, else from
+    torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) or Open MPI's (``OMPI_COMM_WORLD_RANK``,
+    ``OMPI_COMM_WORLD_SIZE``) environment variables; ``configureProcessId`` overrides it."""
 
     _prefix = "Distributed"
 
     def configureProcessId(self, process_id, num_processes):
         """Declare this process as ``process_id`` of ``num_processes``."""
         _positive_int("numProcesses", num_processes)
-        if not 0 <= process_id < num_processes:
-            raise Error(f"processId must be in [0, {num_processes}), got {process_id}")
+        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+            raise Error(f"processId must be an integer in [0, {num_processes}), got {process_id!r}")
         self._set("processId", process_id)
         return self._set("numProcesses", num_processes)
+
+    def setEnvVarNames(self, var_num_processes, var_process_id):
+        """Read the process count and id from these environment variables (unset: process 0 of 1)."""
+        place = _distributed.from_variables(var_process_id, var_num_processes)
+        place = place or _distributed.Place(0, 1, 0)
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
+
+    def disable(self):
+        """Run as a single process whatever the environment says."""
+        self._set("localProcessId", 0)
+        return self.configureProcessId(0, 1)
+
+    def _from_environment(self):
+        place = _distributed.from_environment()
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
 
     @property
     def processId(self):
@@ -293,6 +316,11 @@ class _DistributedOptions(_Group):
     @property
     def numProcesses(self):
         return self._get("numProcesses")
+
+    @property
+    def localProcessId(self):
+        """This process's id among the processes of its host (torchrun's ``LOCAL_RANK``)."""
+        return self._get("localProcessId")
 
 
 class TensorLocationSettings:
@@ -458,6 +486,7 @@ class Options(_NoAssignment):
         self.Jit = _JitOptions(self)
         self._Popart = _PopartOptions(self)
         self._sealed = True
+        self.Distributed._from_environment()
         if os.environ.get("POPTORCH_CACHE_DIR"):
             self._values["executableCachePath"] = os.environ["POPTORCH_CACHE_DIR"]
         if os.environ.get("POPTORCH_IPU_MODEL_VERSION"):

@@ -33,7 +33,7 @@ def test_nodes_carry_module_path_aten_op_source_line_and_role():
     assert ("features/conv/body.1", "aten.relu.default") in forward
     assert ("head", "aten.addmm.default") in forward
     conv = next(n for n in nodes if n.module == "features/conv/body.0" and n.role == "forward")
-    assert "test_provenance.py" in conv.source and "self.body(x)" in conv.source
+    assert "test_capture_provenance.py:" in conv.source and "self.body(x)" in conv.source
     backward = {n.module for n in nodes if n.role == "backward"}
     assert {"features/conv/body.0", "head"} <= backward
     assert any(n.role == "optimizer" for n in nodes)
