@@ -61,6 +61,45 @@ class Schedule:
             return self.serial_cycles
         return self.ramp_up_cycles + self.main_cycles + self.ramp_down_cycles + self.micro_batches * self.outside_cycles
 
+    def timeline(self):
+        """When each stage works on each micro-batch: dicts of ipu, stage, micro_batch, pass ("forward" or
+        "backward"), start and end cycles within the step (work outside the stages is not listed)."""
+        if self.pipelined:
+            return self._pipelined_timeline()
+        entries, now = [], 0
+        order = [(s, "forward") for s in self.stages] + [(s, "backward") for s in reversed(self.stages)]
+        for batch in range(self.micro_batches):
+            for stage, direction in order:
+                cycles = (self.forward_cycles if direction == "forward" else self.backward_cycles).get(stage, 0)
+                if cycles:
+                    entries.append(self._entry(stage, batch, direction, now, now + cycles))
+                    now += cycles
+            now += self.outside_cycles
+        return entries
+
+    def _pipelined_timeline(self):
+        # Forward of micro-batch i on the k-th stage in slot i + k; the backward wave runs from the last stage.
+        entries, count = [], len(self.stages)
+        backward_start = (self.micro_batches + count - 1) * self.forward_slot
+        for k, stage in enumerate(self.stages):
+            for batch in range(self.micro_batches):
+                start = (batch + k) * self.forward_slot
+                entries.append(self._entry(stage, batch, "forward", start, start + self.forward_cycles.get(stage, 0)))
+                start = backward_start + (batch + count - 1 - k) * self.backward_slot
+                end = start + self.backward_cycles.get(stage, 0)
+                entries.append(self._entry(stage, batch, "backward", start, end))
+        return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
+
+    def _entry(self, stage, batch, direction, start, end):
+        return {
+            "ipu": self.stage_ipu[stage],
+            "stage": stage,
+            "micro_batch": batch,
+            "pass": direction,
+            "start": start,
+            "end": end,
+        }
+
     def as_dict(self):
         """The schedule for a profile: per stage its IPU and cycles per micro-batch, the phases' cycles."""
         return {
@@ -80,6 +119,7 @@ class Schedule:
             "ramp_down_cycles": self.ramp_down_cycles,
             "serial_cycles": self.serial_cycles,
             "total_cycles": self.total_cycles,
+            "timeline": self.timeline(),
         }
 
 
