@@ -15,6 +15,8 @@ the first IPU is done the ramp-down.
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -153,3 +155,30 @@ def _busiest(stage_cycles, stage_ipu):
     for stage, cycles in stage_cycles.items():
         per_ipu[stage_ipu[stage]] = per_ipu.get(stage_ipu[stage], 0) + cycles
     return max(per_ipu.values(), default=0)
+
+
+def stash_per_tile(program, target, stage_ipu):
+    """Bytes each tile adds when a pipeline keeps the activations of several micro-batches: with ``S``
+    stages, the k-th stage (in order) holds ``2 (S - 1 - k) + 1`` micro-batches between their forward and
+    backward passes, as PopART's stashes do, so each forward activation still live when the backward pass
+    starts is kept ``2 (S - 1 - k)`` more times (an IPU with several stages, for its earliest one). Returns
+    an int64 array over the tiles of ``target``."""
+    stages = sorted(stage_ipu)
+    extra = {}
+    for k, stage in enumerate(stages):
+        ipu = stage_ipu[stage]
+        extra[ipu] = max(extra.get(ipu, 0), 2 * (len(stages) - 1 - k))
+    tensors = program.get("tensors", ())
+    stash = np.zeros(target.num_tiles, np.int64)
+    backward = [t["first"] for t in tensors if t.get("role") == "backward" and t["first"] >= 0]
+    if not backward:
+        return stash
+    start = min(backward)
+    for t in tensors:
+        if t.get("role") != "forward" or t["category"] != "activations" or t["last"] is None:
+            continue
+        if t["first"] < start <= t["last"]:
+            tiles = np.asarray(t["tiles"], np.int64)
+            copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
+            stash[tiles] += np.asarray(t["tile_bytes"], np.int64) * copies
+    return stash

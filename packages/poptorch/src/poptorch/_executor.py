@@ -280,6 +280,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("compile")
             bar.n = bar.total
             bar.refresh()
+        _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
