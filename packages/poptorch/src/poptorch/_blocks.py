@@ -495,6 +495,7 @@ def plan(graph, options, training):
     pipelined = strategy is None or strategy.pipelined
     if pipelined:
         _check_stage_order(graph)
+        _check_one_ipu_per_stage(placements)
     stages = tuple(sorted({stage for stage, _ in placements}))
     used = max(ipu for _, ipu in placements) + 1
     num_ipus = _device_ipus(used, options.auto_round_num_ipus)
@@ -519,6 +520,20 @@ def _check_stage_order(graph):
                     "stages (PipelinedExecution(poptorch.AutoStage.AutoIncrement) numbers them in the order they "
                     "run), or use ShardedExecution."
                 )
+
+
+def _check_one_ipu_per_stage(placements):
+    """A pipeline stage runs on one IPU (ops before the first block run in stage 0 on IPU 0)."""
+    ipus = {}
+    for stage, ipu in placements:
+        ipus.setdefault(stage, set()).add(ipu)
+    for stage, on in sorted(ipus.items()):
+        if len(on) > 1:
+            raise Error(
+                f"Pipeline stage {stage} runs on IPUs {sorted(on)}: a pipeline stage runs on one IPU. Ops before "
+                "the first block run in stage 0 on IPU 0: begin the first block at the model's first layer, or "
+                "give the stage's blocks one IPU (Stage(...).ipu(n))."
+            )
 
 
 def _device_ipus(used, auto_round):
