@@ -117,8 +117,9 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     # The tile holding the most tensors: clicking it lists exactly those tensors.
     on_tile = {}
     for t in program["tensors"]:
-        for tile in t["tiles"]:
-            on_tile.setdefault(tile, set()).add(t["name"])
+        for first, count, _ in t["tile_runs"]:
+            for tile in range(first, first + count):
+                on_tile.setdefault(tile, set()).add(t["name"])
     tile = max(on_tile, key=lambda k: (len(on_tile[k]), -k))
     _click_tile(browser, tile)
     rows = browser.find_elements(By.CSS_SELECTOR, "#tile-tensors tr.tile-tensor")
