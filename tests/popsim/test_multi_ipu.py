@@ -112,3 +112,40 @@ def test_out_of_memory_names_the_ipu_of_the_tile():
     dg.add_tensor((2048,), DType.float32, popsim.TileMapping.on_tiles([2048], [6]), "big", "variable")
     with pytest.raises(popsim.OutOfMemoryError, match=r"tile 6 \(IPU 1, tile 2\).*big"):
         popsim.compile_device_graph(dg)
+
+
+def _four_stage_graph():
+    """Four placed stages of equal work, one per IPU, and the gradient of the first weight."""
+    g = popir.Graph("chain")
+    h = g.add_input("x", (16, 32), DType.float32)
+    weights = []
+    for stage in range(4):
+        weights.append(g.add_input(f"w{stage}", (32, 32), DType.float32, kind="parameter"))
+        with g.placed((stage, stage)), g.annotate(role="forward"):
+            h = ops.relu(h @ weights[-1])
+    with g.placed((3, 3)), g.annotate(role="forward"):
+        loss = ops.reduce_sum(h, axes=(0, 1), keepdims=False)
+    g.output("grad", popir.autodiff.grad(g, loss, weights[:1])[0])
+    return g
+
+
+def test_a_pipelined_step_overlaps_the_ipus_and_pays_for_its_bubbles():
+    device = popsim.Device(SMALL, 4)
+    program = popsim.compile(_four_stage_graph(), device).profile.programs["chain"]
+    micro_batches = 8
+    sharded = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=False)
+    pipelined = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=True)
+    assert sharded.serial_cycles == sharded.total_cycles == micro_batches * program["total_cycles"]
+    assert sorted(pipelined.stage_ipu.items()) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    forward, backward = max(pipelined.forward_cycles.values()), max(pipelined.backward_cycles.values())
+    assert (pipelined.forward_slot, pipelined.backward_slot) == (forward, backward) and backward > 0
+    # Three forward slots fill the pipeline, three backward slots drain it, around 8 slots of full overlap.
+    assert pipelined.ramp_up_cycles == 3 * forward and pipelined.ramp_down_cycles == 3 * backward
+    assert pipelined.main_cycles == micro_batches * (forward + backward)
+    assert pipelined.total_cycles < sharded.total_cycles
+    stage = pipelined.as_dict()["stages"][2]
+    assert stage == {
+        "ipu": 2,
+        "forward_cycles": pipelined.forward_cycles[2],
+        "backward_cycles": stage["backward_cycles"],
+    }

@@ -88,7 +88,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             lw.dg.origin = None
             lw.target = device_target
         for step in lw.dg.program[first_step:]:
-            step.placement = node.placement
+            step.placement, step.role = node.placement, node.role
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:
@@ -356,10 +356,10 @@ def _random_uniform(lw, node, seed, shape, dtype):
         (k, 2), seed.dtype, [seed], np.tile(np.arange(2), k), TileMapping.on_tiles(np.full(k, 2), m.tiles), name="seed"
     )
     cs = lw.dg.add_compute_set("random")
-    for i, (tile, a, b) in enumerate(zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist())):
-        fields = {"a": seeds.region(2 * i, 2 * i + 2), "out": out.region(a, b)}
-        cycles = cost.elementwise_cycles(lw.target, b - a, out.dtype, "random")
-        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, first=a)
+    i, n = np.arange(k), m.stops - m.starts
+    fields = {"a": seeds.regions(2 * i, 2 * i + 2), "out": out.regions(m.starts, m.stops)}
+    cycles = cost.elementwise_cycles(lw.target, n, out.dtype, "random")
+    lw.dg.add_vertices(cs, oc.RNG, 0, m.tiles, n, fields, cycles, first=m.starts)
     return out
 
 

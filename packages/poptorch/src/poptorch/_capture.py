@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
+from poptorch import _blocks
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
@@ -387,6 +388,7 @@ class _Lowering:
         self._seed = None
         self._streams = 0
         self.index_bounds = {}
+        self._placement = None  # the (stage, IPU) of the block under way (poptorch._blocks)
 
     # -- services for the lowerings -----------------------------------------------------------------
     def random_seed(self):
@@ -421,6 +423,7 @@ class _Lowering:
         captured.out_spec = self.program.call_spec.out_spec
         captured.index_bounds = self.index_bounds
         captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
+        _blocks.fill_placements(self.graph)
         return captured
 
     def _add_state_inputs(self, captured):
@@ -478,7 +481,9 @@ class _Lowering:
             return None
         args, kwargs = pytree.tree_map_only(torch.fx.Node, self._read, (node.args, node.kwargs))
         kwargs = {k: v for k, v in kwargs.items() if k not in _PLACEMENT_KWARGS}
-        with self.graph.annotate(source=where, module=module_path(node), aten=str(node.target), role="forward"):
+        self._placement = _blocks.placement_of(node) or self._placement
+        annotations = {"module": module_path(node), "aten": str(node.target), "role": "forward"}
+        with self.graph.annotate(source=where, placement=self._placement, **annotations):
             try:
                 if node.target in TABLE:
                     return TABLE[node.target](self, *args, **kwargs)
