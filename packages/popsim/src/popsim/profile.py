@@ -17,6 +17,7 @@ class Profile:
     def __init__(self, target):
         self.target = target
         self.programs = {}
+        self.replication = None
 
     def add_program(
         self, name, steps, totals, host_cycles, memory, tile_compute, tile_exchange, flops, budget, relaxed
@@ -43,9 +44,30 @@ class Profile:
             "relax_memory": bool(relaxed),
         }
 
+    def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
+        """A training step of ``replicas`` replicas running in parallel: each replica's cycles
+        (``replica_step``), the gradient ``all_reduce`` (a ``collectives.AllReduce``) and the cycles of the
+        ``optimizer_step`` that follows it."""
+        total = replica_step + all_reduce.cycles + optimizer_step
+        self.replication = {
+            "replicas": replicas,
+            "replica_step_cycles": int(replica_step),
+            "all_reduce": all_reduce.to_dict(),
+            "optimizer_step_cycles": int(optimizer_step),
+            "step_cycles": int(total),
+            "all_reduce_share": all_reduce.cycles / total if total else 0.0,
+        }
+
     def to_json(self, path=None):
         """The profile as JSON text; also written to ``path`` when given."""
-        text = json.dumps({"target": self.target.name, "clock_hz": self.target.clock_hz, "programs": self.programs})
+        text = json.dumps(
+            {
+                "target": self.target.name,
+                "clock_hz": self.target.clock_hz,
+                "programs": self.programs,
+                "replication": self.replication,
+            }
+        )
         if path is not None:
             with open(path, "w") as f:
                 f.write(text)
@@ -70,4 +92,19 @@ class Profile:
             )
             top = sorted(p["steps"], key=lambda s: -s["cycles"])[:5]
             lines += [f"  {s['kind']:8s} {s['name']:20s} {s['cycles']:>10d} cycles" for s in top]
+        if self.replication:
+            lines += _replication_lines(self.replication)
         return "\n".join(lines)
+
+
+def _replication_lines(r):
+    reduce = r["all_reduce"]
+    lines = [
+        f"{r['replicas']} replicas in parallel: {r['step_cycles']} cycles per step = {r['replica_step_cycles']} per"
+        f" replica + all-reduce {reduce['cycles']} ({100 * r['all_reduce_share']:.1f}%) of {reduce['bytes']} bytes"
+        f" + optimizer {r['optimizer_step_cycles']}"
+    ]
+    return lines + [
+        f"  {level['name']}: {level['members']} members, {level['link_bytes']} bytes per link, {level['cycles']} cycles"
+        for level in reduce["levels"]
+    ]
