@@ -193,6 +193,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._exe = None
         self._shared_gradients = []
         self._all_reduce_cycles = 0
+        self._replica_buffers = None
         self._programs = None
         self._captured = None
         self._device = None
@@ -278,6 +279,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
         self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
+        self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -472,14 +474,15 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
-            with _interrupt.deferred_keyboard_interrupt() as interrupted:
+            with _interrupt.deferred_keyboard_interrupt() as interrupted, self._replica_buffers.call(exe):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
                     feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
+                    with self._replica_buffers.replica(exe, r):
+                        result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())

@@ -5,8 +5,13 @@ the cycle figures treat them as ``replicationFactor x numProcesses`` sets of IPU
 step costs one replica's micro-batches, the gradient all-reduce (``popsim.collectives``) and the optimizer.
 """
 
+import contextlib
+
+import numpy as np
+
 from popsim import collectives
 from poptorch import _training
+from poptorch.errors import Error
 
 
 def all_reduce_cycles(exe, programs, options):
@@ -21,3 +26,62 @@ def all_reduce_cycles(exe, programs, options):
     replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
     exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
     return reduce.cycles
+
+
+BROADCAST_BUFFERS = (
+    "PopTorch does not support broadcasting buffers. If your model is able to tolerate buffers becoming out "
+    "of sync between replicas, you can disable buffer broadcasting using poptorch.Options.broadcastBuffers(False)."
+)
+
+
+class ReplicaBuffers:
+    """Each replica's own copy of the buffers the model updates (``Options.broadcastBuffers(False)``).
+
+    The replicas of a process share one simulated device, so each replica's values are swapped in before
+    its runs and out after them; between calls the device (and so the host, when it reads) holds replica
+    0's values, as PopTorch reads a variable from the first replica. A value uploaded from the host reaches
+    every replica.
+    """
+
+    def __init__(self, names, replicas):
+        self.names = names
+        self.replicas = replicas
+        self.copies = None
+
+    @classmethod
+    def of(cls, captured, programs, options):
+        """The per-replica buffers of a compiled model; raises PopTorch's error when the model updates
+        buffers on replicas while ``broadcastBuffers`` is True."""
+        graph = programs.graphs[programs.micro_batch]
+        updated = {state.name for state in graph.updates}
+        names = [name for name in captured.buffers if name in updated]
+        replicas = options.replication_factor
+        if names and replicas * options.Distributed.numProcesses > 1 and options.broadcast_buffers:
+            raise Error(f"{BROADCAST_BUFFERS} (The model updates {', '.join(names)}.)")
+        return cls(names if replicas > 1 else [], replicas)
+
+    @contextlib.contextmanager
+    def call(self, exe):
+        """One call's runs: take a host upload into account first, leave replica 0's values at the end."""
+        if not self.names:
+            yield
+            return
+        current = {name: np.array(exe.read_variable(name)) for name in self.names}
+        if self.copies is None or any(not np.array_equal(current[n], self.copies[0][n]) for n in self.names):
+            self.copies = [dict(current) for _ in range(self.replicas)]
+        try:
+            yield
+        finally:
+            for name, value in self.copies[0].items():
+                exe.write_variable(name, value)
+
+    @contextlib.contextmanager
+    def replica(self, exe, replica):
+        """A run of ``replica``: its buffers are on the device during the run and kept after it."""
+        if not self.names:
+            yield
+            return
+        for name, value in self.copies[replica].items():
+            exe.write_variable(name, value)
+        yield
+        self.copies[replica] = {name: np.array(exe.read_variable(name)) for name in self.names}

@@ -31,6 +31,7 @@ IPU_VERSIONS = {"ipu1": "ipu1", "ipu2": "ipu2", "ipu21": "ipu21", 1: "ipu1", 2: 
 _DEFAULTS = {
     "deviceIterations": 1,
     "replicationFactor": 1,
+    "broadcastBuffers": True,
     "outputMode": OutputMode.Default,
     "outputReturnPeriod": 1,
     "randomSeed": None,
@@ -73,6 +74,7 @@ _DEFAULTS = {
 # Options that change the compiled program; they (with the graphs) key the executable cache.
 COMPILE_KEYS = (
     "replicationFactor",
+    "broadcastBuffers",
     "allowOutOfMemory",
     "ipuVersion",
     "Training.gradientAccumulation",
@@ -504,6 +506,13 @@ class Options(_NoAssignment):
         """Number of replicas; simulated as micro-batches whose gradients are reduced together."""
         return self._set("replicationFactor", _positive_int("replicationFactor", replication_factor))
 
+    def broadcastBuffers(self, broadcast_buffers=True):
+        """Keep buffers in sync between replicas (default). PopTorch cannot broadcast buffers, so a model that
+        updates buffers (BatchNorm running statistics, in-place copies) on replicas needs
+        ``broadcastBuffers(False)``: each replica then keeps its own buffers, and reading them on the host
+        gives the first replica's."""
+        return self._set("broadcastBuffers", _bool("broadcastBuffers", broadcast_buffers))
+
     def outputMode(self, output_mode, output_return_period=None):
         """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default.
 
@@ -653,6 +662,10 @@ class Options(_NoAssignment):
     @property
     def replication_factor(self):
         return self._values["replicationFactor"]
+
+    @property
+    def broadcast_buffers(self):
+        return self._values["broadcastBuffers"]
 
     @property
     def output_mode(self):
