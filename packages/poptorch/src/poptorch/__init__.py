@@ -23,12 +23,14 @@ from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_updat
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MeanReductionStrategy,
     OutputMode,
     ReductionType,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
 from poptorch.options import Options
@@ -127,6 +129,7 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "CommGroupType",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
@@ -143,6 +146,7 @@ __all__ = [
     "SyncPattern",
     "UnrecoverableError",
     "UnsupportedOpError",
+    "VariableRetrievalMode",
     "__version__",
     "cond",
     "dynamic_slice",

@@ -630,7 +630,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if isinstance(value, torch.nn.Parameter):
+            return _replication.grouping_methods(value, name)
+        return value
 
     def __repr__(self):
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"

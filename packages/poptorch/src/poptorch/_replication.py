@@ -11,7 +11,9 @@ import numpy as np
 
 from popsim import collectives
 from poptorch import _training
+from poptorch.enums import CommGroupType, VariableRetrievalMode
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 
 def all_reduce_cycles(exe, programs, options):
@@ -85,3 +87,25 @@ class ReplicaBuffers:
             exe.write_variable(name, value)
         yield
         self.copies[replica] = {name: np.array(exe.read_variable(name)) for name in self.names}
+
+
+def grouping_methods(parameter, name):
+    """Give the model's ``parameter`` (reached through a wrapper) PopTorch's ``replicaGrouping`` method (and
+    its older name ``perReplica``)."""
+
+    def replicaGrouping(comm_group_type, shards, variable_retrieval_mode):
+        """Share this parameter within groups of replicas. Only one group of every replica (All, with
+        OnePerGroup retrieval: PopTorch's default) is modelled."""
+        comm_group_type = CommGroupType(comm_group_type)
+        variable_retrieval_mode = VariableRetrievalMode(variable_retrieval_mode)
+        if comm_group_type != CommGroupType.All or variable_retrieval_mode != VariableRetrievalMode.OnePerGroup:
+            raise not_modelled(
+                f"replicaGrouping(CommGroupType.{comm_group_type.name}, {shards}, "
+                f"VariableRetrievalMode.{variable_retrieval_mode.name}) of parameter '{name}'",
+                "replicas always share every parameter (CommGroupType.All, VariableRetrievalMode.OnePerGroup); "
+                "split the parameter into per-group modules yourself",
+            )
+
+    parameter.replicaGrouping = replicaGrouping
+    parameter.perReplica = replicaGrouping
+    return parameter
