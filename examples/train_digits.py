@@ -148,9 +148,19 @@ def report(profile, batch_size):
     def share(kind):
         return f"{p[kind + '_cycles']:,} ({100.0 * p[kind + '_cycles'] / total:.0f}%)"
 
+    lines = []
+    if profile.replication:
+        r = profile.replication
+        samples, seconds = batch_size * r["replicas"], r["step_cycles"] / profile.target.clock_hz
+        lines.append(
+            f"{r['replicas']} replicas in parallel: {r['step_cycles']:,} cycles per step of {samples} images,"
+            f" {samples / seconds:,.0f} samples/s; the gradient all-reduce is {100 * r['all_reduce_share']:.1f}%"
+        )
     return "\n".join(
-        [
-            f"Simulated {profile.target.name}: {total:,} cycles per training step of {batch_size} images",
+        lines
+        + [
+            f"Simulated {profile.target.name}{', one replica' if lines else ''}: {total:,} cycles per training step"
+            f" of {batch_size} images",
             f"  estimated {p['seconds'] * 1e6:.1f} us per step on one IPU at {profile.target.clock_hz / 1e9:.3f} GHz,"
             f" {batch_size / p['seconds']:,.0f} samples/s",
             f"  compute {share('compute')}, exchange {share('exchange')}, sync {share('sync')}, host {share('host')}",
