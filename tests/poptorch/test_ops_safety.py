@@ -296,3 +296,35 @@ def test_rank_zero_inputs_stay_rank_zero():
     scaled, e = poptorch.inferenceModel(model, _options())(s, v)
     assert scaled.shape == (3,) and e.shape == ()
     torch.testing.assert_close(e, torch.exp(s))
+
+
+# Indices computed on the device (so no host check sees them) and out of range: the device counts them and
+# the error names the op, its source line and the input the indices derive from.
+DEVICE_INDEX_CASES = {
+    "index_select": lambda x, i: x.index_select(0, i * 3 + 2),
+    "bincount": lambda x, i: torch.bincount(i + 4, minlength=6).float(),
+    "index_fill": lambda x, i: x.index_fill(0, i + 3, 1.0),
+    "scatter_reduce": lambda x, i: x.scatter_reduce(0, (i + 3).unsqueeze(1).expand(3, 3), x[:3], "amax"),
+    "index_reduce": lambda x, i: x.index_reduce(0, i + 3, x[:3], "prod"),
+}
+
+
+class _IndexedBy(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, i):
+        return self.fn(x, i)
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_INDEX_CASES))
+def test_an_index_computed_on_the_device_out_of_range_is_an_error_naming_the_op(name):
+    model = poptorch.inferenceModel(_IndexedBy(DEVICE_INDEX_CASES[name]), _options())
+    x, i = torch.randn(5, 3), torch.tensor([0, 1, 2])
+    with pytest.raises(poptorch.Error, match=r"index\(es\) out of range") as caught:
+        model(x, i)
+    message = str(caught.value)
+    assert "test_ops_safety.py" in message and "the indices derive from input i" in message, message
+    # In range, the same model matches eager.
+    torch.testing.assert_close(model(x, torch.tensor([0, 0, 1]) * 0), DEVICE_INDEX_CASES[name](x, i * 0))

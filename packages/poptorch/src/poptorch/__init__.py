@@ -7,6 +7,22 @@ import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
+from poptorch._blocks import (
+    IPU,
+    AutoStage,
+    BeginBlock,
+    Block,
+    BlockFunction,
+    Liveness,
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    recomputationCheckpoint,
+    removeBlocks,
+)
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -19,6 +35,7 @@ from poptorch._executor_api import (
 )
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch._memory import serializedMatMul, set_available_memory
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch._precompiled import load
 from poptorch.enums import (
@@ -26,6 +43,7 @@ from poptorch.enums import (
     CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
+    MatMulSerializationMode,
     MeanReductionStrategy,
     OutputMode,
     ReductionType,
@@ -33,7 +51,7 @@ from poptorch.enums import (
     VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options
+from poptorch.options import Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -130,6 +148,24 @@ __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
     "CommGroupType",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "IPU",
+    "Liveness",
+    "MatMulSerializationMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "TensorLocationSettings",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",

@@ -22,6 +22,8 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _auto_report,
+    _blocks,
     _cache,
     _device,
     _distributed,
@@ -222,6 +224,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
+        report_dir = _auto_report.report_directory()  # checked first: a bad setting fails before compiling
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -244,10 +247,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 with (
                     excluding_sources(self._options.source_location_excludes),
                     _executor_api.running_on_ipu(self._training),
+                    _blocks.recording(self._options.execution_strategy),
                 ):
                     captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
+            self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
                 programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
@@ -267,7 +272,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 _training.optimise(programs)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
-                exe = _device.compile_programs(programs.graphs, self._options)
+                exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
                 if cache:
                     cache.store(key, exe)
             else:
@@ -293,6 +298,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
+        if report_dir is not None:
+            name = self._options.model_name or ("training" if self._training else "inference")
+            logger.info("Profile report written to %s", _auto_report.write(exe.profile, report_dir, name))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
         _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
@@ -512,6 +520,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
+        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
+        group = runs_per_step if self._training else ran
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
@@ -658,7 +669,7 @@ def _run_on_device(exe, feeds, program, graph=None):
         result = exe.run(feeds, program=program)
     except popsim.Error as exc:
         where = None
-        if graph is not None and "index(es) out of range" in str(exc):
+        if graph is not None and isinstance(exc, popsim.IndexRangeError):
             where = _device.locate_index_error(exe, graph, feeds)
         detail = f"\nThe failing op: {where}" if where else ""
         raise RecoverableError(

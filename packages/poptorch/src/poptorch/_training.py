@@ -120,7 +120,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     processes = options.Distributed.numProcesses
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
-        builder.apply(graph, params, grads, group_of)
+        with graph.annotate(role="optimizer"):
+            builder.apply(graph, params, grads, group_of)
         return Programs({"train": graph}, "train", None, builder.initial, trained)
 
     initial = {}
@@ -140,7 +141,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
         reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
         apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-    builder.apply(apply, step_params, reduced, group_of)
+    with apply.annotate(role="optimizer"):
+        builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
 

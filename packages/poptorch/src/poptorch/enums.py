@@ -73,3 +73,12 @@ class VariableRetrievalMode(enum.IntEnum):
 
     OnePerGroup = 0
     AllReplicas = 1
+
+
+class MatMulSerializationMode(enum.Enum):
+    """Which dimension ``serializedMatMul`` splits, for lhs (m x n) @ rhs (n x p)."""
+
+    InputChannels = "input_channels"  # m
+    ReducingDim = "reducing_dim"  # n
+    OutputChannels = "output_channels"  # p
+    Disabled = "none"
