@@ -40,6 +40,7 @@ from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_updat
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MatMulSerializationMode,
@@ -47,6 +48,7 @@ from poptorch.enums import (
     OutputMode,
     ReductionType,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
 from poptorch.options import Options, TensorLocationSettings
@@ -145,6 +147,7 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "CommGroupType",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -179,6 +182,7 @@ __all__ = [
     "SyncPattern",
     "UnrecoverableError",
     "UnsupportedOpError",
+    "VariableRetrievalMode",
     "__version__",
     "cond",
     "dynamic_slice",
