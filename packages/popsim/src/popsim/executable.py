@@ -198,7 +198,7 @@ class Executable:
         self._programs = {}
         self.profile = Profile(target)
         for name, (program, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, program, block_base, tile_size, slots)
+            flat = flatten_program(target, program, block_base, slots)
             flat.stream_uses = _stream_executions(program)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
