@@ -24,6 +24,7 @@ import popsim
 from poptorch import (
     _cache,
     _device,
+    _device_checks,
     _executor_api,
     _fp_exceptions,
     _host_print,
@@ -644,6 +645,7 @@ def _run_on_device(exe, feeds, program, graph=None):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _device_checks.check(result)
     _host_print.emit(result)
     return result
 
