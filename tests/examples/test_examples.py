@@ -38,6 +38,9 @@ def test_train_digits_reports_and_reuses_the_cache(tmp_path, capsys):
     assert train["total_cycles"] == sum(train[f"{k}_cycles"] for k in ("compute", "exchange", "sync", "host"))
     for line in ("cycles per training step", "samples/s", "compute", "exchange", "sync", "peak", "on tile"):
         assert line in out
+    report = pathlib.Path(first["report_path"])
+    assert out.strip().splitlines()[-1] == f"Profile report (open in a browser): {second['report_path'].resolve()}"
+    assert report.parent == tmp_path / "first" and 'id="heatmap-chart"' in report.read_text()
 
 
 def write_idx(path, array, code):

@@ -219,6 +219,98 @@ def test_whatever_add_vertex_accepts_runs_inside_tile_memory(kind, sub, n, spans
         assert exc.count > 0 and "out of range" in str(exc)
 
 
+# -- batches of vertices ---------------------------------------------------------------------------------------
+_PER_VERTEX_MUTATIONS = ("grow_n", "shrink_field", "bad_param")
+
+
+def _as_batch(vertices):
+    """(n, fields, params) of ``add_vertices`` for a list of (n, fields, params) sharing field tensors."""
+    n = [v[0] for v in vertices]
+    fields = {
+        name: r.tensor.regions([v[1][name].start for v in vertices], [v[1][name].stop for v in vertices])
+        for name, r in vertices[0][1].items()
+    }
+    params = {name: [v[2][name] for v in vertices] for name in vertices[0][2]}
+    return n, fields, params
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_batch_with_one_invalid_vertex_is_refused_whole(data):
+    """add_vertices checks every vertex of a batch with array operations, as strictly as add_vertex: one bad
+    vertex among valid ones refuses the batch, and nothing is added."""
+    kind = data.draw(st.sampled_from(_KINDS))
+    how = data.draw(st.sampled_from(_PER_VERTEX_MUTATIONS))
+    dg = popsim.DeviceGraph(TARGET)
+    sub, n, fields, params = _valid_vertex(dg, kind)
+    mutated = _mutate(dg, kind, how, sub, n, fields, params, data.draw)
+    if mutated is None:
+        return
+    position = data.draw(st.integers(0, 2))
+    vertices = [(n, fields, params)] * 3
+    vertices[position] = mutated[1:]
+    cs = dg.add_compute_set("cs")
+    with pytest.raises(popsim.Error):
+        dg.add_vertices(cs, kind, sub, [0, 0, 0], *_as_batch(vertices)[:2], 1, **_as_batch(vertices)[2])
+    assert cs.num_vertices == 0
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_valid_batch_builds_the_rows_of_its_vertices_added_one_by_one(kind):
+    def build(batched):
+        dg = popsim.DeviceGraph(TARGET)
+        sub, n, fields, params = _valid_vertex(dg, kind)
+        cs = dg.add_compute_set("cs")
+        if batched:
+            n_, fields_, params_ = _as_batch([(n, fields, params)] * 3)
+            dg.add_vertices(cs, kind, sub, [0, 0, 0], n_, fields_, [1, 2, 3], **params_)
+        else:
+            for cycles in (1, 2, 3):
+                dg.add_vertex(cs, kind, sub, 0, n, fields, cycles, **params)
+        exe = popsim.compile_device_graph(dg, outputs={"out": fields["out"].tensor})
+        flat = exe._programs["main"][0]
+        return flat.instructions, flat.phase_cycles, exe.run()["out"]
+
+    for one, batch in zip(build(False), build(True)):
+        np.testing.assert_array_equal(one, batch)
+
+
+def _neg_batch(dg, tiles, starts, stops):
+    x = dg.add_tensor((2 * N,), DType.float32, popsim.TileMapping.on_tiles([N, N], [0, 1]))
+    y = dg.add_tensor((2 * N,), DType.float32, popsim.TileMapping.on_tiles([N, N], [0, 1]))
+    fields = {"a": x.regions(starts, stops), "out": y.regions(starts, stops)}
+    n = np.asarray(stops) - np.asarray(starts)
+    return dg.add_vertices(dg.add_compute_set("cs"), "UNARY", "neg", tiles, n, fields, 1)
+
+
+@pytest.mark.parametrize(
+    "tiles, starts, stops, message",
+    [
+        ([0, 2], [0, N], [N, 2 * N], "not a tile of the target"),
+        ([0, 0], [0, N], [N, 2 * N], "lives on tile 1"),
+        ([0, 1], [0, N - 2], [N, 2 * N], "span tiles"),
+        ([0, 1], [0, N], [N, 2 * N + 1], "outside"),
+        ([0, 1], [0, N], [0, 2 * N], "outside"),
+        ([0, 1], [0, N], [N], "1 values for 2 vertices"),
+        ([0.0, 1.0], [0, N], [N, 2 * N], "must be integers"),
+    ],
+)
+def test_a_batch_reaching_another_tile_or_outside_its_tensor_is_refused(tiles, starts, stops, message):
+    dg = popsim.DeviceGraph(TARGET)
+    with pytest.raises(popsim.Error, match=message):
+        _neg_batch(dg, tiles, starts, stops)
+
+
+def test_a_batch_runs_each_vertex_on_its_own_tile():
+    dg = popsim.DeviceGraph(TARGET)
+    batch = _neg_batch(dg, [0, 1], [0, N], [N, 2 * N])
+    y = batch.fields["out"].tensor
+    x = batch.fields["a"].tensor
+    dg.program.insert(0, popsim.Copy("load", x, [y], np.arange(2 * N)))
+    exe = popsim.compile_device_graph(dg, inputs={"y": y}, outputs={"y": y})
+    np.testing.assert_array_equal(exe.run({"y": np.arange(2 * N, dtype=np.float32)})["y"], -np.arange(2 * N))
+
+
 # -- compiled tables -----------------------------------------------------------------------------------------
 def _compiled():
     g = popir.Graph("g")

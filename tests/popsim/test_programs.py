@@ -22,8 +22,8 @@ def _tensor(dg, name, dtype=DType.float32, category="temporary", value=None, siz
 def _binary(dg, name, op, a, b, out):
     """A compute set with one ``out = a <op> b`` vertex per tile block (operands share one mapping)."""
     cs = popsim.ComputeSet(name)
-    tiles, starts, stops = out.mapping.lists()
-    for tile, lo, hi in zip(tiles, starts, stops):
+    m = out.mapping
+    for tile, lo, hi in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
         fields = {"a": a.region(lo, hi), "b": b.region(lo, hi), "out": out.region(lo, hi)}
         cycles = cost.elementwise_cycles(TARGET, hi - lo, a.dtype, op)
         dg.add_vertex(cs, oc.BINARY, oc.BINARY_OPS[op], tile, hi - lo, fields, cycles)

@@ -21,12 +21,13 @@ from popsim.device_graph import (
     Execute,
     If,
     Region,
+    Regions,
     Repeat,
     Sequence,
     StreamCopy,
     Sync,
     Tensor,
-    Vertex,
+    Vertices,
 )
 from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
@@ -34,6 +35,7 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
+from popsim.schedule import Schedule, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -52,7 +54,9 @@ __all__ = [
     "OutOfMemoryError",
     "Profile",
     "Region",
+    "Regions",
     "Repeat",
+    "Schedule",
     "Sequence",
     "StreamCopy",
     "Sync",
@@ -61,10 +65,11 @@ __all__ = [
     "TileArena",
     "TileMapping",
     "UnsupportedOpError",
-    "Vertex",
+    "Vertices",
     "__version__",
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "step_schedule",
     "supported_ops",
 ]

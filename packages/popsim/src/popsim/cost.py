@@ -26,18 +26,24 @@ def elementwise_cycles(target, n, dtype, codelet):
     return expression_cycles(target, n, [(codelet, dtype)])
 
 
+def _ceil_div(a, b):
+    """ceil(a / b) of integers, or elementwise of integer arrays (the estimators cost a batch of vertices)."""
+    return -(-a // b)
+
+
 def expression_cycles(target, n, ops):
-    """Cycles of a fused elementwise vertex (a popops map expression) over ``n`` elements: each of its
-    (codelet, operand dtype) ``ops`` at its vector rate, one vertex start-up."""
-    per_worker = math.ceil(n / target.workers)
-    vectors = sum(math.ceil(per_worker / target.vector_width(dtype)) * CYCLES_PER_VECTOR[c] for c, dtype in ops)
+    """Cycles of a fused elementwise vertex (a popops map expression) over ``n`` elements (an integer or an
+    array, one per vertex): each of its (codelet, operand dtype) ``ops`` at its vector rate, one start-up."""
+    per_worker = _ceil_div(n, target.workers)
+    vectors = sum(_ceil_div(per_worker, target.vector_width(dtype)) * CYCLES_PER_VECTOR[c] for c, dtype in ops)
     return target.workers * (vectors + WORKER_OVERHEAD)
 
 
 def reduce_cycles(target, rows, group, dtype):
-    """Cycles of a reduction vertex: ``rows`` outputs, each over ``group`` inputs, vectorised across outputs."""
-    per_worker = math.ceil(rows / target.workers)
-    vectors = math.ceil(per_worker * group / target.vector_width(dtype))
+    """Cycles of a reduction vertex: ``rows`` outputs (an integer or an array, one per vertex), each over
+    ``group`` inputs, vectorised across outputs."""
+    per_worker = _ceil_div(rows, target.workers)
+    vectors = _ceil_div(per_worker * group, target.vector_width(dtype))
     return target.workers * (vectors + WORKER_OVERHEAD)
 
 

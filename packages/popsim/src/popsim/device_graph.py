@@ -1,8 +1,10 @@
 """Poplar's vocabulary: tensors with tile mappings, compute sets of vertices, exchanges and programs.
 
-A ``Vertex`` is one codelet instance on one tile; each of its fields is a ``Region`` (a contiguous
-element range of a tensor) that must lie in that tile's memory. A field reaching another tile is rejected
-here, when the vertex is added, with a ``popsim.Error``. ``Copy`` is an exchange: element i of ``dst``
+A vertex is one codelet instance on one tile; each of its fields is a ``Region`` (a contiguous element
+range of a tensor) that must lie in that tile's memory. A compute set holds its vertices as ``Vertices``
+batches (one codelet, one array entry per vertex), built whole by ``add_vertices`` or one at a time by
+``add_vertex``. A field reaching another tile is rejected here, when the vertex is added, with a
+``popsim.Error``. ``Copy`` is an exchange: element i of ``dst``
 takes element ``index[i]`` of the concatenated sources, whatever tiles they live on.
 
 A program is a step or a list of steps (a list is a ``Sequence``). Steps: ``ComputeSet`` (or
@@ -11,7 +13,6 @@ streams inside the program). ``Executable.run`` also streams a compiled graph's 
 and its outputs out after it.
 """
 
-import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,13 +21,13 @@ from popir import DType
 from popsim import _opcodes as oc
 from popsim.errors import Error
 from popsim.mapping import TileMapping
-from popsim.validate import check_vertex, kind_code, sub_code
+from popsim.validate import check_vertices, kind_code, sub_code
 
 
 class Tensor:
     """A device tensor: shape, dtype (a popir DType) and tile mapping. Aliases share a ``storage``."""
 
-    __slots__ = ("id", "name", "shape", "dtype", "mapping", "storage", "category", "value")
+    __slots__ = ("id", "name", "shape", "dtype", "mapping", "storage", "category", "value", "origin")
 
     def __init__(self, id_, name, shape, dtype, mapping, category, storage=None, value=None):
         self.id = id_
@@ -37,6 +38,7 @@ class Tensor:
         self.storage = storage if storage is not None else self
         self.category = category
         self.value = value
+        self.origin = None  # the popir node being lowered when the tensor was made (see DeviceGraph.origin)
 
     @property
     def size(self):
@@ -50,6 +52,10 @@ class Tensor:
         """Elements ``start..stop-1`` of the flattened tensor."""
         return Region(self, int(start), int(stop))
 
+    def regions(self, starts, stops):
+        """Elements ``starts[i]..stops[i]-1`` for each i: the field of a batch of vertices (``add_vertices``)."""
+        return Regions(self, np.asarray(starts), np.asarray(stops))
+
     def __repr__(self):
         return f"<Tensor {self.name}: {self.dtype}{list(self.shape)}>"
 
@@ -60,40 +66,49 @@ class Region:
     start: int
     stop: int
 
-    def tile(self):
-        """The one tile holding the region, or an Error naming the tiles it spans."""
-        m = self.tensor.mapping
-        tiles, _, stops = m.lists()
-        if self.start < 0 or self.stop > m.size or self.stop <= self.start:
-            raise Error(f"region [{self.start}, {self.stop}) is outside {self.tensor!r}")
-        block = bisect.bisect_right(stops, self.start)  # m.block_of_one, inlined: called per vertex field
-        if self.stop > stops[block]:
-            last = m.block_of_one(self.stop - 1)
-            spanned = sorted(set(tiles[block : last + 1]))
-            raise Error(f"elements [{self.start}, {self.stop}) of {self.tensor!r} span tiles {spanned}")
-        return tiles[block]
+
+@dataclass(frozen=True)
+class Regions:
+    """One element range of ``tensor`` per vertex of a batch: ``starts[i]..stops[i]-1``."""
+
+    tensor: Tensor
+    starts: np.ndarray
+    stops: np.ndarray
 
 
 @dataclass
-class Vertex:
-    """One codelet instance. ``kind``/``sub`` select the codelet (see _opcodes), ``cycles`` its estimate;
-    ``params`` are its kind's named integer parameters (``_opcodes.VERTEX_PARAMS``)."""
+class Vertices:
+    """Vertices of one codelet in one compute set, as arrays with one entry per vertex: vertex i runs on tile
+    ``tiles[i]`` over ``n[i]`` elements, its field f is range i of ``fields[f]`` (a Regions), its parameter p
+    is ``params[p][i]`` (``_opcodes.VERTEX_PARAMS``) and ``cycles[i]`` its estimate. ``kind``/``sub`` select
+    the codelet (see _opcodes); ``blocks[f]`` is the tile-mapping block holding each range of field f."""
 
     kind: int
     sub: int
-    tile: int
-    n: int
+    tiles: np.ndarray
+    n: np.ndarray
     fields: dict
-    cycles: int
-    params: dict = field(default_factory=dict)
+    cycles: np.ndarray
+    params: dict
+    blocks: dict
     fparam: float = 0.0  # a FILL vertex's value
-    program: object = None  # an EXPR vertex's program rows (see Lowerer.expression), shared by its compute set
+    program: object = None  # an EXPR vertex's program rows (see Lowerer.expression)
+
+    def __len__(self):
+        return len(self.tiles)
 
 
 @dataclass
 class ComputeSet:
     name: str
-    vertices: list = field(default_factory=list)
+    batches: list = field(default_factory=list)
+    origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
+    role: str = None  # that node's role: forward, backward or optimizer
+
+    @property
+    def num_vertices(self):
+        return sum(len(b) for b in self.batches)
 
 
 @dataclass
@@ -104,6 +119,9 @@ class Copy:
     dst: Tensor
     srcs: list
     index: np.ndarray
+    origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # as ComputeSet.placement
+    role: str = None  # as ComputeSet.role
 
     def __post_init__(self):
         self.srcs = list(self.srcs)
@@ -120,12 +138,19 @@ class Copy:
 
 
 class DeviceGraph:
-    """Tensors, compute sets and the program (a list of steps, run in order) being built for one target."""
+    """Tensors, compute sets and the program (a list of steps, run in order) being built for one target.
+
+    Provenance for profiles: tensors, compute sets and copies made while ``origin`` is set record it (the
+    popir node being lowered); ``node_outputs`` holds the ids of storages that hold a popir value (the
+    rest are planner temporaries); ``state_kinds`` maps variable names to their popir input kind."""
 
     def __init__(self, target):
         self.target = target
         self.tensors = []
         self.program = []
+        self.origin = None
+        self.node_outputs = set()
+        self.state_kinds = {}
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""
@@ -143,6 +168,7 @@ class DeviceGraph:
         if mapping.size and (mapping.tiles.min() < 0 or mapping.tiles.max() >= self.target.num_tiles):
             raise Error(f"mapping of {name or 'tensor'} names tiles outside 0..{self.target.num_tiles - 1}")
         t = Tensor(len(self.tensors), name or f"t{len(self.tensors)}", shape, dtype, mapping, category, value=value)
+        t.origin = self.origin
         self.tensors.append(t)
         return t
 
@@ -158,12 +184,13 @@ class DeviceGraph:
             storage=tensor.storage,
             value=None,
         )
+        t.origin = self.origin
         self.tensors.append(t)
         return t
 
     def add_compute_set(self, name):
         """A new compute set appended to the program (an Execute step)."""
-        cs = ComputeSet(name)
+        cs = ComputeSet(name, origin=self.origin)
         self.program.append(cs)
         return cs
 
@@ -175,15 +202,39 @@ class DeviceGraph:
         to Regions, which must lie in that tile's memory; ``params`` are the kind's named integer parameters
         (``_opcodes.VERTEX_PARAMS``: ``rows``/``group`` of a REDUCE, ``m``/``k`` of a MATMUL, ...), which
         ``p0``/``p1``/``p2`` may give by row column instead. Everything is checked here (see
-        ``validate.check_vertex``): a vertex that could touch memory outside its fields is a popsim.Error."""
-        kind = kind_code(kind)
-        sub = sub_code(kind, sub)
-        if not isinstance(cs, ComputeSet):
-            raise Error(f"add_vertex needs a ComputeSet, got {cs!r}")
-        if not isinstance(tile, int | np.integer) or not 0 <= tile < self.target.num_tiles:
+        ``validate.check_vertices``): a vertex that could touch memory outside its fields is a popsim.Error.
+        Returns the batch of one vertex it added."""
+        if not isinstance(tile, int | np.integer):
             raise Error(f"vertex tile {tile!r} is not a tile of the target (0..{self.target.num_tiles - 1})")
         if not isinstance(fields, dict) or not all(isinstance(r, Region) for r in fields.values()):
             raise Error("vertex fields must be a dict of field name -> Region (tensor.region(start, stop))")
+        for name, value in params.items():
+            if not isinstance(value, int | np.integer):
+                raise Error(f"vertex parameter {name!r} must be an integer, got {value!r}")
+        batch = {name: Regions(r.tensor, np.array([r.start]), np.array([r.stop])) for name, r in fields.items()}
+        return self.add_vertices(
+            cs, kind, sub, [tile], [n], batch, [cycles], p0, p1, p2, fparam=fparam, program=program, **params
+        )
+
+    def add_vertices(
+        self, cs, kind, sub, tiles, n, fields, cycles, p0=None, p1=None, p2=None, fparam=0.0, program=None, **params
+    ):
+        """Add ``len(tiles)`` vertices of one codelet to ``cs`` at once, as ``add_vertex`` adds one: vertex i on
+        ``tiles[i]`` over ``n[i]`` elements, its fields range i of each Regions in ``fields``
+        (``tensor.regions(starts, stops)``), its parameters entry i of each array (or the one integer) given.
+        The batch is checked as strictly as ``add_vertex`` checks a vertex, with array operations; the first
+        failing vertex is named in the popsim.Error. Returns the Vertices added."""
+        kind = kind_code(kind)
+        sub = sub_code(kind, sub)
+        if not isinstance(cs, ComputeSet):
+            raise Error(f"add_vertices needs a ComputeSet, got {cs!r}")
+        tiles = _integers(tiles, None, "vertex tiles")
+        count = len(tiles)
+        if count and (tiles.min() < 0 or tiles.max() >= self.target.num_tiles):
+            bad = tiles[(tiles < 0) | (tiles >= self.target.num_tiles)][0]
+            raise Error(f"vertex tile {bad} is not a tile of the target (0..{self.target.num_tiles - 1})")
+        if not isinstance(fields, dict) or not all(isinstance(r, Regions) for r in fields.values()):
+            raise Error("vertices' fields must be a dict of field name -> Regions (tensor.regions(starts, stops))")
         for column, value in (("p0", p0), ("p1", p1), ("p2", p2)):
             if value is None:
                 continue
@@ -191,29 +242,49 @@ class DeviceGraph:
             if not names:
                 raise Error(f"{oc.KIND_NAMES[kind - 1]} vertex: takes no parameter in column {column}")
             params.setdefault(names[0], value)
-        params = {name: int(v) if isinstance(v, int | np.integer) else v for name, v in params.items()}
-        tensors = self.tensors
-        for name, region in fields.items():
-            t = region.tensor
-            if not (isinstance(t, Tensor) and t.id < len(tensors) and tensors[t.id] is t):  # check_own, inlined
-                self.check_own(t, f"vertex field {name!r}")
-            where = region.tile()
-            if where != tile:
-                raise Error(
-                    f"vertex in compute set {cs.name!r} on tile {tile}: field {name!r} (elements "
-                    f"[{region.start}, {region.stop}) of {region.tensor!r}) lives on tile {where}; a vertex "
-                    "may only touch its own tile's memory"
-                )
-        check_vertex(kind, sub, n, fields, params, fparam, program)
-        v = Vertex(kind, sub, int(tile), int(n), fields, int(cycles), params, float(fparam), program)
-        cs.vertices.append(v)
-        return v
+        params = {name: _integers(v, count, f"vertex parameter {name!r}") for name, v in params.items()}
+        blocks = {name: self._field_blocks(cs, name, regions, tiles) for name, regions in fields.items()}
+        n = _integers(n, count, "vertex n")
+        check_vertices(kind, n, fields, params, fparam, program)
+        cycles = _integers(cycles, count, "cycles")
+        batch = Vertices(kind, sub, tiles, n, fields, cycles, params, blocks, float(fparam), program)
+        if count:
+            cs.batches.append(batch)
+        return batch
+
+    def _field_blocks(self, cs, name, regions, tiles):
+        """The mapping block of each range of field ``name``; a popsim.Error unless every range is non-empty,
+        inside its tensor and wholly on the tile of its vertex."""
+        t = regions.tensor
+        if not (isinstance(t, Tensor) and t.id < len(self.tensors) and self.tensors[t.id] is t):
+            self.check_own(t, f"vertex field {name!r}")
+        starts = _integers(regions.starts, len(tiles), f"field {name!r} starts")
+        stops = _integers(regions.stops, len(tiles), f"field {name!r} stops")
+        m = t.mapping
+        bad = np.flatnonzero((starts < 0) | (stops > m.size) | (stops <= starts))
+        if bad.size:
+            raise Error(f"region [{starts[bad[0]]}, {stops[bad[0]]}) is outside {t!r}")
+        block = m.block_of(starts)
+        bad = np.flatnonzero(stops > m.stops[block])
+        if bad.size:
+            i = bad[0]
+            spanned = sorted(set(m.tiles[block[i] : m.block_of(stops[i] - 1) + 1].tolist()))
+            raise Error(f"elements [{starts[i]}, {stops[i]}) of {t!r} span tiles {spanned}")
+        bad = np.flatnonzero(m.tiles[block] != tiles)
+        if bad.size:
+            i = bad[0]
+            raise Error(
+                f"vertex in compute set {cs.name!r} on tile {tiles[i]}: field {name!r} (elements "
+                f"[{starts[i]}, {stops[i]}) of {t!r}) lives on tile {m.tiles[block[i]]}; a vertex "
+                "may only touch its own tile's memory"
+            )
+        return block
 
     def add_copy(self, name, dst, srcs, index):
         """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
         for t in [dst, *srcs]:
             self.check_own(t, f"copy {name!r}")
-        self.program.append(Copy(name, dst, srcs, index))
+        self.program.append(Copy(name, dst, srcs, index, self.origin))
 
     def check_own(self, tensor, what):
         """Raise a popsim.Error unless ``tensor`` is a Tensor of this DeviceGraph (another graph's tensors have
@@ -313,3 +384,16 @@ def leaves(program):
     else:
         for child in children(program):
             yield from leaves(child)
+
+
+def _integers(values, count, what):
+    """``values`` as a 1-D int64 array (of ``count`` entries, a single integer repeated, unless count is None);
+    a popsim.Error for anything but integers."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu" or (array.ndim != 1 if count is None else array.ndim > 1):
+        raise Error(f"{what} must be integers (one per vertex), got {values!r}")
+    if count is not None and array.shape not in ((), (count,)):
+        raise Error(f"{what}: {array.size} values for {count} vertices")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise Error(f"{what}: values beyond int64")
+    return np.broadcast_to(array.astype(np.int64), (len(array) if count is None else count,))

@@ -5,12 +5,14 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _executable_format, _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost, provenance
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
 from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
+from popsim.mapping import TileMapping
+from popsim.placement import Placement
 from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
@@ -82,6 +84,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
     _check_fits(graphs, target, relax_memory)
+    placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
     variables = {}
     for g in graphs.values():
@@ -99,12 +102,16 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
                     f"variable {v.name!r} is {known.dtype}{list(known.shape)} in one program and {v.type} in another"
                 )
             if v.name not in variables:
-                variables[v.name] = dg.add_tensor(v.shape, v.dtype, None, v.name, "variable")
+                # A variable lives on the IPU of its first reader (IPU 0 of an unannotated graph).
+                where = target.ipu_view(placement.variable_ipu.get(v.name, 0))
+                mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
+                variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
+                dg.state_kinds[v.name] = v.kind
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type))
-        inputs, outputs = lower_graph(lw, g, variables)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 
@@ -162,10 +169,11 @@ class Executable:
         alloc = {}
         for t in pinned:
             alloc[t.id] = base.place(t, t.mapping.tile_bytes(t.itemsize), -1, np.inf)
-        per_program = {}
+        per_program, placed = {}, {}
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
-            for storage, first, last in _liveness(program, inputs, outputs):
+            placed[name] = _liveness(program, inputs, outputs)
+            for storage, first, last in placed[name]:
                 alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
             allocator.check(relax_memory, target)
             per_program[name] = allocator
@@ -182,7 +190,6 @@ class Executable:
             )
         self.arena = TileArena(target.num_tiles, tile_size)
         self._block_base = {}
-        self._block_base_list = {}
 
         def block_base(storage):
             if storage.id not in self._block_base:
@@ -191,21 +198,15 @@ class Executable:
                 tile_off = (
                     np.array([offs[int(t)] for t in m.tiles], np.int64) if m.tiles.size else np.zeros(0, np.int64)
                 )
-                bases = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
-                self._block_base[storage.id] = bases
-                self._block_base_list[storage.id] = bases.tolist()
+                self._block_base[storage.id] = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
             return self._block_base[storage.id]
-
-        def block_base_list(storage):
-            block_base(storage)
-            return self._block_base_list[storage.id]
 
         self._streams = _host_streams(lowered)
         slots = {name: slot for slot, name in enumerate(self._streams)}
         self._programs = {}
         self.profile = Profile(target)
         for name, (program, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, program, block_base, block_base_list, tile_size, slots)
+            flat = flatten_program(target, program, block_base, tile_size, slots)
             flat.stream_uses = _stream_executions(program)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
@@ -227,6 +228,7 @@ class Executable:
                 flat.flops,
                 budget,
                 relax_memory,
+                *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
@@ -439,7 +441,7 @@ def _storages_of(step):
     if isinstance(step, StreamCopy):
         return {step.tensor.storage}
     if isinstance(step, ComputeSet):
-        return {r.tensor.storage for v in step.vertices for r in v.fields.values()}
+        return {r.tensor.storage for batch in step.batches for r in batch.fields.values()}
     return {step.dst.storage} | {s.storage for s in step.srcs}
 
 
@@ -487,13 +489,15 @@ def _liveness(program, inputs, outputs):
 def _vertex_memory(target, programs):
     """Per tile: bytes of vertex state (all vertices stay resident) and of codelet code."""
     state = np.zeros(target.num_tiles, np.int64)
-    kinds = [set() for _ in range(target.num_tiles)]
+    codelets, tiles = {}, []  # codelet key -> its number; (tiles, codelet number) of each batch
     # A compute set executed at several places in a program is resident once.
     sets = {id(cs): cs for program in programs for cs in leaves(program) if isinstance(cs, ComputeSet)}
     for cs in sets.values():
-        for v in cs.vertices:
-            state[v.tile] += 8 + 4 * len(v.fields)
+        for batch in cs.batches:
+            state += np.bincount(batch.tiles, minlength=target.num_tiles) * (8 + 4 * len(batch.fields))
             # Each distinct fused expression is a codelet of its own, as popops generates one per map expression.
-            kinds[v.tile].add((v.kind, v.sub) if v.program is None else v.program.tobytes())
-    code = [len(k) * target.code_bytes_per_codelet for k in kinds]
-    return {"vertex_state": state.tolist(), "code": code}
+            key = (batch.kind, batch.sub) if batch.program is None else batch.program.tobytes()
+            tiles.append(codelets.setdefault(key, len(codelets)) * target.num_tiles + batch.tiles)
+    pairs = np.unique(np.concatenate(tiles)) if tiles else np.zeros(0, np.int64)
+    code = np.bincount(pairs % target.num_tiles, minlength=target.num_tiles) * target.code_bytes_per_codelet
+    return {"vertex_state": state.tolist(), "code": code.tolist()}

@@ -50,36 +50,57 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables):
-    """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor})."""
+def lower_graph(lw, graph, variables, placement=None, name=None):
+    """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
+
+    On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
+    vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
+    """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
     lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
+    device_target = lw.target
+    ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
         if v.kind == "input":
-            env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, None, v.name, "input")
+            where = device_target.ipu_view(placement.input_ipu.get((name, v.name), 0)) if ipus else device_target
+            mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
+            env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, mapping, v.name, "input")
         else:
             env[v.id] = variables[v.name]
+    crossings = {}
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
+        lw.dg.origin = node
+        first_step = len(lw.dg.program)
+        if ipus:
+            ipu = placement.ipu_of(node)
+            lw.target = device_target.ipu_view(ipu)
+            args = [_onto_ipu(lw, a, ipu, crossings) for a in args]
         try:
             result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
+        finally:
+            lw.dg.origin = None
+            lw.target = device_target
+        for step in lw.dg.program[first_step:]:
+            step.placement, step.role = node.placement, node.role
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
+            lw.dg.node_outputs.add(t.storage.id)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
-        # Outputs of device variables are read after the updates: snapshot them first.
+        # Outputs of device variables are read after the updates: snapshot them first (on their IPU).
         if t.storage.category in ("variable", "input"):
-            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"output {name}")
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
         outputs[name] = t
     staged = {}
     for state, v in graph.updates.items():
@@ -87,12 +108,38 @@ def lower_graph(lw, graph, variables):
         if t.storage is variables[state.name].storage:
             continue
         if t.storage.category in ("variable", "input"):
-            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"stage {state.name}")
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"stage {state.name}")
         staged[state.name] = t
     for name, t in staged.items():
         var = variables[name]
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
     return inputs, outputs
+
+
+def _ipu_of_tensor(target, t):
+    """The IPU holding the first element of device tensor ``t``."""
+    return int(t.mapping.tiles[0]) // target.tiles_per_ipu if t.size else 0
+
+
+def _beside(lw, t):
+    """A linear mapping for a copy of ``t`` on the IPU that holds ``t``."""
+    return TileMapping.linear(t.size, t.itemsize, lw.target.ipu_view(_ipu_of_tensor(lw.target, t)))
+
+
+def _onto_ipu(lw, t, ipu, crossings):
+    """``t`` on IPU ``ipu``: itself when it lives there, else (once per tensor and IPU) an explicit
+    inter-IPU copy, the activation crossing the IPU-Links."""
+    if isinstance(t, _Deferred) or not t.size:
+        return t
+    view = lw.target
+    tiles = t.mapping.tiles
+    if tiles.min() >= view.first_tile and tiles.max() < view.first_tile + view.num_tiles:
+        return t
+    key = (id(t), ipu)
+    if key not in crossings:
+        mapping = TileMapping.linear(t.size, t.itemsize, view)
+        crossings[key] = (t, lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=f"inter-ipu to {ipu}"))
+    return crossings[key][1]
 
 
 def _in_place_updates(graph, at):
@@ -161,7 +208,8 @@ def _fusion(graph):
         if LOWERINGS.get(node.op) is not _elementwise or out.id in kept or len(readers) != 1:
             continue
         consumer = graph.nodes[readers[0]]
-        if LOWERINGS.get(consumer.op) is _elementwise and consumer.outputs[0].shape == out.shape:
+        same_place = consumer.placement == node.placement  # never fuse across IPUs or pipeline stages
+        if LOWERINGS.get(consumer.op) is _elementwise and consumer.outputs[0].shape == out.shape and same_place:
             reader[i] = readers[0]
     at = list(range(len(graph.nodes)))
     for i in reversed(range(len(graph.nodes))):
@@ -308,10 +356,10 @@ def _random_uniform(lw, node, seed, shape, dtype):
         (k, 2), seed.dtype, [seed], np.tile(np.arange(2), k), TileMapping.on_tiles(np.full(k, 2), m.tiles), name="seed"
     )
     cs = lw.dg.add_compute_set("random")
-    for i, (tile, a, b) in enumerate(zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist())):
-        fields = {"a": seeds.region(2 * i, 2 * i + 2), "out": out.region(a, b)}
-        cycles = cost.elementwise_cycles(lw.target, b - a, out.dtype, "random")
-        lw.dg.add_vertex(cs, oc.RNG, 0, tile, b - a, fields, cycles, first=a)
+    i, n = np.arange(k), m.stops - m.starts
+    fields = {"a": seeds.regions(2 * i, 2 * i + 2), "out": out.regions(m.starts, m.stops)}
+    cycles = cost.elementwise_cycles(lw.target, n, out.dtype, "random")
+    lw.dg.add_vertices(cs, oc.RNG, 0, m.tiles, n, fields, cycles, first=m.starts)
     return out
 
 
@@ -322,7 +370,7 @@ def _random_uniform(lw, node, seed, shape, dtype):
 def _spread_tile(lw, salt, offset=0):
     """The tile of a dynamic-index piece: a hash of ``salt`` spreads unrelated ops over the IPU, and
     ``offset`` steps to the neighbouring tiles for the further slices of one op."""
-    return (salt * 2654435761 + offset) % lw.target.num_tiles
+    return lw.target.first_tile + (salt * 2654435761 + offset) % lw.target.num_tiles
 
 
 def _on_one_tile(lw, tensors, salt):

@@ -1,7 +1,5 @@
 """Tile mappings: which contiguous element ranges of a tensor live on which tile."""
 
-import bisect
-
 import numpy as np
 
 from popsim.errors import Error
@@ -13,7 +11,7 @@ class TileMapping:
     A tile may hold several blocks; they sit one after another in that tile's allocation of the tensor.
     """
 
-    __slots__ = ("tiles", "starts", "stops", "size", "_key", "_lists")
+    __slots__ = ("tiles", "starts", "stops", "size", "_key")
 
     def __init__(self, tiles, starts, stops, size):
         self.tiles = np.asarray(tiles, np.int64)
@@ -28,7 +26,6 @@ class TileMapping:
         ):
             raise Error(f"a tile mapping must cover elements 0..{size} with non-empty blocks in order")
         self._key = None
-        self._lists = None
 
     @staticmethod
     def linear(size, itemsize, target, grain=None):
@@ -45,7 +42,7 @@ class TileMapping:
         starts = np.arange(0, size, per_tile, dtype=np.int64)
         stops = np.minimum(starts + per_tile, size)
         first = (size * 2654435761) % target.num_tiles
-        tiles = (first + np.arange(starts.size)) % target.num_tiles
+        tiles = target.first_tile + (first + np.arange(starts.size)) % target.num_tiles
         return TileMapping(tiles, starts, stops, size)
 
     @staticmethod
@@ -63,16 +60,6 @@ class TileMapping:
     def block_of(self, elements):
         """Index of the block holding each element."""
         return np.searchsorted(self.stops, elements, side="right")
-
-    def lists(self):
-        """(tiles, starts, stops) as Python lists, for per-vertex lookups at compile time."""
-        if self._lists is None:
-            self._lists = (self.tiles.tolist(), self.starts.tolist(), self.stops.tolist())
-        return self._lists
-
-    def block_of_one(self, element):
-        """Index of the block holding one element."""
-        return bisect.bisect_right(self.lists()[2], element)
 
     def tile_bytes(self, itemsize):
         """{tile: bytes this tensor occupies there}."""

@@ -63,15 +63,18 @@ class Lowerer:
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
         """A new device tensor (linearly mapped unless ``mapping`` is given), for vertices to write."""
+        if mapping is None:
+            mapping = TileMapping.linear(int(np.prod(shape, dtype=np.int64)), dtype.itemsize, self.target)
         return self.dg.add_tensor(shape, dtype, mapping, name)
 
     def constant(self, array, dtype):
         """A constant tensor (scalars are shared)."""
         array = np.array(array, dtype=dtype.numpy, order="C")
-        key = (dtype, array.shape, array.tobytes()) if array.size == 1 else None
+        key = (dtype, array.shape, array.tobytes(), self.target.first_tile) if array.size == 1 else None
         if key in self._constants:
             return self._constants[key]
-        t = self.dg.add_tensor(array.shape, dtype, None, f"const{len(self.dg.tensors)}", "constant", array)
+        mapping = TileMapping.linear(array.size, dtype.itemsize, self.target)
+        t = self.dg.add_tensor(array.shape, dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array)
         if key is not None:
             self._constants[key] = t
         return t
@@ -127,10 +130,10 @@ class Lowerer:
         kind, sub = _codelet(codelet)
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
-        for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
-            fields = self._fields(out, ins, "abc", scalars, k, a, b)
-            cycles = cost.elementwise_cycles(self.target, b - a, work_dtype, codelet)
-            self.dg.add_vertex(cs, kind, sub, tile, b - a, fields, cycles, scalars=scalars)
+        fields = self._fields(out, ins, "abc", scalars, slot)
+        n = m.stops - m.starts
+        cycles = cost.elementwise_cycles(self.target, n, work_dtype, codelet)
+        self.dg.add_vertices(cs, kind, sub, m.tiles, n, fields, cycles, scalars=scalars)
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
@@ -163,10 +166,11 @@ class Lowerer:
             row[op_row["integer"]] = operand == DType.int32
         ops = [(codelet, operand) for codelet, _, _, operand in steps]
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
-        for tile, k, a, b in zip(m.tiles.tolist(), slot.tolist(), m.starts.tolist(), m.stops.tolist()):
-            fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, k, a, b)
-            cycles = cost.expression_cycles(self.target, b - a, ops)
-            self.dg.add_vertex(cs, oc.EXPR, 0, tile, b - a, fields, cycles, program=program)
+        fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, slot)
+        n = m.stops - m.starts
+        self.dg.add_vertices(
+            cs, oc.EXPR, 0, m.tiles, n, fields, cost.expression_cycles(self.target, n, ops), program=program
+        )
         return out
 
     def _operands(self, inputs, shape, mapping, tiles):
@@ -182,10 +186,13 @@ class Lowerer:
         return ins, scalars
 
     @staticmethod
-    def _fields(out, ins, names, scalars, slot, a, b):
-        fields = {"out": out.region(a, b)}
+    def _fields(out, ins, names, scalars, slot):
+        """The fields of one vertex per block of ``out``: each operand's same block, or a scalar operand's
+        copy on that block's tile (its ``slot``)."""
+        m = out.mapping
+        fields = {"out": out.regions(m.starts, m.stops)}
         for i, (name, x) in enumerate(zip(names, ins)):
-            fields[name] = x.region(slot, slot + 1) if scalars >> i & 1 else x.region(a, b)
+            fields[name] = x.regions(slot, slot + 1) if scalars >> i & 1 else x.regions(m.starts, m.stops)
         return fields
 
     def _scalar_on_tiles(self, x, tiles):
@@ -208,9 +215,9 @@ class Lowerer:
         out = self.new(shape, dtype)
         cs = self.dg.add_compute_set("fill")
         m = out.mapping
-        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
-            cycles = cost.elementwise_cycles(self.target, b - a, dtype, "fill")
-            self.dg.add_vertex(cs, oc.FILL, 0, tile, b - a, {"out": out.region(a, b)}, cycles, fparam=value)
+        n = m.stops - m.starts
+        cycles = cost.elementwise_cycles(self.target, n, dtype, "fill")
+        self.dg.add_vertices(cs, oc.FILL, 0, m.tiles, n, {"out": out.regions(m.starts, m.stops)}, cycles, fparam=value)
         return out
 
     # -- reductions -------------------------------------------------------------------------------
@@ -240,7 +247,7 @@ class Lowerer:
         padded = np.full((rows, splits * chunk), -1, np.int64)
         padded[:, :group] = index
         first = (rows * 40503) % self.target.num_tiles
-        tiles = (first + np.arange(rows * splits)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(rows * splits)) % self.target.num_tiles
         staged = self.gather(
             (rows * splits, chunk),
             src_dtype,
@@ -266,10 +273,10 @@ class Lowerer:
     def _reduce_vertices(self, op, staged, out, group):
         cs = self.dg.add_compute_set(f"reduce-{op}")
         m = out.mapping
-        for tile, a, b in zip(m.tiles.tolist(), m.starts.tolist(), m.stops.tolist()):
-            fields = {"a": staged.region(a * group, b * group), "out": out.region(a, b)}
-            cycles = cost.reduce_cycles(self.target, b - a, group, staged.dtype)
-            self.dg.add_vertex(cs, oc.REDUCE, oc.REDUCE_OPS[op], tile, b - a, fields, cycles, rows=b - a, group=group)
+        rows = m.stops - m.starts
+        fields = {"a": staged.regions(m.starts * group, m.stops * group), "out": out.regions(m.starts, m.stops)}
+        cycles = cost.reduce_cycles(self.target, rows, group, staged.dtype)
+        self.dg.add_vertices(cs, oc.REDUCE, oc.REDUCE_OPS[op], m.tiles, rows, fields, cycles, rows=rows, group=group)
 
     def _copy_fill(self, out, value):
         filled = self.fill(out.shape, out.dtype, value)
@@ -312,7 +319,7 @@ class Lowerer:
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
         b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))
         first = (tasks * 7919) % self.target.num_tiles
-        tiles = (first + np.arange(tasks)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(tasks)) % self.target.num_tiles
         a_t = self.gather(
             (tasks, mb, kb),
             dtype,
@@ -332,13 +339,13 @@ class Lowerer:
         p = self.new((tasks, mb, nb), partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
-        for t, tile in enumerate(tiles.tolist()):
-            fields = {
-                "a": a_t.region(t * mb * kb, (t + 1) * mb * kb),
-                "b": b_t.region(t * kb * nb, (t + 1) * kb * nb),
-                "out": p.region(t * mb * nb, (t + 1) * mb * nb),
-            }
-            self.dg.add_vertex(cs, oc.MATMUL, 0, tile, nb, fields, cycles, m=mb, k=kb)
+        t = np.arange(tasks)
+        fields = {
+            "a": a_t.regions(t * mb * kb, (t + 1) * mb * kb),
+            "b": b_t.regions(t * kb * nb, (t + 1) * kb * nb),
+            "out": p.regions(t * mb * nb, (t + 1) * mb * nb),
+        }
+        self.dg.add_vertices(cs, oc.MATMUL, 0, tiles, nb, fields, cycles, m=mb, k=kb)
         # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk

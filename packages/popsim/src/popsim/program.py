@@ -13,7 +13,6 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
   ``slot`` and tile memory.
 """
 
-import bisect
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +21,7 @@ from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
+from popsim.provenance import busy_ipus, origin_of
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
@@ -37,13 +37,6 @@ _OP_COL, _SUB_COL, _N_COL = oc.COL["op"], oc.COL["sub"], oc.COL["n"]
 _PARAM_COLS = {kind: {name: oc.COL[col] for name, col in params.items()} for kind, params in oc.VERTEX_PARAMS.items()}
 _DTYPE_COLUMNS = tuple(oc.DTYPE_COLUMNS.items())
 _DTYPE_CODE = {d: DT[d.value] for d in DType}
-
-
-def _address(region, block_base):
-    storage = region.tensor.storage
-    _, starts, stops = storage.mapping.lists()
-    block = bisect.bisect_right(stops, region.start)  # mapping.block_of_one, inlined: called per vertex field
-    return block_base(storage)[block] + (region.start - starts[block]) * storage.itemsize
 
 
 def element_addresses(tensor, elements, block_base):
@@ -110,7 +103,7 @@ def _link_load(target, src_addr, src_tile, dst_tile, isz):
     return np.maximum(sent, received) * isz
 
 
-def flatten_program(target, program, block_base, block_base_list, tile_size, streams):
+def flatten_program(target, program, block_base, tile_size, streams):
     """The engine arrays of ``program`` (a step or a list of steps) and its cost: one phase per compute set,
     one per Copy (consecutive independent copies are costed as one BSP exchange phase), one per StreamCopy
     and one per control step. ``streams`` numbers the host streams (name -> slot).
@@ -119,14 +112,14 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     programs and Repeats, and for an If the costlier branch (a worst case). ``steps``, the per-tile figures
     and ``flops`` count each compute set and exchange once, however often it runs.
     """
-    f = _Flattener(target, block_base, block_base_list, tile_size, streams)
+    f = _Flattener(target, block_base, tile_size, streams)
     totals = f.emit(program)
     return SimpleNamespace(
         phases=np.array(f.phases, np.int64).reshape(-1, oc.PHASE_COLS),
         phase_cycles=np.array(f.cycles, np.int64),
         num_counters=f.counters,
         instructions=f.instruction_table(),
-        fparams=np.array(f.fparams + [0.0] * len(f.expr_rows), np.float64),
+        fparams=np.concatenate([*f.fparams, np.zeros(len(f.expr_rows))]),
         copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
         stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
         steps=f.steps,
@@ -137,26 +130,35 @@ def flatten_program(target, program, block_base, block_base_list, tile_size, str
     )
 
 
+def _placed(step):
+    """The profile fields saying which pipeline stage and IPU a step works for, and in which pass (none when
+    unplaced)."""
+    placement = getattr(step, "placement", None)
+    if placement is None:
+        return {}
+    return {"stage": int(placement[0]), "ipu": int(placement[1]), "role": getattr(step, "role", None)}
+
+
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
     return np.array([compute, exchange, sync, control, host], np.int64)
 
 
 class _Flattener:
-    def __init__(self, target, block_base, block_base_list, tile_size, streams):
+    def __init__(self, target, block_base, tile_size, streams):
         self.target = target
         self.streams = streams
         self.stream_rows = []
         self.block_base = block_base
-        self.block_base_list = block_base_list
         self.tile_size = tile_size
-        self.phases, self.cycles, self.rows, self.fparams, self.copies, self.steps = [], [], [], [], [], []
+        self.phases, self.cycles, self.fparams, self.copies, self.steps = [], [], [], [], []
+        self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
         self.tile_compute = np.zeros(target.num_tiles, np.int64)
         self.tile_exchange = np.zeros(target.num_tiles, np.int64)
         self.flops = 0
         self.ncopies = 0
         self.counters = 0
         # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
-        # program's first row there, and the vertex rows that point at one.
+        # program's first row there, and the (first row, count) of each batch of vertex rows pointing at one.
         self.expr_rows, self.expr_start, self.expr_refs = [], {}, []
         self.open = None  # (load, destinations, profile step) of the exchange a next Copy may join
 
@@ -176,9 +178,10 @@ class _Flattener:
 
     def instruction_table(self):
         """Vertex rows, then the EXPR programs, each EXPR row's P0 pointing at its program's first row."""
-        table = np.array(self.rows + self.expr_rows, np.int64).reshape(-1, NCOLS)
-        for row, start in self.expr_refs:
-            table[row, oc.COL["p0"]] = len(self.rows) + start
+        programs = np.array(self.expr_rows, np.int64).reshape(-1, NCOLS)
+        table = np.concatenate([*self.rows, programs]) if self.rows else programs
+        for row, count, start in self.expr_refs:
+            table[row : row + count, oc.COL["p0"]] = self.nrows + start
         return table
 
     def emit(self, step):
@@ -215,7 +218,8 @@ class _Flattener:
         c = step.condition
         sync = self.target.bsp_sync_cycles
         decide = _totals(exchange=cost.branch_cycles(self.target) - sync, sync=sync)
-        test = self.phase(BRANCH_IF_ZERO, _address(c, self.block_base_list), c.tensor.itemsize, 0, decide.sum())
+        (address,), _ = element_addresses(c.tensor, np.array([c.start]), self.block_base)
+        test = self.phase(BRANCH_IF_ZERO, int(address), c.tensor.itemsize, 0, decide.sum())
         then = self.emit(step.then_body)
         otherwise = _totals()
         if step.else_body is not None:
@@ -244,46 +248,56 @@ class _Flattener:
         return _totals(sync=sync, host=host)
 
     def compute_set(self, step):
-        if not step.vertices:
+        if not step.batches:
             return _totals()
         target = self.target
-        start = len(self.rows)
+        start = self.nrows
         per_tile = np.zeros(target.num_tiles, np.int64)
-        for v in step.vertices:
-            f = v.fields
-            row = [0] * NCOLS
-            row[_OP_COL], row[_SUB_COL], row[_N_COL] = v.kind, v.sub, v.n
-            param_cols = _PARAM_COLS[v.kind]
-            for name, value in v.params.items():
-                row[param_cols[name]] = value
-            columns = _EXPR_COLUMNS if v.kind == oc.EXPR else _COLUMNS
-            for col, name in columns:
-                if name in f:
-                    row[col] = _address(f[name], self.block_base_list)
-            if v.kind == oc.EXPR:
-                self.expr_refs.append((len(self.rows), self._expr_program(v.program)))
-            else:
-                for name, col in _DTYPE_COLUMNS:
-                    if name in f:
-                        row[col] = _DTYPE_CODE[f[name].tensor.dtype]
-            self.rows.append(row)
-            self.fparams.append(v.fparam)
-            per_tile[v.tile] += v.cycles
-            if v.kind == oc.MATMUL:
-                self.flops += 2 * v.params["m"] * v.params["k"] * v.n
+        for batch in step.batches:
+            self.rows.append(self._instruction_rows(batch))
+            self.fparams.append(np.full(len(batch), batch.fparam))
+            if batch.kind == oc.EXPR:
+                self.expr_refs.append((self.nrows, len(batch), self._expr_program(batch.program)))
+            self.nrows += len(batch)
+            per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
+            if batch.kind == oc.MATMUL:
+                self.flops += int((2 * batch.params["m"] * batch.params["k"] * batch.n).sum())
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
-        self.phase(COMPUTE, start, len(self.rows), cycles=cycles + target.bsp_sync_cycles)
+        self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
         self.steps.append(
             {
                 "name": step.name,
                 "kind": "compute",
                 "cycles": cycles,
-                "vertices": len(step.vertices),
+                "vertices": step.num_vertices,
                 "tiles": int((per_tile > 0).sum()),
+                "ipus": busy_ipus(target, per_tile),
+                "origin": origin_of(step.origin),
+                **_placed(step),
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
+
+    def _instruction_rows(self, batch):
+        """The instruction rows of a batch of vertices: one row each, its fields' arena addresses."""
+        rows = np.zeros((len(batch), NCOLS), np.int64)
+        rows[:, _OP_COL], rows[:, _SUB_COL], rows[:, _N_COL] = batch.kind, batch.sub, batch.n
+        param_cols = _PARAM_COLS[batch.kind]
+        for name, values in batch.params.items():
+            rows[:, param_cols[name]] = values
+        fields = batch.fields
+        for col, name in _EXPR_COLUMNS if batch.kind == oc.EXPR else _COLUMNS:
+            if name in fields:
+                regions, block = fields[name], batch.blocks[name]
+                storage = regions.tensor.storage
+                within = regions.starts - storage.mapping.starts[block]
+                rows[:, col] = self.block_base(storage)[block] + within * storage.itemsize
+        if batch.kind != oc.EXPR:
+            for name, col in _DTYPE_COLUMNS:
+                if name in fields:
+                    rows[:, col] = _DTYPE_CODE[fields[name].tensor.dtype]
+        return rows
 
     def copy(self, step):
         target = self.target
@@ -310,15 +324,21 @@ class _Flattener:
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
             merged["bytes"] += int(recv.sum())
+            origin = origin_of(step.origin)
+            if origin != merged["origin"] and origin not in merged.setdefault("also", []):
+                merged["also"].append(origin)
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link
-            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
+            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum()), **_placed(step)}
+            merged["origin"] = origin_of(step.origin)
             self.steps.append(merged)
             before, sync = 0, target.bsp_sync_cycles
         busiest, busiest_link = int(open_load.max()), int(open_link.max())
         merged["cycles"] = max(cost.exchange_cycles(target, busiest), cost.link_cycles(target, busiest_link))
         merged["busiest_tile_bytes"] = busiest
+        merged["tiles"] = int((open_load > 0).sum())
+        merged["ipus"] = busy_ipus(target, open_load)
         if target.num_ipus > 1:
             merged["busiest_link_bytes"] = busiest_link
         # The engine runs each copy on its own: the rows of one copy are independent of each other and

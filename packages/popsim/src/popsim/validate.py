@@ -17,7 +17,7 @@ _KIND_NAMES = {code: name for name, code in oc.KINDS.items()}
 _ELEMENTWISE = (oc.UNARY, oc.BINARY, oc.WHERE)
 _INT32_MAX = 2**31 - 1
 _HEAD, _OP = oc.EXPR_HEAD, oc.EXPR_OP  # columns of an EXPR program header and op rows
-# Each kind's field and parameter names as sets, built once (check_vertex runs per vertex).
+# Each kind's field and parameter names as sets, built once (check_vertices runs per batch).
 _FIELD_SETS = {kind: frozenset(fields) for kind, fields in oc.VERTEX_FIELDS.items()}
 _PARAM_SETS = {kind: frozenset(params) for kind, params in oc.VERTEX_PARAMS.items()}
 
@@ -41,18 +41,12 @@ def sub_code(kind, sub):
     raise Error(f"{_KIND_NAMES[kind]} vertex: unknown sub-op {sub!r}; sub-ops: {', '.join(table)}")
 
 
-def _size(fields, name):
-    return fields[name].stop - fields[name].start
-
-
-def _dtype(fields, name):
-    return str(fields[name].tensor.dtype)
-
-
-def check_vertex(kind, sub, n, fields, params, fparam, program):
-    """Raise a popsim.Error unless a vertex of ``kind`` (a number) reads and writes only inside its field
-    Regions: known field names (each kind's fields are ``oc.VERTEX_FIELDS``), known parameters, sizes that
-    match ``n`` and the parameters, and the dtypes its codelet handles."""
+def check_vertices(kind, n, fields, params, fparam, program):
+    """Raise a popsim.Error unless every vertex of a batch of ``kind`` (a number) reads and writes only inside
+    its field ranges: known field names (each kind's fields are ``oc.VERTEX_FIELDS``), known parameters,
+    sizes that match ``n`` and the parameters, and the dtypes its codelet handles. ``n`` and each parameter
+    are int64 arrays (one entry per vertex), ``fields`` maps names to Regions; the error names the values of
+    the first vertex that fails."""
     what = f"{_KIND_NAMES[kind]} vertex"
     allowed = oc.VERTEX_FIELDS[kind]
     unknown = sorted(fields.keys() - _FIELD_SETS[kind])
@@ -61,98 +55,111 @@ def check_vertex(kind, sub, n, fields, params, fparam, program):
     names = _PARAM_SETS[kind]
     if params.keys() - names:
         raise Error(f"{what}: unknown parameter(s) {sorted(set(params) - names)}; it takes {sorted(names) or 'none'}")
-    if any(not isinstance(v, int | np.integer) or not 0 <= v <= _INT32_MAX for v in params.values()):
-        raise Error(f"{what}: parameters must be integers in 0..2**31-1, got {params}")
+    for name, values in params.items():
+        ok = (values >= 0) & (values <= _INT32_MAX)
+        _need(what, ok, f"parameters must be integers in 0..2**31-1, got {name}={{}}", values)
     if fparam and kind != oc.FILL:
         raise Error(f"{what}: only a FILL vertex takes fparam (its value); use the named parameters {sorted(names)}")
     if program is not None and kind != oc.EXPR:
         raise Error(f"{what}: only an EXPR vertex takes a program")
-    if not isinstance(n, int | np.integer) or not 0 <= n <= _INT32_MAX:
-        raise Error(f"{what}: n must be a non-negative integer, got {n!r}")
+    _need(what, (n >= 0) & (n <= _INT32_MAX), "n must be a non-negative integer, got {}", n)
     required = allowed if kind != oc.EXPR else ("out",)
     missing = [f for f in required if f not in fields]
     if missing:
         raise Error(f"{what}: missing field(s) {missing}")
-    _SHAPE_CHECKS[kind](what, n, fields, params, program)
+    sizes = {name: r.stops - r.starts for name, r in fields.items()}
+    dtypes = {name: str(r.tensor.dtype) for name, r in fields.items()}
+    _SHAPE_CHECKS[kind](what, n, sizes, dtypes, params, program)
 
 
-def _need(what, cond, message):
-    if not cond:
-        raise Error(f"{what}: {message}")
+def _need(what, ok, message, *values):
+    """Raise a popsim.Error with ``message`` unless ``ok`` (a bool, or an array of one per vertex) holds
+    everywhere; its ``{}`` take the first failing vertex's entries of ``values`` (per-vertex arrays or scalars)."""
+    ok = np.asarray(ok)
+    if ok.all():
+        return
+    i = int(np.argmin(ok)) if ok.ndim else 0
+    picked = [int(v[i]) if np.ndim(v) else v for v in values]
+    raise Error(f"{what}: {message.format(*picked) if values else message}")
 
 
-def _elementwise_check(what, n, fields, params, program):
+def _elementwise_check(what, n, sizes, dtypes, params, program):
     scalars = params.get("scalars", 0)
-    operands = [f for f in "abc" if f in fields]
-    _need(what, scalars < (1 << len(operands)), f"scalars mask {scalars} names operands it does not have")
-    _need(what, _size(fields, "out") == n, f"field 'out' holds {_size(fields, 'out')} elements, n is {n}")
+    operands = [f for f in "abc" if f in sizes]
+    _need(what, scalars < (1 << len(operands)), "scalars mask {} names operands it does not have", scalars)
+    _need(what, sizes["out"] == n, "field 'out' holds {} elements, n is {}", sizes["out"], n)
     for i, name in enumerate(operands):
-        want = 1 if scalars >> i & 1 else n
-        _need(what, _size(fields, name) == want, f"field {name!r} holds {_size(fields, name)} elements, needs {want}")
-    if "c" in fields:  # WHERE: a bool condition selects between b and c, which share out's dtype
-        _need(what, _dtype(fields, "a") == "bool", "the condition (field 'a') must be bool")
-        same = _dtype(fields, "b") == _dtype(fields, "c") == _dtype(fields, "out")
+        want = np.where(scalars >> i & 1, 1, n)
+        _need(what, sizes[name] == want, f"field {name!r} holds {{}} elements, needs {{}}", sizes[name], want)
+    if "c" in sizes:  # WHERE: a bool condition selects between b and c, which share out's dtype
+        _need(what, dtypes["a"] == "bool", "the condition (field 'a') must be bool")
+        same = dtypes["b"] == dtypes["c"] == dtypes["out"]
         _need(what, same, "b, c and out must share a dtype")
 
 
-def _reduce_check(what, n, fields, params, program):
+def _reduce_check(what, n, sizes, dtypes, params, program):
     rows, group = params.get("rows", 0), params.get("group", 0)
-    _need(what, rows == n == _size(fields, "out"), f"needs rows == n == the size of 'out' ({_size(fields, 'out')})")
+    out = sizes["out"]
+    _need(what, (rows == n) & (n == out), "needs rows == n == the size of 'out' ({})", out)
     _need(what, group >= 1, "needs group >= 1 (the inputs reduced into each output)")
-    _need(what, _size(fields, "a") == rows * group, f"field 'a' must hold rows * group = {rows * group} elements")
+    want = rows * group
+    _need(what, sizes["a"] == want, "field 'a' must hold rows * group = {} elements", want)
 
 
-def _matmul_check(what, n, fields, params, program):
+def _matmul_check(what, n, sizes, dtypes, params, program):
     m, k = params.get("m", 0), params.get("k", 0)
     for name, want in (("a", m * k), ("b", k * n), ("out", m * n)):
-        _need(what, _size(fields, name) == want, f"field {name!r} must hold {want} elements (m={m}, k={k}, n={n})")
-    _need(what, _dtype(fields, "a") == _dtype(fields, "b"), "a and b must share a dtype")
-    _need(what, _dtype(fields, "a") in ("float32", "float16"), "a and b must be float32 or float16")
-    _need(what, _dtype(fields, "out") in ("float32", "float16"), "out (the partials) must be float32 or float16")
+        message = f"field {name!r} must hold {{}} elements (m={{}}, k={{}}, n={{}})"
+        _need(what, sizes[name] == want, message, want, m, k, n)
+    _need(what, dtypes["a"] == dtypes["b"], "a and b must share a dtype")
+    _need(what, dtypes["a"] in ("float32", "float16"), "a and b must be float32 or float16")
+    _need(what, dtypes["out"] in ("float32", "float16"), "out (the partials) must be float32 or float16")
 
 
-def _rng_check(what, n, fields, params, program):
-    _need(what, _size(fields, "a") == 2 and _dtype(fields, "a") == "int32", "field 'a' must be the 2 int32 seed words")
-    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
-    _need(what, _dtype(fields, "out") in ("float32", "float16"), "out must be float32 or float16")
+def _rng_check(what, n, sizes, dtypes, params, program):
+    _need(what, (sizes["a"] == 2) & (dtypes["a"] == "int32"), "field 'a' must be the 2 int32 seed words")
+    _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
+    _need(what, dtypes["out"] in ("float32", "float16"), "out must be float32 or float16")
 
 
-def _copy_check(what, n, fields, params, program):
-    _need(what, _size(fields, "a") == _size(fields, "out") == n, f"fields 'a' and 'out' must hold n = {n} elements")
-    _need(what, _dtype(fields, "a") == _dtype(fields, "out"), "a and out must share a dtype")
+def _copy_check(what, n, sizes, dtypes, params, program):
+    _need(what, (sizes["a"] == n) & (sizes["out"] == n), "fields 'a' and 'out' must hold n = {} elements", n)
+    _need(what, dtypes["a"] == dtypes["out"], "a and out must share a dtype")
 
 
-def _gather_check(what, n, fields, params, program):
+def _gather_check(what, n, sizes, dtypes, params, program):
     rows, inner, size = params.get("rows", 0), params.get("inner", 0), params.get("size", 0)
-    _need(what, rows >= 1 and size >= 1, "needs rows >= 1 and size >= 1 (the indexed axis)")
-    _need(what, _dtype(fields, "b") == "int32" and _size(fields, "b") == n, f"field 'b' must be n = {n} int32 indices")
-    _need(what, _dtype(fields, "a") == _dtype(fields, "out"), "a and out must share a dtype")
-    if "c" in fields:  # SCATTER_ADD: out (rows, size, inner) += c (rows, n, inner)
-        _need(what, _size(fields, "out") >= rows * size * inner, "field 'out' must hold rows * size * inner elements")
-        _need(what, _size(fields, "c") >= rows * n * inner, "field 'c' must hold rows * n * inner elements")
-        _need(what, _dtype(fields, "c") == _dtype(fields, "out"), "c and out must share a dtype")
+    # Products of three parameters may pass int64: compare them as floats (exact below 2**53, where sizes lie).
+    table, picked = np.float64(1) * rows * size * inner, np.float64(1) * rows * n * inner
+    _need(what, (rows >= 1) & (size >= 1), "needs rows >= 1 and size >= 1 (the indexed axis)")
+    _need(what, (dtypes["b"] == "int32") & (sizes["b"] == n), "field 'b' must be n = {} int32 indices", n)
+    _need(what, dtypes["a"] == dtypes["out"], "a and out must share a dtype")
+    if "c" in sizes:  # SCATTER_ADD: out (rows, size, inner) += c (rows, n, inner)
+        _need(what, sizes["out"] >= table, "field 'out' must hold rows * size * inner elements")
+        _need(what, sizes["c"] >= picked, "field 'c' must hold rows * n * inner elements")
+        _need(what, dtypes["c"] == dtypes["out"], "c and out must share a dtype")
     else:
-        _need(what, _size(fields, "a") >= rows * size * inner, "field 'a' must hold rows * size * inner elements")
-        _need(what, _size(fields, "out") >= rows * n * inner, "field 'out' must hold rows * n * inner elements")
+        _need(what, sizes["a"] >= table, "field 'a' must hold rows * size * inner elements")
+        _need(what, sizes["out"] >= picked, "field 'out' must hold rows * n * inner elements")
 
 
-def _fill_check(what, n, fields, params, program):
-    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
+def _fill_check(what, n, sizes, dtypes, params, program):
+    _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
 
 
-def _expr_check(what, n, fields, params, program):
+def _expr_check(what, n, sizes, dtypes, params, program):
     _need(what, isinstance(program, np.ndarray) and program.ndim == 2, "needs its program (an int64 array)")
     header = program[0]
-    leaves = [f for f in oc.EXPR_FIELDS if f in fields]
+    leaves = [f for f in oc.EXPR_FIELDS if f in sizes]
     _need(what, leaves == list(oc.EXPR_FIELDS[: len(leaves)]), f"leaves must be the first fields of {oc.EXPR_FIELDS}")
     _need(what, header[_HEAD["leaves"]] == len(leaves), "its program's leaf count differs from its fields")
     check_expression(program, what)
     for i, name in enumerate(leaves):
-        want = 1 if header[_HEAD["scalars"]] >> i & 1 else n
-        _need(what, _size(fields, name) == want, f"field {name!r} holds {_size(fields, name)} elements, needs {want}")
-        _need(what, oc.DTYPE_CODES[_dtype(fields, name)] == header[_HEAD["leaf_dt"] + i], f"leaf {name!r} dtype")
-    _need(what, _size(fields, "out") == n, f"field 'out' must hold n = {n} elements")
-    _need(what, oc.DTYPE_CODES[_dtype(fields, "out")] == header[_HEAD["out_dt"]], "out: dtype differs")
+        want = np.where(header[_HEAD["scalars"]] >> i & 1, 1, n)
+        _need(what, sizes[name] == want, f"field {name!r} holds {{}} elements, needs {{}}", sizes[name], want)
+        _need(what, oc.DTYPE_CODES[dtypes[name]] == header[_HEAD["leaf_dt"] + i], f"leaf {name!r} dtype")
+    _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
+    _need(what, oc.DTYPE_CODES[dtypes["out"]] == header[_HEAD["out_dt"]], "out: dtype differs")
 
 
 _SHAPE_CHECKS = {

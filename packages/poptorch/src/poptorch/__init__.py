@@ -7,6 +7,22 @@ import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
+from poptorch._blocks import (
+    IPU,
+    AutoStage,
+    BeginBlock,
+    Block,
+    BlockFunction,
+    Liveness,
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    recomputationCheckpoint,
+    removeBlocks,
+)
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -19,19 +35,21 @@ from poptorch._executor_api import (
 )
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch._memory import serializedMatMul, set_available_memory
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
     ConnectionType,
     HalfFloatCastingBehavior,
+    MatMulSerializationMode,
     MeanReductionStrategy,
     OutputMode,
     ReductionType,
     SyncPattern,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options
+from poptorch.options import Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -127,6 +145,24 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "IPU",
+    "Liveness",
+    "MatMulSerializationMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "TensorLocationSettings",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",

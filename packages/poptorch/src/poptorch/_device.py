@@ -17,12 +17,13 @@ def target_of(options):
     return target
 
 
-def compile_programs(graphs, options):
-    """Compile ``{program: popir.Graph}`` for the simulated IPU chosen by ``options``; returns the executable."""
+def compile_programs(graphs, options, num_ipus=1):
+    """Compile ``{program: popir.Graph}`` for a device of ``num_ipus`` of the simulated IPUs chosen by
+    ``options``; returns the executable."""
     try:
         return popsim.compile(
             graphs,
-            target=target_of(options),
+            target=popsim.Device(target_of(options), num_ipus),
             partials_type=options.Precision.partials_type,
             relax_memory=options.allow_out_of_memory,
             optimize=False,  # the executor optimised the programs before keying its cache on them
@@ -32,6 +33,17 @@ def compile_programs(graphs, options):
             f"Out of memory on the simulated IPU: {exc} From poptorch, compile anyway with "
             """opts._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})."""
         ) from exc
+
+
+def pipeline_overlap(exe, program, plan, runs, runs_per_step):
+    """Cycles a pipelined multi-IPU ``plan`` saves on ``runs`` runs of ``program`` taken ``runs_per_step`` at
+    a time (0 when the stages are not pipelined): a step's runs overlap over the IPUs instead of running one
+    after another. The step's schedule (stages, IPUs, ramp-up / main / ramp-down) goes into the profile."""
+    if not plan.pipelined or runs < runs_per_step:
+        return 0
+    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, runs_per_step, True)
+    exe.profile.programs[program]["schedule"] = schedule.as_dict()
+    return (runs // runs_per_step) * (schedule.serial_cycles - schedule.total_cycles)
 
 
 def check_input_fits(name, shape, itemsize, options):

@@ -22,9 +22,12 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _auto_report,
+    _blocks,
     _cache,
     _device,
     _device_checks,
+    _distributed,
     _executor_api,
     _fp_exceptions,
     _host_print,
@@ -190,6 +193,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     def _reset(self):
         self._exe = None
+        self._shared_gradients = []
         self._programs = None
         self._captured = None
         self._device = None
@@ -218,6 +222,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
+        report_dir = _auto_report.report_directory()  # checked first: a bad setting fails before compiling
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -230,16 +235,22 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 bar.set_postfix_str(name)
 
             phase("capture")
+            if self._training and self._options.Distributed.numProcesses > 1:
+                # Every process starts from process 0's weights and buffers.
+                _distributed.join(self._options)
+                _distributed.broadcast_host_tensors([*self._model.parameters(), *self._model.buffers()])
             mode = self._model.training
             self._model.train(self._training)
             try:
                 with (
                     excluding_sources(self._options.source_location_excludes),
                     _executor_api.running_on_ipu(self._training),
+                    _blocks.recording(self._options.execution_strategy),
                 ):
                     captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
+            self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
                 programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
@@ -259,7 +270,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 _training.optimise(programs)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
-                exe = _device.compile_programs(programs.graphs, self._options)
+                exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
                 if cache:
                     cache.store(key, exe)
             else:
@@ -268,6 +279,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         self._captured, self._programs, self._exe = captured, programs, exe
+        distributed = self._training and self._options.Distributed.numProcesses > 1
+        self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -281,6 +294,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
+        if report_dir is not None:
+            name = self._options.model_name or ("training" if self._training else "inference")
+            logger.info("Profile report written to %s", _auto_report.write(exe.profile, report_dir, name))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
         _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
@@ -476,6 +492,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
+                        if self._shared_gradients:
+                            _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
                             cycles += exe.last_run_cycles or 0
@@ -493,6 +511,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
+        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
+        group = runs_per_step if self._training else ran
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output

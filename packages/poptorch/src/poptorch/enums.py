@@ -55,3 +55,12 @@ class HalfFloatCastingBehavior(enum.IntEnum):
     Default = 0
     FloatDowncastToHalf = 1
     HalfUpcastToFloat = 2
+
+
+class MatMulSerializationMode(enum.Enum):
+    """Which dimension ``serializedMatMul`` splits, for lhs (m x n) @ rhs (n x p)."""
+
+    InputChannels = "input_channels"  # m
+    ReducingDim = "reducing_dim"  # n
+    OutputChannels = "output_channels"  # p
+    Disabled = "none"

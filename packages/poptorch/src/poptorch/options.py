@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from poptorch import _logging
+from poptorch import _blocks, _distributed, _logging
 from poptorch.enums import (
     ConnectionType,
     HalfFloatCastingBehavior,
@@ -66,6 +66,7 @@ _DEFAULTS = {
     "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
+    "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
 }
 
@@ -81,6 +82,7 @@ COMPILE_KEYS = (
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
+    "Distributed.numProcesses",
 )
 
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
@@ -269,17 +271,38 @@ class _PrecisionOptions(_Group):
 
 
 class _DistributedOptions(_Group):
-    """``opts.Distributed``: this process's place among several host processes."""
+    """``opts.Distributed``: this process's place among several host processes.
+
+    A new Options reads it from ``torch.distributed`` when a process group is initialised, else from
+    torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) or Open MPI's (``OMPI_COMM_WORLD_RANK``,
+    ``OMPI_COMM_WORLD_SIZE``) environment variables; ``configureProcessId`` overrides it."""
 
     _prefix = "Distributed"
 
     def configureProcessId(self, process_id, num_processes):
         """Declare this process as ``process_id`` of ``num_processes``."""
         _positive_int("numProcesses", num_processes)
-        if not 0 <= process_id < num_processes:
-            raise Error(f"processId must be in [0, {num_processes}), got {process_id}")
+        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+            raise Error(f"processId must be an integer in [0, {num_processes}), got {process_id!r}")
         self._set("processId", process_id)
         return self._set("numProcesses", num_processes)
+
+    def setEnvVarNames(self, var_num_processes, var_process_id):
+        """Read the process count and id from these environment variables (unset: process 0 of 1)."""
+        place = _distributed.from_variables(var_process_id, var_num_processes)
+        place = place or _distributed.Place(0, 1, 0)
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
+
+    def disable(self):
+        """Run as a single process whatever the environment says."""
+        self._set("localProcessId", 0)
+        return self.configureProcessId(0, 1)
+
+    def _from_environment(self):
+        place = _distributed.from_environment()
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
 
     @property
     def processId(self):
@@ -289,11 +312,98 @@ class _DistributedOptions(_Group):
     def numProcesses(self):
         return self._get("numProcesses")
 
+    @property
+    def localProcessId(self):
+        """This process's id among the processes of its host (torchrun's ``LOCAL_RANK``)."""
+        return self._get("localProcessId")
+
+
+class TensorLocationSettings:
+    """Where one kind of tensor lives (``Options.TensorLocations.set*Location``). The simulated IPU keeps every
+    tensor in tile memory: settings asking for that are accepted; streaming (off-chip) memory, replicated
+    tensor sharding and I/O tiles for loading are refused as not modelled when given to a ``set*Location``."""
+
+    def __init__(self):
+        self._values = {}
+
+    def _record(self, name, value, check):
+        self._values[name] = check(name, value)
+        return self
+
+    def minElementsForOffChip(self, min_elements):
+        """Tensors with fewer elements stay on the chip."""
+        return self._record("minElementsForOffChip", min_elements, _non_negative)
+
+    def minElementsForReplicatedTensorSharding(self, min_elements):
+        """Tensors with fewer elements are not sharded over replicas."""
+        return self._record("minElementsForReplicatedTensorSharding", min_elements, _non_negative)
+
+    def useOnChipStorage(self, use=True):
+        """Keep the tensors in tile memory (True) or in streaming memory (False)."""
+        return self._record("useOnChipStorage", use, _bool)
+
+    def useReplicatedTensorSharding(self, use=True):
+        """Shard the tensors over replicas."""
+        return self._record("useReplicatedTensorSharding", use, _bool)
+
+    def useIOTilesToLoad(self, use=True):
+        """Load the tensors from streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToLoad", use, _bool)
+
+    def useIOTilesToStore(self, use=True):
+        """Store the tensors to streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToStore", use, _bool)
+
+    def unmodelled(self):
+        """The settings that ask for something other than tile memory, as ``name(value)`` strings."""
+        wanted = {
+            "useOnChipStorage": True,
+            "useReplicatedTensorSharding": False,
+            "useIOTilesToLoad": False,
+            "useIOTilesToStore": False,
+        }
+        return [f"{k}({v})" for k, v in self._values.items() if k in wanted and v != wanted[k]]
+
+
+def _non_negative(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Error(f"{name} takes a non-negative integer, got {value!r}")
+    return value
+
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, activations, optimizer state and
+    accumulators in tile memory)."""
 
     _prefix = "TensorLocations"
+
+    def _location(self, kind, location):
+        if not isinstance(location, TensorLocationSettings):
+            raise Error(f"set{kind}Location takes a poptorch.TensorLocationSettings, got {location!r}")
+        refused = location.unmodelled()
+        if refused:
+            raise not_modelled(
+                f"TensorLocations.set{kind}Location with {', '.join(refused)}",
+                "every tensor lives in tile memory (no streaming memory, replicated tensor sharding or I/O-tile "
+                "loading); split the model over more IPUs instead",
+            )
+        return self
+
+    def setWeightLocation(self, location):
+        """Where weights live: tile memory only on the simulated IPU."""
+        return self._location("Weight", location)
+
+    def setActivationLocation(self, location):
+        """Where activations live: tile memory only on the simulated IPU."""
+        return self._location("Activation", location)
+
+    def setOptimizerLocation(self, location):
+        """Where optimizer state lives: tile memory only on the simulated IPU."""
+        return self._location("Optimizer", location)
+
+    def setAccumulatorLocation(self, location):
+        """Where gradient accumulators live: tile memory only on the simulated IPU."""
+        return self._location("Accumulator", location)
 
     def numIOTiles(self, num_tiles):
         """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
@@ -371,6 +481,7 @@ class Options(_NoAssignment):
         self.Jit = _JitOptions(self)
         self._Popart = _PopartOptions(self)
         self._sealed = True
+        self.Distributed._from_environment()
         if os.environ.get("POPTORCH_CACHE_DIR"):
             self._values["executableCachePath"] = os.environ["POPTORCH_CACHE_DIR"]
         if os.environ.get("POPTORCH_IPU_MODEL_VERSION"):
@@ -525,11 +636,15 @@ class Options(_NoAssignment):
         return self._set("showCompilationProgressBar", _bool("showCompilationProgressBar", show))
 
     def setExecutionStrategy(self, strategy):
-        """How multi-IPU blocks execute (PipelinedExecution by default)."""
+        """How the model's blocks run over IPUs: a PipelinedExecution (the default when blocks are used),
+        ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution."""
+        if not isinstance(strategy, _blocks.STRATEGIES):
+            names = ", ".join(f"poptorch.{s.__name__}" for s in _blocks.STRATEGIES)
+            raise Error(f"setExecutionStrategy takes an execution strategy ({names}), got {strategy!r}")
         return self._set("executionStrategy", strategy)
 
     def autoRoundNumIPUs(self, auto_round=True):
-        """Round the number of IPUs up to a power of two."""
+        """Allocate a power-of-two number of IPUs when the model uses another number (else that is an error)."""
         return self._set("autoRoundNumIPUs", _bool("autoRoundNumIPUs", auto_round))
 
     def enableSyntheticData(self, enabled):
@@ -617,6 +732,14 @@ class Options(_NoAssignment):
         )
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
+    @property
+    def execution_strategy(self):
+        return self._values["executionStrategy"]
+
+    @property
+    def auto_round_num_ipus(self):
+        return self._values["autoRoundNumIPUs"]
+
     @property
     def device_iterations(self):
         return self._values["deviceIterations"]
