@@ -33,6 +33,7 @@ from poptorch._executor_api import (
     registerPostCompileHook,
     registerPreCompileHook,
 )
+from poptorch._host_io_ops import CPU, MultiConv, ctc_beam_search_decoder, set_overlap_for_input, set_overlap_for_output
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory
@@ -44,7 +45,9 @@ from poptorch.enums import (
     HalfFloatCastingBehavior,
     MatMulSerializationMode,
     MeanReductionStrategy,
+    MultiConvPlanType,
     OutputMode,
+    OverlapMode,
     ReductionType,
     SyncPattern,
 )
@@ -163,6 +166,13 @@ __all__ = [
     "removeBlocks",
     "serializedMatMul",
     "set_available_memory",
+    "CPU",
+    "MultiConv",
+    "MultiConvPlanType",
+    "OverlapMode",
+    "ctc_beam_search_decoder",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
