@@ -23,6 +23,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -171,6 +172,7 @@ __all__ = [
     "MultiConvPlanType",
     "OverlapMode",
     "ctc_beam_search_decoder",
+    "custom_op",
     "set_overlap_for_input",
     "set_overlap_for_output",
     "ConnectionType",
