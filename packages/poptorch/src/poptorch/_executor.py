@@ -44,7 +44,7 @@ from poptorch._device_weights import DeviceWeights
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
-from poptorch.errors import Error, RecoverableError
+from poptorch.errors import Error, RecoverableError, UnrecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -655,6 +655,12 @@ def _interrupted_message(done, total):
 def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
+    except popsim.EngineFault as exc:
+        raise UnrecoverableError(
+            f"The simulated IPU hit an unrecoverable fault: {exc}. Its memory can no longer be trusted: destroy "
+            "the model (model.destroy()) and wrap it again",
+            type="poplar_unrecoverable_runtime_error",
+        ) from exc
     except popsim.Error as exc:
         where = None
         if graph is not None and isinstance(exc, popsim.IndexRangeError):
