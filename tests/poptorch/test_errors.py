@@ -126,3 +126,13 @@ def test_an_engine_fault_is_unrecoverable_as_in_poptorch():
         model(x)
     assert caught.value.type == "poplar_unrecoverable_runtime_error"
     assert not isinstance(caught.value, poptorch.RecoverableError)
+
+
+def test_poptorch_wait_for_ipu_is_read(monkeypatch, caplog):
+    monkeypatch.setenv("POPTORCH_WAIT_FOR_IPU", "1")
+    with caplog.at_level("DEBUG", logger="poptorch"):
+        poptorch.Options()
+    assert "POPTORCH_WAIT_FOR_IPU is set: a simulated IPU is always free" in caplog.text
+    monkeypatch.setenv("POPTORCH_WAIT_FOR_IPU", "soon")
+    with pytest.raises(poptorch.Error, match="POPTORCH_WAIT_FOR_IPU must be 1 or 0"):
+        poptorch.Options()
