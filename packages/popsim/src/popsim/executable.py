@@ -9,7 +9,7 @@ from popsim import _exchange, _executable_format, _kernels, cost, provenance
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.mapping import TileMapping
 from popsim.placement import Placement
@@ -317,7 +317,7 @@ class Executable:
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
         if trap >= 0:
             kind, sub = flat.instructions[trap, :2]
-            raise Error(
+            raise EngineFault(
                 f"program {program!r}: the engine trapped instruction row {trap} (kind {kind}, sub-op {sub}), which no "
                 "codelet implements; the results of this run are invalid"
             )

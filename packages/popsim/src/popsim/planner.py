@@ -130,13 +130,15 @@ class Lowerer:
         m = out.mapping
         tiles, slot = np.unique(m.tiles, return_inverse=True)
         ins, scalars = self._operands(inputs, shape, m, tiles)
-        kind, sub = _codelet(codelet)
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
         fields = self._fields(out, ins, "abc", scalars, slot)
         n = m.stops - m.starts
         cycles = cost.elementwise_cycles(self.target, n, work_dtype, codelet)
-        self.dg.add_vertices(cs, kind, sub, m.tiles, n, fields, cycles, scalars=scalars)
+        operands = [fields[name] for name in "abc"[: len(ins)]]
+        oc.elementwise(
+            self.dg.add_vertices, cs, codelet, m.tiles, n, cycles, operands=operands, out=fields["out"], scalars=scalars
+        )
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
@@ -171,9 +173,9 @@ class Lowerer:
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
         fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, slot)
         n = m.stops - m.starts
-        self.dg.add_vertices(
-            cs, oc.EXPR, 0, m.tiles, n, fields, cost.expression_cycles(self.target, n, ops), program=program
-        )
+        leaves = [fields[name] for name in oc.EXPR_FIELDS[: len(ins)]]
+        cycles = cost.expression_cycles(self.target, n, ops)
+        oc.expression(self.dg.add_vertices, cs, m.tiles, n, cycles, leaves=leaves, out=fields["out"], program=program)
         return out
 
     def _operands(self, inputs, shape, mapping, tiles):
@@ -220,7 +222,7 @@ class Lowerer:
         m = out.mapping
         n = m.stops - m.starts
         cycles = cost.elementwise_cycles(self.target, n, dtype, "fill")
-        self.dg.add_vertices(cs, oc.FILL, 0, m.tiles, n, {"out": out.regions(m.starts, m.stops)}, cycles, fparam=value)
+        oc.fill(self.dg.add_vertices, cs, m.tiles, n, cycles, out=out.regions(m.starts, m.stops), value=value)
         return out
 
     # -- reductions -------------------------------------------------------------------------------
@@ -277,9 +279,11 @@ class Lowerer:
         cs = self.dg.add_compute_set(f"reduce-{op}")
         m = out.mapping
         rows = m.stops - m.starts
-        fields = {"a": staged.regions(m.starts * group, m.stops * group), "out": out.regions(m.starts, m.stops)}
+        source, target = staged.regions(m.starts * group, m.stops * group), out.regions(m.starts, m.stops)
         cycles = cost.reduce_cycles(self.target, rows, group, staged.dtype)
-        self.dg.add_vertices(cs, oc.REDUCE, oc.REDUCE_OPS[op], m.tiles, rows, fields, cycles, rows=rows, group=group)
+        oc.reduce(
+            self.dg.add_vertices, cs, op, m.tiles, rows, cycles, source=source, out=target, rows=rows, group=group
+        )
 
     def _copy_fill(self, out, value):
         filled = self.fill(out.shape, out.dtype, value)
@@ -366,12 +370,10 @@ class Lowerer:
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
         t = np.arange(tasks)
-        fields = {
-            "a": a_t.regions(t * mb * kb, (t + 1) * mb * kb),
-            "b": b_t.regions(t * kb * nb, (t + 1) * kb * nb),
-            "out": p.regions(t * mb * nb, (t + 1) * mb * nb),
-        }
-        self.dg.add_vertices(cs, oc.MATMUL, 0, tiles, nb, fields, cycles, m=mb, k=kb)
+        lhs = a_t.regions(t * mb * kb, (t + 1) * mb * kb)
+        rhs = b_t.regions(t * kb * nb, (t + 1) * kb * nb)
+        out = p.regions(t * mb * nb, (t + 1) * mb * nb)
+        oc.matmul(self.dg.add_vertices, cs, tiles, nb, cycles, lhs=lhs, rhs=rhs, out=out, m=mb, k=kb)
         if split.gk == 1 and dtype == plan.partial:
             return self.gather(plan.shape, dtype, [p], plan.q)
         return self.reduce_index("sum", [p], plan.q, plan.shape, dtype, plan.partial)

@@ -26,6 +26,7 @@ from poptorch import (
     _blocks,
     _cache,
     _device,
+    _device_checks,
     _distributed,
     _executor_api,
     _fp_exceptions,
@@ -45,7 +46,7 @@ from poptorch._device_weights import DeviceWeights
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
-from poptorch.errors import Error, RecoverableError
+from poptorch.errors import Error, RecoverableError, UnrecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -671,6 +672,12 @@ def _interrupted_message(done, total):
 def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
+    except popsim.EngineFault as exc:
+        raise UnrecoverableError(
+            f"The simulated IPU hit an unrecoverable fault: {exc}. Its memory can no longer be trusted: destroy "
+            "the model (model.destroy()) and wrap it again",
+            type="poplar_unrecoverable_runtime_error",
+        ) from exc
     except popsim.Error as exc:
         where = None
         if graph is not None and isinstance(exc, popsim.IndexRangeError):
@@ -682,6 +689,7 @@ def _run_on_device(exe, feeds, program, graph=None):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _device_checks.check(result)
     _host_print.emit(result)
     return result
 

@@ -101,6 +101,7 @@ _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float
 _SEED_LIMIT = 2**64
 ENV_DEFAULTS = "POPTORCH_DEFAULT_OPTIONS"
 ENV_IPU_MODEL = "POPTORCH_IPU_MODEL"
+ENV_WAIT_FOR_IPU = "POPTORCH_WAIT_FOR_IPU"
 _ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 # The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
 _POPART_OPTIONS = {
@@ -502,6 +503,11 @@ class Options(_NoAssignment):
             self._values["useIpuModel"] = _env_flag(ENV_IPU_MODEL)
         if os.environ.get(ENV_DEFAULTS):
             self._apply_json(os.environ[ENV_DEFAULTS], f"the environment variable {ENV_DEFAULTS}")
+        if os.environ.get(ENV_WAIT_FOR_IPU) and _env_flag(ENV_WAIT_FOR_IPU):
+            # PopTorch then waits for a free IPU when attaching; a simulated IPU is always free.
+            _logging.logger.debug(
+                "%s is set: a simulated IPU is always free, so attaching never waits", ENV_WAIT_FOR_IPU
+            )
 
     # -- store ----------------------------------------------------------------------------------
     def _set(self, key, value):
