@@ -29,7 +29,7 @@ from popsim.device_graph import (
     Tensor,
     Vertices,
 )
-from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
@@ -45,6 +45,7 @@ __all__ = [
     "Copy",
     "Device",
     "DeviceGraph",
+    "EngineFault",
     "Error",
     "Executable",
     "Execute",

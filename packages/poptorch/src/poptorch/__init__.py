@@ -23,6 +23,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -33,6 +34,7 @@ from poptorch._executor_api import (
     registerPostCompileHook,
     registerPreCompileHook,
 )
+from poptorch._host_io_ops import CPU, MultiConv, ctc_beam_search_decoder, set_overlap_for_input, set_overlap_for_output
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory
@@ -40,13 +42,17 @@ from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_updat
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MatMulSerializationMode,
     MeanReductionStrategy,
+    MultiConvPlanType,
     OutputMode,
+    OverlapMode,
     ReductionType,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
 from poptorch.options import Options, TensorLocationSettings
@@ -145,6 +151,7 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "CommGroupType",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -163,6 +170,14 @@ __all__ = [
     "removeBlocks",
     "serializedMatMul",
     "set_available_memory",
+    "CPU",
+    "MultiConv",
+    "MultiConvPlanType",
+    "OverlapMode",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
@@ -179,6 +194,7 @@ __all__ = [
     "SyncPattern",
     "UnrecoverableError",
     "UnsupportedOpError",
+    "VariableRetrievalMode",
     "__version__",
     "cond",
     "dynamic_slice",

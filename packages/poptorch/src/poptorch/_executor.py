@@ -26,6 +26,7 @@ from poptorch import (
     _blocks,
     _cache,
     _device,
+    _device_checks,
     _distributed,
     _executor_api,
     _fp_exceptions,
@@ -33,6 +34,7 @@ from poptorch import (
     _interrupt,
     _logging,
     _recompute,
+    _replication,
     _stochastic_rounding,
     _synthetic_data,
     _training,
@@ -44,7 +46,7 @@ from poptorch._device_weights import DeviceWeights
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
-from poptorch.errors import Error, RecoverableError
+from poptorch.errors import Error, RecoverableError, UnrecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -194,6 +196,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def _reset(self):
         self._exe = None
         self._shared_gradients = []
+        self._all_reduce_cycles = 0
+        self._replica_buffers = None
         self._programs = None
         self._captured = None
         self._device = None
@@ -284,6 +288,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
+        self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
+        self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -476,31 +482,36 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """
         exe, programs, layout = self._exe, self._programs, self._layout
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
-        run_cycles = []
+        # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
+        run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
-            with _interrupt.deferred_keyboard_interrupt() as interrupted:
+            with _interrupt.deferred_keyboard_interrupt() as interrupted, self._replica_buffers.call(exe):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
                     feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
-                    cycles += exe.last_run_cycles or 0
+                    with self._replica_buffers.replica(exe, r):
+                        result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
+                    replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
+                        cycles += int(replica_cycles.max())
+                        replica_cycles[:] = 0
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
-                            cycles += exe.last_run_cycles or 0
-                            run_cycles[-1] += exe.last_run_cycles or 0
+                            step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
+                            cycles += step_cycles
+                            run_cycles[-1] += step_cycles
                         done = ran
                         if interrupted() and done < len(batches):
                             raise KeyboardInterrupt
@@ -635,7 +646,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if isinstance(value, torch.nn.Parameter):
+            return _replication.grouping_methods(value, name)
+        return value
 
     def __repr__(self):
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"
@@ -658,6 +672,12 @@ def _interrupted_message(done, total):
 def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
+    except popsim.EngineFault as exc:
+        raise UnrecoverableError(
+            f"The simulated IPU hit an unrecoverable fault: {exc}. Its memory can no longer be trusted: destroy "
+            "the model (model.destroy()) and wrap it again",
+            type="poplar_unrecoverable_runtime_error",
+        ) from exc
     except popsim.Error as exc:
         where = None
         if graph is not None and isinstance(exc, popsim.IndexRangeError):
@@ -669,6 +689,7 @@ def _run_on_device(exe, feeds, program, graph=None):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _device_checks.check(result)
     _host_print.emit(result)
     return result
 

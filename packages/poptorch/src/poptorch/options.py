@@ -17,6 +17,7 @@ import torch
 
 from poptorch import _blocks, _distributed, _logging
 from poptorch.enums import (
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MeanReductionStrategy,
@@ -31,6 +32,9 @@ IPU_VERSIONS = {"ipu1": "ipu1", "ipu2": "ipu2", "ipu21": "ipu21", 1: "ipu1", 2: 
 _DEFAULTS = {
     "deviceIterations": 1,
     "replicationFactor": 1,
+    "broadcastBuffers": True,
+    "inputGroupSize": 1,
+    "inputGroupType": CommGroupType.NoGrouping,
     "outputMode": OutputMode.Default,
     "outputReturnPeriod": 1,
     "randomSeed": None,
@@ -75,6 +79,9 @@ _DEFAULTS = {
 COMPILE_KEYS = (
     "replicationFactor",
     "autoRecomputation",
+    "broadcastBuffers",
+    "inputGroupSize",
+    "inputGroupType",
     "allowOutOfMemory",
     "ipuVersion",
     "Training.gradientAccumulation",
@@ -94,6 +101,7 @@ _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float
 _SEED_LIMIT = 2**64
 ENV_DEFAULTS = "POPTORCH_DEFAULT_OPTIONS"
 ENV_IPU_MODEL = "POPTORCH_IPU_MODEL"
+ENV_WAIT_FOR_IPU = "POPTORCH_WAIT_FOR_IPU"
 _ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 # The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
 _POPART_OPTIONS = {
@@ -495,6 +503,11 @@ class Options(_NoAssignment):
             self._values["useIpuModel"] = _env_flag(ENV_IPU_MODEL)
         if os.environ.get(ENV_DEFAULTS):
             self._apply_json(os.environ[ENV_DEFAULTS], f"the environment variable {ENV_DEFAULTS}")
+        if os.environ.get(ENV_WAIT_FOR_IPU) and _env_flag(ENV_WAIT_FOR_IPU):
+            # PopTorch then waits for a free IPU when attaching; a simulated IPU is always free.
+            _logging.logger.debug(
+                "%s is set: a simulated IPU is always free, so attaching never waits", ENV_WAIT_FOR_IPU
+            )
 
     # -- store ----------------------------------------------------------------------------------
     def _set(self, key, value):
@@ -590,6 +603,25 @@ class Options(_NoAssignment):
     def replicationFactor(self, replication_factor):
         """Number of replicas; simulated as micro-batches whose gradients are reduced together."""
         return self._set("replicationFactor", _positive_int("replicationFactor", replication_factor))
+
+    def broadcastBuffers(self, broadcast_buffers=True):
+        """Keep buffers in sync between replicas (default). PopTorch cannot broadcast buffers, so a model that
+        updates buffers (BatchNorm running statistics, in-place copies) on replicas needs
+        ``broadcastBuffers(False)``: each replica then keeps its own buffers, and reading them on the host
+        gives the first replica's."""
+        return self._set("broadcastBuffers", _bool("broadcastBuffers", broadcast_buffers))
+
+    def inputReplicaGrouping(self, input_group_size, input_group_type):
+        """Replicas of one group of ``input_group_size`` receive the same inputs, so a call's inputs hold
+        ``replicationFactor / input_group_size`` micro-batches per iteration. Groups are Consecutive
+        (replicas 0..size-1 share the first micro-batch) or Orthogonal (replica r takes micro-batch
+        r % (replicationFactor / size)); All gives every replica the same inputs, NoGrouping (the default)
+        each its own."""
+        input_group_type = _enum("inputReplicaGrouping", CommGroupType, input_group_type)
+        if input_group_type in (CommGroupType.Consecutive, CommGroupType.Orthogonal):
+            input_group_size = _positive_int("input_group_size", input_group_size)
+        self._set("inputGroupSize", input_group_size)
+        return self._set("inputGroupType", input_group_type)
 
     def outputMode(self, output_mode, output_return_period=None):
         """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default.
@@ -772,6 +804,29 @@ class Options(_NoAssignment):
     @property
     def replication_factor(self):
         return self._values["replicationFactor"]
+
+    @property
+    def broadcast_buffers(self):
+        return self._values["broadcastBuffers"]
+
+    @property
+    def input_replica_groups(self):
+        """The input group of each replica (``inputReplicaGrouping``), as a list of group indices."""
+        replicas, kind = self.replication_factor, self._values["inputGroupType"]
+        size = {CommGroupType.All: replicas, CommGroupType.NoGrouping: 1}.get(kind, self._values["inputGroupSize"])
+        if replicas % size:
+            raise Error(
+                f"inputReplicaGrouping({size}, CommGroupType.{kind.name}) needs a group size dividing "
+                f"replicationFactor({replicas})"
+            )
+        if kind == CommGroupType.Orthogonal:
+            return [r % (replicas // size) for r in range(replicas)]
+        return [r // size for r in range(replicas)]
+
+    @property
+    def input_replication_factor(self):
+        """Replicas with distinct inputs: a call's inputs hold this many micro-batches per iteration."""
+        return max(self.input_replica_groups) + 1
 
     @property
     def output_mode(self):
