@@ -178,7 +178,9 @@ def stash_per_tile(program, target, stage_ipu):
         if t.get("role") != "forward" or t["category"] != "activations" or t["last"] is None:
             continue
         if t["first"] < start <= t["last"]:
-            tiles = np.asarray(t["tiles"], np.int64)
-            copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
-            stash[tiles] += np.asarray(t["tile_bytes"], np.int64) * copies
+            # tile_runs: [first tile, tile count, bytes on each tile of the run] (see provenance.tile_runs).
+            for first, count, nbytes in t["tile_runs"]:
+                tiles = np.arange(first, first + count)
+                copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
+                stash[tiles] += nbytes * copies
     return stash

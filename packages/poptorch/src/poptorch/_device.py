@@ -37,15 +37,16 @@ def compile_programs(graphs, options, num_ipus=1):
         ) from exc
 
 
-def pipeline_overlap(exe, program, plan, runs, runs_per_step):
-    """Cycles a pipelined multi-IPU ``plan`` saves on ``runs`` runs of ``program`` taken ``runs_per_step`` at
-    a time (0 when the stages are not pipelined): a step's runs overlap over the IPUs instead of running one
-    after another. The step's schedule (stages, IPUs, ramp-up / main / ramp-down) goes into the profile."""
-    if not plan.pipelined or runs < runs_per_step:
+def pipeline_overlap(exe, program, plan, groups, micro_batches):
+    """Cycles a pipelined multi-IPU ``plan`` saves on ``groups`` groups of ``micro_batches`` runs of
+    ``program`` (0 when the stages are not pipelined): a group's runs overlap over the IPUs instead of running
+    one after another. The group's schedule (stages, IPUs, ramp-up / main / ramp-down, timeline) goes into
+    the profile."""
+    if not plan.pipelined or not groups or not micro_batches:
         return 0
-    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, runs_per_step, True)
+    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, micro_batches, True)
     exe.profile.programs[program]["schedule"] = schedule.as_dict()
-    return (runs // runs_per_step) * (schedule.serial_cycles - schedule.total_cycles)
+    return groups * (schedule.serial_cycles - schedule.total_cycles)
 
 
 def check_pipeline_memory(exe, program, plan, options, training):

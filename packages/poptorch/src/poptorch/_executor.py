@@ -525,9 +525,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
-        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
-        group = runs_per_step if self._training else ran
-        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
+        # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
+        groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
