@@ -137,6 +137,8 @@ def test_set_execution_strategy_accepts_only_strategies():
         poptorch.ParallelPhasedExecution([poptorch.Stage("A")]),
     ):
         assert opts.setExecutionStrategy(good) is opts
+    assert "executionStrategy=ParallelPhasedExecution(Stage('A', stage=-1, ipu=None))" in repr(opts)
+    assert repr(poptorch.PipelinedExecution()) == "PipelinedExecution(AutoStage.SameAsIpu)"
 
 
 def test_annotation_errors_are_poptorchs():

@@ -161,6 +161,13 @@ class _ExecutionStrategy:
         # Stages the strategy lists keep their numbers; auto stages are numbered afresh for each capture.
         return _StageManager(dict(self._block_map), self._auto_stage)
 
+    def __repr__(self):
+        stages = list(dict.fromkeys(self._block_map.values()))
+        args = [repr(s) for s in stages] or (
+            [f"AutoStage.{self._auto_stage.name}"] if self._auto_stage is not None else []
+        )
+        return f"{type(self).__name__}({', '.join(args)})"
+
 
 def _stages_from(args):
     """{block id: Stage} of a strategy's explicit arguments (Stages, block IDs or lists of block IDs)."""
