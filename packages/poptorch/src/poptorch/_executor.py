@@ -520,9 +520,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
-        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
+        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs; each
+        # replica is its own pipeline, running its share of the runs.
         group = runs_per_step if self._training else ran
-        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
+        replica_runs = ran // layout.r
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, replica_runs, group // layout.r)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output

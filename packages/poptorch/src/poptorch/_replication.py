@@ -23,7 +23,9 @@ def all_reduce_cycles(exe, programs, options):
     if programs.step is None or replicas == 1:
         return 0
     nbytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in programs.trained)
-    reduce = collectives.all_reduce(exe.profile.target, nbytes, replicas)
+    # A pipelined or sharded replica spans several IPUs, each reducing the gradients of its own stages.
+    target = exe.profile.target
+    reduce = collectives.all_reduce(target, nbytes, replicas, ipus_per_replica=target.num_ipus)
     per_program = exe.profile.programs
     replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
     exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
