@@ -65,14 +65,19 @@ class ReplicaBuffers:
         return cls(names if replicas > 1 else [], replicas)
 
     @contextlib.contextmanager
-    def call(self, exe):
-        """One call's runs: take a host upload into account first, leave replica 0's values at the end."""
+    def call(self, exe, uploaded):
+        """One call's runs: the buffers in ``uploaded`` (written from the host since the last call, a set
+        this empties) reach every replica; at the end the device holds replica 0's values."""
         if not self.names:
             yield
             return
         current = {name: np.array(exe.read_variable(name)) for name in self.names}
-        if self.copies is None or any(not np.array_equal(current[n], self.copies[0][n]) for n in self.names):
+        if self.copies is None:
             self.copies = [dict(current) for _ in range(self.replicas)]
+        for name in uploaded.intersection(self.names):
+            for copies in self.copies:
+                copies[name] = current[name]
+        uploaded.difference_update(self.names)
         try:
             yield
         finally:
