@@ -29,13 +29,13 @@ from popsim.device_graph import (
     Tensor,
     Vertices,
 )
-from popsim.errors import Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, step_schedule
+from popsim.schedule import Schedule, stash_per_tile, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -45,6 +45,7 @@ __all__ = [
     "Copy",
     "Device",
     "DeviceGraph",
+    "EngineFault",
     "Error",
     "Executable",
     "Execute",
@@ -70,6 +71,7 @@ __all__ = [
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "stash_per_tile",
     "step_schedule",
     "supported_ops",
 ]

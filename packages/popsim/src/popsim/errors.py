@@ -18,6 +18,11 @@ class IndexRangeError(Error):
         self.count = int(count)
 
 
+class EngineFault(Error):
+    """The engine met an instruction no codelet implements (a corrupted executable): the run stopped and the
+    device's memory can no longer be trusted."""
+
+
 class UnsupportedOpError(Error):
     """The graph uses ops without a popsim lowering; ``ops`` lists all of them."""
 

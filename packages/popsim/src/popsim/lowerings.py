@@ -357,9 +357,9 @@ def _random_uniform(lw, node, seed, shape, dtype):
     )
     cs = lw.dg.add_compute_set("random")
     i, n = np.arange(k), m.stops - m.starts
-    fields = {"a": seeds.regions(2 * i, 2 * i + 2), "out": out.regions(m.starts, m.stops)}
+    seed_words, block = seeds.regions(2 * i, 2 * i + 2), out.regions(m.starts, m.stops)
     cycles = cost.elementwise_cycles(lw.target, n, out.dtype, "random")
-    lw.dg.add_vertices(cs, oc.RNG, 0, m.tiles, n, fields, cycles, first=m.starts)
+    oc.random(lw.dg.add_vertices, cs, m.tiles, n, cycles, seed=seed_words, out=block, first=m.starts)
     return out
 
 
@@ -417,9 +417,11 @@ def _check_vertex(lw, cs, tile, indices, size):
     """Count ``indices`` (on ``tile``) outside an axis of ``size``, after negative wrap, into the run's
     error: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
     dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
-    fields = {"a": dummy.region(0, 1), "b": indices.region(0, indices.size), "out": dummy.region(0, 1)}
+    one, idx = dummy.region(0, 1), indices.region(0, indices.size)
     cycles = cost.gather_cycles(lw.target, 1, indices.size, 0, 4)
-    lw.dg.add_vertex(cs, oc.GATHER, "count_bad", tile, indices.size, fields, cycles, rows=1, inner=0, size=size)
+    oc.gather(
+        lw.dg.add_vertex, cs, tile, indices.size, cycles, table=one, indices=idx, out=one, rows=1, inner=0, size=size
+    )
 
 
 def _flat_indices(lw, x, indices, axis):
@@ -438,13 +440,14 @@ def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None, che
     """One GATHER or SCATTER_ADD vertex in a compute set of its own. ``check`` (indices on ``tile``, axis
     size) adds a bounds check of the caller's own indices to the same compute set: flat indices computed
     from them can be in range although an index is not."""
-    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, out.size)}
+    fields = {"table": x.region(0, max(x.size, 1)), "indices": idx.region(0, idx.size), "out": out.region(0, out.size)}
     if upd is not None:
-        fields["c"] = upd.region(0, upd.size)
+        fields["updates"] = upd.region(0, upd.size)
     cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
     cycles = cost.gather_cycles(lw.target, rows, idx.size, inner, x.itemsize)
-    sub = "count_bad" if check is None else "checked_elsewhere"  # the check vertex counts the user's indices
-    lw.dg.add_vertex(cs, kind, sub, tile, idx.size, fields, cycles, rows=rows, inner=inner, size=size)
+    # With ``check``, the check vertex counts the user's own indices instead of this one.
+    sizes = {"rows": rows, "inner": inner, "size": size, "checked_elsewhere": check is not None}
+    oc.BUILDERS[kind](lw.dg.add_vertex, cs, tile, idx.size, cycles, **fields, **sizes)
     if check is not None:
         _check_vertex(lw, cs, tile, *check)
 
@@ -494,12 +497,12 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
         cs = lw.dg.add_compute_set("gather")  # after the copies it reads, in program order
         for tile, xs, (c0, c1) in zip(tiles, copies, chunks):
             fields = {
-                "a": xs.region(0, xs.size),
-                "b": it.region(c0, c1),
+                "table": xs.region(0, xs.size),
+                "indices": it.region(c0, c1),
                 "out": out.region(rows * c0 * inner, rows * c1 * inner),  # chunks only when rows == 1
             }
             cycles = cost.gather_cycles(lw.target, rows, c1 - c0, inner, x.itemsize)
-            lw.dg.add_vertex(cs, oc.GATHER, 0, tile, c1 - c0, fields, cycles, rows=rows, inner=inner, size=hi - lo)
+            oc.gather(lw.dg.add_vertex, cs, tile, c1 - c0, cycles, **fields, rows=rows, inner=inner, size=hi - lo)
         out = lw.relayout(lw.reshape(out, out_shape), out_shape, linear)
         part = lw.elementwise("where", [lw.reshape(inside, mask_shape), out, zero], out_shape, x.dtype)
         total = part if total is None else lw.elementwise("add", [total, part], out_shape, x.dtype)

@@ -23,6 +23,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -33,6 +34,7 @@ from poptorch._executor_api import (
     registerPostCompileHook,
     registerPreCompileHook,
 )
+from poptorch._host_io_ops import CPU, MultiConv, ctc_beam_search_decoder, set_overlap_for_input, set_overlap_for_output
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory
@@ -45,7 +47,9 @@ from poptorch.enums import (
     HalfFloatCastingBehavior,
     MatMulSerializationMode,
     MeanReductionStrategy,
+    MultiConvPlanType,
     OutputMode,
+    OverlapMode,
     ReductionType,
     SyncPattern,
     VariableRetrievalMode,
@@ -166,6 +170,14 @@ __all__ = [
     "removeBlocks",
     "serializedMatMul",
     "set_available_memory",
+    "CPU",
+    "MultiConv",
+    "MultiConvPlanType",
+    "OverlapMode",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",

@@ -437,15 +437,29 @@ def IPU(ipu_id, layer_to_call=None):
     return BeginBlock(layer_to_call, ipu_id=ipu_id)
 
 
-def recomputationCheckpoint(*tensors):
-    """Mark tensors to keep between the forward and backward passes instead of recomputing them; returns them.
+@torch.library.custom_op("poptorch::recomputation_checkpoint", mutates_args=())
+def _checkpoint(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
 
-    The simulated IPU keeps every activation (it does not recompute), so checkpointed values are kept."""
+
+@_checkpoint.register_fake
+def _checkpoint_fake(x):
+    return torch.empty_like(x)
+
+
+_checkpoint.register_autograd(lambda ctx, grad: grad)
+
+
+def recomputationCheckpoint(*tensors):
+    """Keep these tensors between the forward and backward passes when recomputation is on
+    (``opts._Popart.set("autoRecomputation", 3)``) instead of recomputing them; returns them (one tensor, or a
+    tuple, or the list or tuple given)."""
     if len(tensors) == 1 and isinstance(tensors[0], tuple | list):
         return type(tensors[0])(recomputationCheckpoint(*tensors[0]))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         raise ValueError("All inputs must be tensors")
-    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+    out = tuple(_checkpoint(t) for t in tensors)
+    return out[0] if len(out) == 1 else out
 
 
 # -- checking a captured model's placement -----------------------------------------------------------------

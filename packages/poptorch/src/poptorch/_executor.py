@@ -26,12 +26,14 @@ from poptorch import (
     _blocks,
     _cache,
     _device,
+    _device_checks,
     _distributed,
     _executor_api,
     _fp_exceptions,
     _host_print,
     _interrupt,
     _logging,
+    _recompute,
     _replication,
     _stochastic_rounding,
     _synthetic_data,
@@ -44,7 +46,7 @@ from poptorch._device_weights import DeviceWeights
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
-from poptorch.errors import Error, RecoverableError
+from poptorch.errors import Error, RecoverableError, UnrecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -270,6 +272,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                if self._training:
+                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
@@ -280,6 +284,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("compile")
             bar.n = bar.total
             bar.refresh()
+        _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
@@ -672,6 +677,12 @@ def _interrupted_message(done, total):
 def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
+    except popsim.EngineFault as exc:
+        raise UnrecoverableError(
+            f"The simulated IPU hit an unrecoverable fault: {exc}. Its memory can no longer be trusted: destroy "
+            "the model (model.destroy()) and wrap it again",
+            type="poplar_unrecoverable_runtime_error",
+        ) from exc
     except popsim.Error as exc:
         where = None
         if graph is not None and isinstance(exc, popsim.IndexRangeError):
@@ -683,6 +694,7 @@ def _run_on_device(exe, feeds, program, graph=None):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _device_checks.check(result)
     _host_print.emit(result)
     return result
 

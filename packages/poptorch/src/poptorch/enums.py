@@ -82,3 +82,18 @@ class MatMulSerializationMode(enum.Enum):
     ReducingDim = "reducing_dim"  # n
     OutputChannels = "output_channels"  # p
     Disabled = "none"
+
+
+class OverlapMode(enum.Enum):
+    """How far host transfers of a tensor marked by ``set_overlap_for_input`` / ``_output`` overlap compute."""
+
+    NoOverlap = "no_overlap"
+    OverlapAccumulationLoop = "overlap_accumulation_loop"
+    OverlapDeviceIterationLoop = "overlap_device_iteration_loop"
+
+
+class MultiConvPlanType(enum.IntEnum):
+    """How the convolutions of a ``MultiConv`` are planned together."""
+
+    Parallel = 0
+    Serial = 1

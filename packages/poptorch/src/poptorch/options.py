@@ -46,6 +46,7 @@ _DEFAULTS = {
     "showCompilationProgressBar": True,
     "executionStrategy": None,
     "autoRoundNumIPUs": False,
+    "autoRecomputation": 0,
     "enableSyntheticData": False,
     "maxRepeatLogs": 4,
     "modelName": None,
@@ -77,6 +78,7 @@ _DEFAULTS = {
 # Options that change the compiled program; they (with the graphs) key the executable cache.
 COMPILE_KEYS = (
     "replicationFactor",
+    "autoRecomputation",
     "broadcastBuffers",
     "inputGroupSize",
     "inputGroupType",
@@ -92,14 +94,18 @@ COMPILE_KEYS = (
     "Distributed.numProcesses",
 )
 
+# popart.RecomputationType values the simulator models -> what they recompute.
+RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
 ENV_DEFAULTS = "POPTORCH_DEFAULT_OPTIONS"
 ENV_IPU_MODEL = "POPTORCH_IPU_MODEL"
+ENV_WAIT_FOR_IPU = "POPTORCH_WAIT_FOR_IPU"
 _ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 # The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
 _POPART_OPTIONS = {
+    "autoRecomputation": "_autoRecomputation",
     "enableStableNorm": "enableStableNorm",
     "instrumentWithHardwareCycleCounter": "logCycleCount",
 }
@@ -497,6 +503,11 @@ class Options(_NoAssignment):
             self._values["useIpuModel"] = _env_flag(ENV_IPU_MODEL)
         if os.environ.get(ENV_DEFAULTS):
             self._apply_json(os.environ[ENV_DEFAULTS], f"the environment variable {ENV_DEFAULTS}")
+        if os.environ.get(ENV_WAIT_FOR_IPU) and _env_flag(ENV_WAIT_FOR_IPU):
+            # PopTorch then waits for a free IPU when attaching; a simulated IPU is always free.
+            _logging.logger.debug(
+                "%s is set: a simulated IPU is always free, so attaching never waits", ENV_WAIT_FOR_IPU
+            )
 
     # -- store ----------------------------------------------------------------------------------
     def _set(self, key, value):
@@ -669,6 +680,21 @@ class Options(_NoAssignment):
             raise Error(f"setExecutionStrategy takes an execution strategy ({names}), got {strategy!r}")
         return self._set("executionStrategy", strategy)
 
+    def _autoRecomputation(self, recomputation):
+        """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
+        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
+        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
+        4 (RecomputeAll) does the same with no stage boundaries. Standard (1) and NormOnly (2) choose their
+        checkpoints by PopART heuristics the simulator does not model."""
+        if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
+            raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
+        if recomputation not in RECOMPUTATION:
+            raise not_modelled(
+                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
+                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
+            )
+        return self._set("autoRecomputation", recomputation)
+
     def autoRoundNumIPUs(self, auto_round=True):
         """Allocate a power-of-two number of IPUs when the model uses another number (else that is an error)."""
         return self._set("autoRoundNumIPUs", _bool("autoRoundNumIPUs", auto_round))
@@ -761,6 +787,11 @@ class Options(_NoAssignment):
     @property
     def execution_strategy(self):
         return self._values["executionStrategy"]
+
+    @property
+    def recomputation(self):
+        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        return RECOMPUTATION[self._values["autoRecomputation"]]
 
     @property
     def auto_round_num_ipus(self):
