@@ -92,3 +92,13 @@ def test_batchnorm_replicas_normalise_their_micro_batch_and_keep_their_statistic
         if expected is None:
             expected = reference.state_dict()[name]
         torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_copy_weights_to_device_gives_every_replica_the_hosts_buffer():
+    model = Counter()
+    inference = poptorch.inferenceModel(model, _opts(2).broadcastBuffers(False))
+    x = torch.tensor([[9.0], [2.0]])
+    inference(x)
+    inference.copyWeightsToHost()  # the host holds replica 0's 9
+    inference.copyWeightsToDevice()  # as PopTorch, every replica gets it, replica 1's 2 included
+    torch.testing.assert_close(inference(x), torch.tensor([[18.0, 18.0], [11.0, 11.0]]))

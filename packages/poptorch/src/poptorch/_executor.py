@@ -487,7 +487,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
-            with _interrupt.deferred_keyboard_interrupt() as interrupted, self._replica_buffers.call(exe):
+            with (
+                _interrupt.deferred_keyboard_interrupt() as interrupted,
+                self._replica_buffers.call(exe, self._device.uploaded),
+            ):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
                     feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}

@@ -23,7 +23,9 @@ def all_reduce_cycles(exe, programs, options):
     if programs.step is None or replicas == 1:
         return 0
     nbytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in programs.trained)
-    reduce = collectives.all_reduce(exe.profile.target, nbytes, replicas)
+    # A pipelined or sharded replica spans several IPUs, each reducing the gradients of its own stages.
+    target = exe.profile.target
+    reduce = collectives.all_reduce(target, nbytes, replicas, ipus_per_replica=target.num_ipus)
     per_program = exe.profile.programs
     replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
     exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
@@ -63,14 +65,19 @@ class ReplicaBuffers:
         return cls(names if replicas > 1 else [], replicas)
 
     @contextlib.contextmanager
-    def call(self, exe):
-        """One call's runs: take a host upload into account first, leave replica 0's values at the end."""
+    def call(self, exe, uploaded):
+        """One call's runs: the buffers in ``uploaded`` (written from the host since the last call, a set
+        this empties) reach every replica; at the end the device holds replica 0's values."""
         if not self.names:
             yield
             return
         current = {name: np.array(exe.read_variable(name)) for name in self.names}
-        if self.copies is None or any(not np.array_equal(current[n], self.copies[0][n]) for n in self.names):
+        if self.copies is None:
             self.copies = [dict(current) for _ in range(self.replicas)]
+        for name in uploaded.intersection(self.names):
+            for copies in self.copies:
+                copies[name] = current[name]
+        uploaded.difference_update(self.names)
         try:
             yield
         finally:
