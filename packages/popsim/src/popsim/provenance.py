@@ -30,6 +30,8 @@ def origin_of(node):
 
 def busy_ipus(target, per_tile):
     """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
+    if target.num_ipus == 1:
+        return [0] if per_tile.any() else []
     busy = np.flatnonzero(np.asarray(per_tile).reshape(target.num_ipus, -1).any(axis=1))
     return busy.tolist()
 
