@@ -6,7 +6,7 @@ resolver ever pulls a CUDA build.
 
 import nox
 
-nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch", "models"]
+nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch", "models", "report"]
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
@@ -84,6 +84,18 @@ def models(session):
     session.install(*TEST_DEPS, "transformers>=5")
     _install_layers(session, "popir", "popsim", "popdata", "poptorch")
     _pytest(session, "tests/models")
+
+
+@nox.session
+def report(session):
+    """The tutorial CNN's HTML profile report in headless Chromium (Debian's chromium and chromium-driver,
+    installed by .ci/install_chromium.sh; driven by Selenium). Screenshots land in the session's tmp folder."""
+    session.run("bash", ".ci/install_chromium.sh", external=True)
+    session.install(TORCH)
+    session.install(*TEST_DEPS, "selenium>=4.10")
+    _install_layers(session, "popir", "popsim", "popdata", "poptorch")
+    session.env["REPORT_ARTIFACTS"] = session.create_tmp()
+    _pytest(session, "tests/report")
 
 
 @nox.session(default=False)

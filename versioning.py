@@ -11,7 +11,8 @@ TORCH = "torch>=2.1,<2.15"
 
 _EXTERNAL = {
     "popir": ["numpy>=1.24"],
-    "popsim": ["numpy>=1.24", "scipy>=1.10"],
+    # plotly ships the plotly.js that popsim.report bundles into its HTML reports.
+    "popsim": ["numpy>=1.24", "scipy>=1.10", "plotly>=5"],
     "popdata": [TORCH, "numpy>=1.24"],
     "poptorch": [TORCH, "numpy>=1.24", "tqdm>=4.60"],
 }

@@ -47,7 +47,7 @@ def test_nested_poptorch_style_options_satisfy_the_protocol():
     loader = popdata.DataLoader(opts, Indexed(24), batch_size=2)
     assert loader.combinedBatchSize == 12
     assert frozen == [True]
-    # Process 1 of 2 owns samples 12..23.
+    # Process 1 of 2 owns the second block of whole combined batches: samples 12..23.
     assert [int(i) for batch in loader for i in batch[1]] == list(range(12, 24))
 
 

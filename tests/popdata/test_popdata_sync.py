@@ -91,29 +91,54 @@ def test_batch_sampler_excludes_batch_size_and_shuffle():
             popdata.DataLoader(popdata.BatchingOptions(), Indexed(8), batch_sampler=sampler, **kwargs)
 
 
-@given(length=st.integers(0, 50), processes=st.integers(1, 4), batch_size=st.integers(1, 3))
-def test_processes_get_contiguous_equal_shares(length, processes, batch_size):
+def _shares(length, processes, **kwargs):
+    """Every process's indices (one epoch) for a dataset of ``length`` samples."""
     shares = []
     for process in range(processes):
-        opts = popdata.BatchingOptions(process_id=process, num_processes=processes)
-        loader = popdata.DataLoader(opts, Indexed(length), batch_size=batch_size, drop_last=False)
+        opts = popdata.BatchingOptions(process_id=process, num_processes=processes, random_seed=5)
+        loader = popdata.DataLoader(opts, Indexed(length), **kwargs)
         shares.append([i for batch in indices(loader) for i in batch])
-    share = length // processes
-    assert shares == [list(range(p * share, (p + 1) * share)) for p in range(processes)]
+    return shares
 
 
-def test_shuffle_with_several_processes_needs_a_seed_and_shuffles_alike():
+@given(length=st.integers(0, 50), processes=st.integers(1, 4), batch_size=st.integers(1, 3))
+def test_processes_get_poptorchs_blocks_of_whole_combined_batches(length, processes, batch_size):
+    # PopTorch: every process gets the same number of whole combined batches, in consecutive blocks.
+    opts = {"batch_size": batch_size, "drop_last": True}
+    share = batch_size * (length // (batch_size * processes))
+    assert _shares(length, processes, **opts) == [list(range(p * share, (p + 1) * share)) for p in range(processes)]
+
+
+@given(length=st.integers(0, 50), processes=st.integers(1, 4), batch_size=st.integers(1, 3))
+def test_without_drop_last_processes_share_every_sample(length, processes, batch_size):
+    # PopTorch spreads the samples evenly; the first processes get one more.
+    shares = _shares(length, processes, batch_size=batch_size, drop_last=False)
+    assert [i for share in shares for i in share] == list(range(length))
+    expected = [length // processes + (p < length % processes) for p in range(processes)]
+    assert [len(share) for share in shares] == expected
+
+
+def test_shuffle_with_several_processes_needs_a_seed_and_shuffles_the_whole_dataset():
     with pytest.raises(ValueError, match="random_seed"):
         popdata.DataLoader(popdata.BatchingOptions(num_processes=2), Indexed(8), shuffle=True)
-    orders = []
-    for process in range(2):
-        opts = popdata.BatchingOptions(process_id=process, num_processes=2, random_seed=5)
-        loader = popdata.DataLoader(opts, Indexed(40), batch_size=4, shuffle=True)
-        # Two epochs: each process draws the same permutation of its own share every epoch.
-        orders.append([[i - 20 * process for batch in indices(loader) for i in batch] for _ in range(2)])
-    assert orders[0] == orders[1]
-    assert orders[0][0] != orders[0][1]
-    assert sorted(orders[0][0]) == list(range(20))
+    options = [popdata.BatchingOptions(process_id=p, num_processes=2, random_seed=5) for p in range(2)]
+    loaders = [popdata.DataLoader(opts, Indexed(42), batch_size=4, shuffle=True) for opts in options]
+    epochs = [[[i for batch in indices(loader) for i in batch] for loader in loaders] for _ in range(3)]
+    for first, second in epochs:
+        # Disjoint blocks of one global permutation: 20 samples each (five combined batches of 4).
+        assert len(first) == len(second) == 20 and not set(first) & set(second)
+    # The permutation spans the whole dataset (a process's samples change between epochs), and the blocks
+    # shift by the 2 left-over samples every other epoch so that they are used too.
+    assert set(epochs[0][0]) != set(epochs[1][0])
+    generator = torch.Generator().manual_seed(5)
+    permutations = [torch.randperm(42, generator=generator).tolist() for _ in range(2)]
+    assert epochs[0][1] == permutations[0][20:40]
+    assert epochs[1][1] == permutations[1][22:42]
+
+
+def test_a_sampler_cannot_be_split_between_processes_automatically():
+    with pytest.raises(ValueError, match="sampler"):
+        popdata.DataLoader(popdata.BatchingOptions(num_processes=2), Indexed(8), sampler=SequentialSampler(range(8)))
 
 
 def test_iterable_dataset_needs_manual_partitioning_with_several_processes():

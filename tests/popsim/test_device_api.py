@@ -215,8 +215,8 @@ def test_whatever_add_vertex_accepts_runs_inside_tile_memory(kind, sub, n, spans
     exe.validate()
     try:
         exe.run()
-    except popsim.Error as exc:
-        assert "out of range" in str(exc)
+    except popsim.IndexRangeError as exc:
+        assert exc.count > 0 and "out of range" in str(exc)
 
 
 # -- batches of vertices ---------------------------------------------------------------------------------------

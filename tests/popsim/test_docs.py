@@ -29,3 +29,10 @@ def test_the_op_reference_is_generated_from_the_registry():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (DOCS / "ops.md").read_text() == module.reference(), "run: python docs/make_op_reference.py"
+
+
+def test_every_primitive_in_the_op_reference_has_a_description():
+    undescribed = [
+        line.split("`")[1] for line in (DOCS / "ops.md").read_text().splitlines() if "(no description)" in line
+    ]
+    assert not undescribed, f"give these ops a doc= (or a ref docstring): {undescribed}"

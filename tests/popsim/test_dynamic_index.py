@@ -58,8 +58,9 @@ def test_out_of_range_index_into_a_sliced_table_is_an_error():
     g.output("y", ops.gather(table, idx, axis=0))
     exe = popsim.compile(g, "ipu2")
     feeds = {"table": np.zeros((ROWS, DIM), np.float32), "idx": np.array([0, 1, ROWS, 2], np.int32)}
-    with pytest.raises(popsim.Error, match="1 gather/scatter index"):
+    with pytest.raises(popsim.IndexRangeError, match="1 gather/scatter index") as caught:
         exe.run(feeds)
+    assert caught.value.count == 1
 
 
 @pytest.mark.parametrize("rows", [1000, ROWS])

@@ -177,5 +177,5 @@ def test_a_run_that_traps_is_an_error_naming_the_row():
     table[0, oc.COL["sub"]] = len(oc.UNARY_OPS)  # a sub-op no codelet implements, past the build-time checks
     flat.instructions = table
     expected = rf"trapped instruction row 0 \(kind {oc.UNARY}, sub-op {len(oc.UNARY_OPS)}\)"
-    with pytest.raises(popsim.Error, match=expected):
+    with pytest.raises(popsim.EngineFault, match=expected):
         exe.run({"x": np.ones(N, np.float32)})

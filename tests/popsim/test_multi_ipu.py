@@ -25,16 +25,19 @@ def test_graph_target_holds_the_tiles_of_every_ipu():
         popsim.Device(t, 2)
 
 
-def _mlp_graph():
+def _mlp_graph(placed=False):
+    """x @ w, relu, row sums; ``placed`` puts the matmul on IPU 0 and the rest on IPU 1."""
     g = popir.Graph("mlp")
     x = g.add_input("x", (32, 64), DType.float32)
     w = g.add_input("w", (64, 48), DType.float32, kind="parameter")
-    g.output("y", ops.reduce_sum(ops.relu(x @ w), axes=(1,), keepdims=False))
+    with g.placed((0, 0) if placed else None):
+        h = x @ w
+    with g.placed((1, 1) if placed else None):
+        g.output("y", ops.reduce_sum(ops.relu(h), axes=(1,), keepdims=False))
     return g
 
 
-def test_two_ipus_give_the_interpreters_results_using_both():
-    g = _mlp_graph()
+def _run_on_two_ipus(g):
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((32, 64)).astype(np.float32)}
     w = rng.standard_normal((64, 48)).astype(np.float32)
@@ -42,13 +45,40 @@ def test_two_ipus_give_the_interpreters_results_using_both():
     exe = popsim.compile(g, popsim.Device(SMALL, 2))
     exe.write_variable("w", w)
     np.testing.assert_allclose(exe.run(feeds)["y"], expected, rtol=1e-5, atol=1e-5)
-    busy = np.array(exe.profile.programs["mlp"]["tile_compute_cycles"]) > 0
-    assert busy.size == 16 and busy[:8].any() and busy[8:].any()
-    one = popsim.compile(g, SMALL).profile.programs["mlp"]
-    two = exe.profile.programs["mlp"]
+    return exe.profile.programs["mlp"]
+
+
+def test_an_unannotated_graph_stays_on_ipu_0_of_a_device():
+    program = _run_on_two_ipus(_mlp_graph())
+    compute = np.array(program["tile_compute_cycles"])
+    exchange = np.array(program["tile_exchange_bytes"])
+    assert compute.size == 16 and compute[:8].any() and not compute[8:].any()
+    assert not exchange[8:].any()
+    one = popsim.compile(_mlp_graph(), SMALL).profile.programs["mlp"]
     # Every sync of the two-IPU program spans both IPUs.
-    assert two["sync_cycles"] % SMALL.sync_cycles_across_ipus == 0
+    assert program["sync_cycles"] % SMALL.sync_cycles_across_ipus == 0
     assert one["sync_cycles"] % SMALL.sync_cycles == 0
+
+
+def test_placed_nodes_run_on_their_ipu_and_activations_cross_by_inter_ipu_copies():
+    program = _run_on_two_ipus(_mlp_graph(placed=True))
+    compute = np.array(program["tile_compute_cycles"])
+    assert compute[:8].any() and compute[8:].any()
+    by_ipu = {}
+    for step in program["steps"]:
+        if step["kind"] == "compute":
+            by_ipu.setdefault(step["ipu"], set()).add(step["name"])
+    assert "matmul" in by_ipu[0] and "matmul" not in by_ipu[1]
+    assert any(name.startswith("reduce") for name in by_ipu[1])
+    crossing = [s for s in program["steps"] if "inter-ipu to 1" in s["name"]]
+    # The 32 x 48 float32 activation crosses once, over the links of the two IPUs.
+    assert len(crossing) == 1 and crossing[0]["bytes"] == 32 * 48 * 4 and crossing[0]["busiest_link_bytes"] > 0
+    assert crossing[0]["ipu"] == 1 and crossing[0]["stage"] == 1
+
+
+def test_a_node_placed_beyond_the_device_is_refused():
+    with pytest.raises(popsim.Error, match="placed on IPU 1, but the device has 1 IPU"):
+        popsim.compile(_mlp_graph(placed=True), popsim.Device(SMALL, 1))
 
 
 def _copy_between(dst_tiles, link_bytes_per_second):
@@ -82,3 +112,50 @@ def test_out_of_memory_names_the_ipu_of_the_tile():
     dg.add_tensor((2048,), DType.float32, popsim.TileMapping.on_tiles([2048], [6]), "big", "variable")
     with pytest.raises(popsim.OutOfMemoryError, match=r"tile 6 \(IPU 1, tile 2\).*big"):
         popsim.compile_device_graph(dg)
+
+
+def _four_stage_graph():
+    """Four placed stages of equal work, one per IPU, and the gradient of the first weight."""
+    g = popir.Graph("chain")
+    h = g.add_input("x", (16, 32), DType.float32)
+    weights = []
+    for stage in range(4):
+        weights.append(g.add_input(f"w{stage}", (32, 32), DType.float32, kind="parameter"))
+        with g.placed((stage, stage)), g.annotate(role="forward"):
+            h = ops.relu(h @ weights[-1])
+    with g.placed((3, 3)), g.annotate(role="forward"):
+        loss = ops.reduce_sum(h, axes=(0, 1), keepdims=False)
+    g.output("grad", popir.autodiff.grad(g, loss, weights[:1])[0])
+    return g
+
+
+def test_a_pipelined_step_overlaps_the_ipus_and_pays_for_its_bubbles():
+    device = popsim.Device(SMALL, 4)
+    program = popsim.compile(_four_stage_graph(), device).profile.programs["chain"]
+    micro_batches = 8
+    sharded = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=False)
+    pipelined = popsim.step_schedule(program, device.graph_target, micro_batches, pipelined=True)
+    assert sharded.serial_cycles == sharded.total_cycles == micro_batches * program["total_cycles"]
+    assert sorted(pipelined.stage_ipu.items()) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    forward, backward = max(pipelined.forward_cycles.values()), max(pipelined.backward_cycles.values())
+    assert (pipelined.forward_slot, pipelined.backward_slot) == (forward, backward) and backward > 0
+    # Three forward slots fill the pipeline, three backward slots drain it, around 8 slots of full overlap.
+    assert pipelined.ramp_up_cycles == 3 * forward and pipelined.ramp_down_cycles == 3 * backward
+    assert pipelined.main_cycles == micro_batches * (forward + backward)
+    assert pipelined.total_cycles < sharded.total_cycles
+    timeline = pipelined.timeline()
+    assert len(timeline) == 2 * 4 * micro_batches
+    # IPU 1 runs micro-batch 0's forward while IPU 0 runs micro-batch 1's: the IPUs overlap.
+    first = {(e["ipu"], e["micro_batch"]): e for e in timeline if e["pass"] == "forward"}
+    assert first[(1, 0)]["start"] == first[(0, 1)]["start"] == forward
+    assert (
+        max(e["end"] for e in timeline) <= pipelined.ramp_up_cycles + pipelined.main_cycles + pipelined.ramp_down_cycles
+    )
+    serial = sharded.timeline()
+    assert all(a["end"] <= b["start"] for a, b in zip(serial, serial[1:]))  # one stage at a time
+    stage = pipelined.as_dict()["stages"][2]
+    assert stage == {
+        "ipu": 2,
+        "forward_cycles": pipelined.forward_cycles[2],
+        "backward_cycles": stage["backward_cycles"],
+    }

@@ -204,3 +204,24 @@ def test_random_samplers_follow_their_distributions_and_the_seed():
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # same seed, same numbers
     other = poptorch.inferenceModel(_Samplers(), options().randomSeed(8))(x)
     assert not torch.equal(first[0], other[0])
+
+
+# Concatenated 1-D targets (the rows of _TARGETS cut to their lengths), lengths as a tensor or as a list.
+_FLAT_TARGETS = torch.tensor([1, 2, 2, 3, 1, 4])
+
+
+@pytest.mark.parametrize("lengths", [(_IN_LENGTHS, _TARGET_LENGTHS), ([6, 5, 4], [3, 2, 1])], ids=["tensors", "lists"])
+def test_ctc_loss_takes_concatenated_targets_as_eager(lengths):
+    def fn(x):
+        return F.ctc_loss(torch.log_softmax(x, 2), _FLAT_TARGETS, *lengths, reduction="none")
+
+    check_forward(fn, [_LOG_PROBS])
+    check_gradient(fn, [_LOG_PROBS])
+
+
+def test_ctc_loss_with_concatenated_targets_as_model_inputs_matches_eager():
+    torch.manual_seed(0)
+    model = _CtcModel()
+    args = (_randn(6, 3, 4), _FLAT_TARGETS, _IN_LENGTHS, _TARGET_LENGTHS)
+    device = poptorch.inferenceModel(copy.deepcopy(model), options())
+    torch.testing.assert_close(device(*args), model(*args).detach(), rtol=1e-5, atol=1e-5)

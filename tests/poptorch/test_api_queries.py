@@ -79,6 +79,14 @@ class _Noisy(torch.nn.Module):
         return torch.nn.functional.dropout(x, 0.5, training=True)
 
 
+def test_seeds_differing_only_above_bit_31_draw_different_numbers():
+    x = torch.ones(4, 64)
+    draws = [poptorch.inferenceModel(_Noisy(), _opts().randomSeed(seed))(x) for seed in (5, 5, 5 + 2**40, 5 + 2**31)]
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[3])
+    assert not torch.equal(draws[2], draws[3])
+
+
 def test_rng_state_replays_device_randomness():
     model = poptorch.inferenceModel(_Noisy(), _opts().randomSeed(5))
     x = torch.ones(4, 16)

@@ -112,3 +112,27 @@ def test_a_class_label_out_of_range_is_an_error():
     training(x, torch.tensor([0, 2]))
     with pytest.raises(poptorch.Error, match="out of range"):
         training(x, torch.tensor([0, 3]))
+
+
+def test_an_engine_fault_is_unrecoverable_as_in_poptorch():
+    model = poptorch.inferenceModel(torch.nn.Linear(4, 3), _opts())
+    x = torch.randn(2, 4)
+    model(x)
+    flat = model._exe._programs[model._programs.micro_batch][0]
+    table = flat.instructions.copy()
+    table[:, 1] = 10_000  # sub-ops no codelet implements: the corruption a bad executable would bring
+    flat.instructions = table
+    with pytest.raises(poptorch.UnrecoverableError, match="unrecoverable fault.*trapped instruction row") as caught:
+        model(x)
+    assert caught.value.type == "poplar_unrecoverable_runtime_error"
+    assert not isinstance(caught.value, poptorch.RecoverableError)
+
+
+def test_poptorch_wait_for_ipu_is_read(monkeypatch, caplog):
+    monkeypatch.setenv("POPTORCH_WAIT_FOR_IPU", "1")
+    with caplog.at_level("DEBUG", logger="poptorch"):
+        poptorch.Options()
+    assert "POPTORCH_WAIT_FOR_IPU is set: a simulated IPU is always free" in caplog.text
+    monkeypatch.setenv("POPTORCH_WAIT_FOR_IPU", "soon")
+    with pytest.raises(poptorch.Error, match="POPTORCH_WAIT_FOR_IPU must be 1 or 0"):
+        poptorch.Options()

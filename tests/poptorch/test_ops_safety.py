@@ -296,3 +296,65 @@ def test_rank_zero_inputs_stay_rank_zero():
     scaled, e = poptorch.inferenceModel(model, _options())(s, v)
     assert scaled.shape == (3,) and e.shape == ()
     torch.testing.assert_close(e, torch.exp(s))
+
+
+# Indices computed on the device (so no host check sees them) and out of range: the device counts them and
+# the error names the op, its source line and the input the indices derive from.
+DEVICE_INDEX_CASES = {
+    "index_select": lambda x, i: x.index_select(0, i * 3 + 2),
+    "bincount": lambda x, i: torch.bincount(i + 4, minlength=6).float(),
+    "index_fill": lambda x, i: x.index_fill(0, i + 3, 1.0),
+    "scatter_reduce": lambda x, i: x.scatter_reduce(0, (i + 3).unsqueeze(1).expand(3, 3), x[:3], "amax"),
+    "index_reduce": lambda x, i: x.index_reduce(0, i + 3, x[:3], "prod"),
+}
+
+
+class _IndexedBy(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, i):
+        return self.fn(x, i)
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_INDEX_CASES))
+def test_an_index_computed_on_the_device_out_of_range_is_an_error_naming_the_op(name):
+    model = poptorch.inferenceModel(_IndexedBy(DEVICE_INDEX_CASES[name]), _options())
+    x, i = torch.randn(5, 3), torch.tensor([0, 1, 2])
+    with pytest.raises(poptorch.Error, match=r"index\(es\) out of range") as caught:
+        model(x, i)
+    message = str(caught.value)
+    assert "test_ops_safety.py" in message and "the indices derive from input i" in message, message
+    # In range, the same model matches eager.
+    torch.testing.assert_close(model(x, torch.tensor([0, 0, 1]) * 0), DEVICE_INDEX_CASES[name](x, i * 0))
+
+
+class _Assign(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4, 2))
+
+    def forward(self, i, v):
+        y = self.w * 1.0
+        y[i] = v * self.w[: len(v)]
+        return y, poptorch.identity_loss((y * y).sum(), "sum")
+
+
+def test_duplicate_indices_writing_different_values_are_refused_not_averaged():
+    eager = _Assign()
+    model = poptorch.inferenceModel(copy.deepcopy(eager), _options())
+    unique, same = torch.tensor([0, 2]), torch.tensor([1, 1])
+    v = torch.tensor([[2.0, 3.0], [4.0, 5.0]])
+    for i, values in ((unique, v), (same, torch.full((2, 2), 3.0))):
+        torch.testing.assert_close(model(i, values), tuple(t.detach() for t in eager(i, values)))
+    with pytest.raises(poptorch.Error, match="wrote different values to one position through duplicate") as caught:
+        model(same, v)
+    assert caught.value.location.startswith(__file__) and caught.value.type == "device_check"
+    # The check runs in training programs too, and does not disturb a step with unique indices.
+    trained = copy.deepcopy(eager)
+    training = poptorch.trainingModel(trained, _options(), torch.optim.SGD(trained.parameters(), lr=0.1))
+    _, loss = training(unique, v)
+    torch.testing.assert_close(loss, eager(unique, v)[1].detach())
+    with pytest.raises(poptorch.Error, match="duplicate indices"):
+        training(same, v)

@@ -90,3 +90,20 @@ def test_loading_refuses_another_model_and_damaged_files(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a model")
     with pytest.raises(poptorch.Error, match="not a file written by compileAndExport"):
         poptorch.load(str(tmp_path / "junk"))
+
+
+def test_save_exports_a_compiled_model_that_loads_without_compiling(tmp_path, monkeypatch):
+    net, x = _net(), torch.randn(3, 4)
+    model = poptorch.inferenceModel(net, _opts())
+    with pytest.raises(poptorch.Error, match="save\\(\\) needs a compiled model"):
+        model.save(str(tmp_path / "early.poptorch"))
+    expected = model(x)
+    path = tmp_path / "net.poptorch"
+    model.save(str(path))
+    model.destroy()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled instead of loading")
+
+    monkeypatch.setattr(_device, "compile_programs", refuse)
+    torch.testing.assert_close(poptorch.load(str(path))(x), expected)

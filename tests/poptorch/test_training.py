@@ -9,14 +9,20 @@ from hypothesis import strategies as st
 
 import poptorch
 
+# Adaptive optimizers divide by sqrt(v) + eps, so their first step is about lr * sign(g): an element whose
+# gradient nearly cancels (g ~ eps, e.g. weight decay against the loss gradient) turns float rounding noise
+# into a step difference of order lr. A larger eps keeps that division well conditioned for the comparison.
+_EPS = 1e-4
 OPTIMIZERS = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
     "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
-    "adam": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
-    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
-    "rmsprop_centered": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01, eps=_EPS),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, eps=_EPS),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, eps=_EPS),
+    "rmsprop_centered": lambda p: torch.optim.RMSprop(
+        p, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01, eps=_EPS
+    ),
 }
 
 

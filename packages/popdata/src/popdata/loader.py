@@ -8,7 +8,7 @@ from torch.utils.data import IterableDataset, default_collate
 from .accessor import AsynchronousDataAccessor
 from .enums import DataLoaderMode
 from .options import freeze, read_batching
-from .partition import CombinedBatchSampler, PackedCollate, WorkerBatches, process_subset
+from .partition import CombinedBatchSampler, PackedCollate, ProcessShareSampler, WorkerBatches
 
 logger = logging.getLogger("popdata")
 
@@ -30,14 +30,16 @@ class DataLoader(torch.utils.data.DataLoader):
         options: a batching options object (``poptorch.Options`` or :class:`popdata.BatchingOptions`).
         dataset: a map-style or iterable torch dataset.
         batch_size: the micro-batch size (samples per replica per step).
-        shuffle: shuffle each epoch (map-style only). With several processes it needs ``random_seed`` so
-            that every process shuffles alike.
+        shuffle: shuffle each epoch (map-style only). With several processes the whole dataset is shuffled
+            and each process reads its block of the permutation; that needs ``random_seed`` so that every
+            process draws the same permutation.
         num_workers: torch worker processes.
         drop_last: drop a last incomplete combined batch (default). Otherwise it is yielded short and a
             warning is logged.
         persistent_workers: keep torch workers between epochs (default: False).
-        auto_distributed_partitioning: with several processes, give each one a contiguous, equally long
-            share of a map-style dataset. Iterable datasets must partition themselves (pass False).
+        auto_distributed_partitioning: with several processes, give each one its contiguous block of a
+            map-style dataset as PopTorch does (see :class:`popdata.partition.ProcessShareSampler`). Iterable
+            datasets, samplers and batch samplers must partition themselves (pass False).
         mode: a :class:`popdata.DataLoaderMode`.
         async_options: keyword arguments of the :class:`popdata.AsynchronousDataAccessor` (Async modes).
         rebatched_worker_size: AsyncRebatched only: the batch size torch workers load (default 1, at most
@@ -89,13 +91,25 @@ class DataLoader(torch.utils.data.DataLoader):
                     "auto_distributed_partitioning cannot split a batch_sampler's indices: partition them in "
                     "the sampler and pass auto_distributed_partitioning=False"
                 )
+            if kwargs.get("sampler") is not None:
+                raise ValueError(
+                    "auto_distributed_partitioning cannot split a sampler's indices: partition them in the "
+                    "sampler and pass auto_distributed_partitioning=False"
+                )
             if shuffle and batching.random_seed is None:
                 raise ValueError(
                     "shuffle=True with several processes needs options.random_seed so that all processes shuffle alike"
                 )
-            dataset = process_subset(dataset, batching.process_id, batching.num_processes)
-            if shuffle and "generator" not in kwargs:
-                kwargs["generator"] = torch.Generator().manual_seed(batching.random_seed)
+            kwargs["sampler"] = ProcessShareSampler(
+                len(dataset),
+                batching.process_id,
+                batching.num_processes,
+                batch_size * steps,
+                drop_last,
+                batching.random_seed if shuffle else None,
+            )
+            # The share sampler shuffles the whole dataset itself (torch's shuffle would only reorder a share).
+            shuffle = False
 
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or kwargs.get("sampler") is not None:
@@ -133,7 +147,8 @@ class DataLoader(torch.utils.data.DataLoader):
                     in_flight = -(-self._combined_batch_size // (worker_batch * num_workers))
                     kwargs.setdefault("prefetch_factor", max(2, in_flight))
             torch_args = {"batch_size": worker_batch, "shuffle": shuffle, "drop_last": torch_drop_last}
-            length = _length(dataset)
+            share = kwargs.get("sampler")
+            length = len(share) if isinstance(share, ProcessShareSampler) else _length(dataset)
             if not drop_last and not iterable and length is not None and length % self._combined_batch_size:
                 logger.warning(
                     "The number of elements in the dataset (%d) is not divisible by the combined batch size "
@@ -179,7 +194,8 @@ class DataLoader(torch.utils.data.DataLoader):
     def __len__(self):
         if self._mode != DataLoaderMode.AsyncRebatched:
             return super().__len__()
-        samples = len(self.dataset)
+        share = self.sampler
+        samples = len(share) if isinstance(share, ProcessShareSampler) else len(self.dataset)
         size = self._combined_batch_size
         return samples // size if self._drop_last else -(-samples // size)
 

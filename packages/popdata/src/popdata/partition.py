@@ -1,19 +1,47 @@
 """Dataset and sampler adapters the DataLoader builds on (torch.utils.data does the actual work)."""
 
 import torch
-from torch.utils.data import Sampler, Subset
+from torch.utils.data import Sampler
 
 from .tree import pack
 
 
-def process_subset(dataset, process_id, num_processes):
-    """Process ``process_id``'s contiguous share of a map-style ``dataset``.
+class ProcessShareSampler(Sampler):
+    """The indices of a map-style dataset that process ``process_id`` of ``num_processes`` loads, as PopTorch
+    splits a dataset between processes: one contiguous block per process, in process order.
 
-    Every process gets ``len(dataset) // num_processes`` samples so that all run the same number of steps;
-    the remainder is left out.
+    With ``drop_last`` every process gets the same whole number of combined batches (``step`` samples each)
+    and the samples left over are skipped; otherwise the samples are spread as evenly as possible (the first
+    processes get one more). With ``seed`` (shuffling) the whole dataset is permuted each epoch by a
+    generator seeded once, identically in every process, and each process reads its block of that
+    permutation; the blocks shift by the left-over count every other epoch so that every sample gets used.
     """
-    share = len(dataset) // num_processes
-    return Subset(dataset, range(process_id * share, (process_id + 1) * share))
+
+    def __init__(self, length, process_id, num_processes, step, drop_last, seed=None):
+        if drop_last:
+            share = step * (length // (step * num_processes))
+            self.offset, self.length = process_id * share, share
+            self.leftovers = length - share * num_processes
+        else:
+            shares = [length // num_processes + (p < length % num_processes) for p in range(num_processes)]
+            self.offset, self.length = sum(shares[:process_id]), shares[process_id]
+            self.leftovers = 0
+        self.dataset_length = length
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        self.epoch = 0
+
+    def __iter__(self):
+        start = self.offset
+        if self.generator is None:
+            order = range(self.dataset_length)
+        else:
+            order = torch.randperm(self.dataset_length, generator=self.generator).tolist()
+            start += self.leftovers * (self.epoch % 2)
+            self.epoch += 1
+        return iter(order[start : start + self.length])
+
+    def __len__(self):
+        return self.length
 
 
 class CombinedBatchSampler(Sampler):

@@ -21,8 +21,14 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         raise IRError(f"unreached must be 'zeros' or 'none', got {unreached!r}")
     if not loss.dtype.is_float:
         raise IRError(f"cannot differentiate a {loss.dtype} loss")
+    with graph.annotate(role="backward"):
+        return _grad(graph, loss, wrt, seed, unreached)
+
+
+def _grad(graph, loss, wrt, seed, unreached):
     needed = _on_path(graph, wrt, loss)
-    cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
+    with graph.placed(loss.producer.placement if loss.producer is not None else None):
+        cotangents = {loss.id: seed if seed is not None else _full(graph, loss, 1.0)}
     for node in reversed(graph.nodes):
         if not any(v.id in needed for v in node.outputs):
             continue
@@ -32,15 +38,17 @@ def grad(graph, loss, wrt, seed=None, unreached="zeros"):
         opdef = get_op(node.op)
         if not opdef.differentiable:
             continue
-        with graph.source_line(node.source):
+        # A node's gradient nodes are the backward pass of its module, op and source line, and run where the
+        # node ran (its pipeline stage and IPU).
+        with graph.annotate(**{**node.annotations(), "role": "backward"}):
             input_cts = opdef.vjp(tuple(node.inputs), tuple(node.outputs), tuple(cts), **node.attrs)
-        for value, ct in zip(node.inputs, input_cts):
-            if ct is None or value.id not in needed or not value.dtype.is_float:
-                continue
-            if ct.type != value.type:
-                raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
-            previous = cotangents.get(value.id)
-            cotangents[value.id] = ct if previous is None else previous + ct
+            for value, ct in zip(node.inputs, input_cts):
+                if ct is None or value.id not in needed or not value.dtype.is_float:
+                    continue
+                if ct.type != value.type:
+                    raise IRError(f"vjp of {node.describe()} gave {ct.type} for input %{value.id}: {value.type}")
+                previous = cotangents.get(value.id)
+                cotangents[value.id] = ct if previous is None else previous + ct
     if unreached == "none":
         return [cotangents.get(w.id) for w in wrt]
     return [cotangents[w.id] if w.id in cotangents else _full(graph, w, 0.0) for w in wrt]

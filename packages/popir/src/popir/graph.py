@@ -10,6 +10,11 @@ from popir.errors import IRError
 from popir.registry import get_op
 
 INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
+# Where a node came from, for errors and profiles: the user's source line, the module path
+# (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
+# (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
+ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint")
+ROLES = ("forward", "backward", "optimizer")
 
 
 class TensorType(NamedTuple):
@@ -96,16 +101,38 @@ class Value:
 
 
 class Node:
-    """One application of a primitive. ``source`` is the user's source line that produced it, if known."""
+    """One application of a primitive, annotated with where it came from (see ``ANNOTATIONS``; None when
+    unknown)."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "source")
+    __slots__ = ("op", "inputs", "attrs", "outputs", *ANNOTATIONS)
 
-    def __init__(self, op, inputs, attrs, outputs, source=None):
+    def __init__(
+        self,
+        op,
+        inputs,
+        attrs,
+        outputs,
+        source=None,
+        module=None,
+        aten=None,
+        role=None,
+        placement=None,
+        checkpoint=None,
+    ):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
         self.outputs = outputs
         self.source = source
+        self.module = module
+        self.aten = aten
+        self.role = role
+        self.placement = placement  # (pipeline stage, IPU) in a multi-IPU model; None runs on IPU 0
+        self.checkpoint = checkpoint  # True: recomputation keeps its outputs for the backward pass
+
+    def annotations(self):
+        """{annotation: value} of this node (see ``ANNOTATIONS``)."""
+        return {name: getattr(self, name) for name in ANNOTATIONS}
 
     def describe(self):
         args = ", ".join(f"%{v.id}: {v.type}" for v in self.inputs)
@@ -145,19 +172,25 @@ def normalize_attr(value):
     raise IRError(f"attribute value {value!r} of type {type(value).__name__} is not supported")
 
 
-class _SourceScope:
-    """The context manager of ``Graph.source_line`` (defined once: capture and autodiff enter one per node)."""
+class _AnnotationScope:
+    """The context manager of ``Graph.annotate`` (defined once: capture and autodiff enter one per node)."""
 
-    __slots__ = ("graph", "source", "previous")
+    __slots__ = ("graph", "changes", "previous")
 
-    def __init__(self, graph, source):
-        self.graph, self.source = graph, source
+    def __init__(self, graph, changes):
+        unknown = set(changes) - set(ANNOTATIONS)
+        if unknown:
+            raise IRError(f"unknown node annotation(s) {sorted(unknown)}; known: {', '.join(ANNOTATIONS)}")
+        if changes.get("role") not in (None, *ROLES):
+            raise IRError(f"node role must be one of {ROLES}, got {changes['role']!r}")
+        self.graph, self.changes = graph, changes
 
     def __enter__(self):
-        self.previous, self.graph._source = self.graph._source, self.source
+        self.previous = self.graph._annotations
+        self.graph._annotations = {**self.previous, **self.changes}
 
     def __exit__(self, *exc):
-        self.graph._source = self.previous
+        self.graph._annotations = self.previous
 
 
 def graph_of(values):
@@ -182,7 +215,7 @@ class Graph:
         self.outputs = {}
         self.updates = {}
         self._next_id = 0
-        self._source = None
+        self._annotations = {}
 
     # -- building -------------------------------------------------------------------------------
     def _new_value(self, type_, name=None, producer=None, kind=None):
@@ -220,7 +253,17 @@ class Graph:
 
     def source_line(self, source):
         """Context manager: nodes created inside it record ``source`` (the user's line) for errors."""
-        return _SourceScope(self, source)
+        return _AnnotationScope(self, {"source": source})
+
+    def annotate(self, **annotations):
+        """Context manager: nodes created inside it carry ``annotations`` (names from ``ANNOTATIONS``), on
+        top of those of any enclosing scope."""
+        return _AnnotationScope(self, annotations)
+
+    def placed(self, placement):
+        """Context manager: nodes created inside it run on ``placement``, a (pipeline stage, IPU) pair (None:
+        unplaced, which popsim puts on IPU 0)."""
+        return self.annotate(placement=None if placement is None else tuple(int(p) for p in placement))
 
     def apply(self, op, inputs, attrs):
         """Append a node applying primitive ``op``; returns its output Values (a list)."""
@@ -232,11 +275,12 @@ class Graph:
         try:
             result = opdef.infer(*[v.type for v in inputs], **attrs)
         except IRError as exc:
-            raise IRError(f"{_describe_call(op, inputs, attrs, self._source)}: {exc}") from None
+            raise IRError(f"{_describe_call(op, inputs, attrs, self._annotations.get('source'))}: {exc}") from None
         except TypeError as exc:
-            raise IRError(f"{_describe_call(op, inputs, attrs, self._source)}: bad attributes: {exc}") from None
+            where = self._annotations.get("source")
+            raise IRError(f"{_describe_call(op, inputs, attrs, where)}: bad attributes: {exc}") from None
         types = [result] if isinstance(result, TensorType) else list(result)
-        node = Node(op, list(inputs), attrs, [], self._source)
+        node = Node(op, list(inputs), attrs, [], **self._annotations)
         node.outputs = [self._new_value(TensorType.of(*t), producer=node) for t in types]
         self.nodes.append(node)
         return node.outputs
@@ -288,6 +332,8 @@ class Graph:
             attrs = ", ".join(f"{k}={_short(v)}" for k, v in sorted(node.attrs.items()))
             sep = ", " if args and attrs else ""
             where = f"  # {node.source}" if node.source else ""
+            if node.placement is not None:
+                where += f"  [stage {node.placement[0]}, IPU {node.placement[1]}]"
             lines.append(f"  {outs} = {node.op}({args}{sep}{attrs}){where}")
         for name, v in self.outputs.items():
             lines.append(f"  output {name} = %{v.id}")

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 
 from popir.errors import IRError
-from popir.graph import Graph, Node, TensorType
+from popir.graph import ANNOTATIONS, Graph, Node, TensorType
 
 MAGIC = b"POPIR\x00\x02\x00"
 _DIGEST_BYTES = 32
@@ -40,7 +40,7 @@ def to_bytes(graph):
                 "in": [v.id for v in n.inputs],
                 "out": [[v.id, list(v.shape), v.dtype.value] for v in n.outputs],
                 "attrs": {k: attr(v) for k, v in sorted(n.attrs.items())},
-                "source": n.source,
+                **n.annotations(),
             }
             for n in graph.nodes
         ],
@@ -103,7 +103,10 @@ def _decode(data):
         by_id[vid] = value
     for entry in header["nodes"]:
         inputs = [by_id[i] for i in entry["in"]]
-        node = Node(entry["op"], inputs, {k: attr(v) for k, v in entry["attrs"].items()}, [], entry["source"])
+        annotations = {name: entry.get(name) for name in ANNOTATIONS}
+        if annotations["placement"] is not None:
+            annotations["placement"] = tuple(annotations["placement"])
+        node = Node(entry["op"], inputs, {k: attr(v) for k, v in entry["attrs"].items()}, [], **annotations)
         for vid, shape, dtype in entry["out"]:
             by_id[vid] = graph._new_value(TensorType.of(shape, dtype), producer=node)
             node.outputs.append(by_id[vid])

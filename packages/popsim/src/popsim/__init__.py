@@ -29,12 +29,13 @@ from popsim.device_graph import (
     Tensor,
     Vertices,
 )
-from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
+from popsim.schedule import Schedule, stash_per_tile, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -44,16 +45,19 @@ __all__ = [
     "Copy",
     "Device",
     "DeviceGraph",
+    "EngineFault",
     "Error",
     "Executable",
     "Execute",
     "If",
+    "IndexRangeError",
     "Lowerer",
     "OutOfMemoryError",
     "Profile",
     "Region",
     "Regions",
     "Repeat",
+    "Schedule",
     "Sequence",
     "StreamCopy",
     "Sync",
@@ -67,5 +71,7 @@ __all__ = [
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "stash_per_tile",
+    "step_schedule",
     "supported_ops",
 ]

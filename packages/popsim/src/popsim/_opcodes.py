@@ -146,6 +146,90 @@ VERTEX_PARAMS = {
     EXPR: {},  # its P0 is the table row of its program, set when the program is flattened
 }
 
+
+# Per-kind vertex builders: each names its kind's fields and parameters, so a caller never spells a kind, a
+# sub-op number or a field letter. ``add`` is a DeviceGraph's ``add_vertex`` (one vertex: ``tile``, ``n`` and
+# Regions) or ``add_vertices`` (a batch: tiles, n per vertex and Regions, parameters per vertex or one);
+# the builders only pass through, so the DeviceGraph checks everything as before.
+def elementwise(add, cs, codelet, tile, n, cycles, *, operands, out, scalars=0):
+    """UNARY / BINARY / WHERE by ``codelet`` (a UNARY_OPS or BINARY_OPS name, or "where"): out = codelet(
+    *operands) over n elements; ``scalars`` has bit i set when operand i is one broadcast element. WHERE's
+    operands are (condition, value if true, value if false)."""
+    if codelet == "where":
+        kind, sub = WHERE, SINGLE["default"]
+    elif codelet in BINARY_OPS:
+        kind, sub = BINARY, BINARY_OPS[codelet]
+    else:
+        kind, sub = UNARY, UNARY_OPS[codelet]
+    fields = dict(zip("abc", operands)) | {"out": out}
+    return add(cs, kind, sub, tile, n, fields, cycles, scalars=scalars)
+
+
+def expression(add, cs, tile, n, cycles, *, leaves, out, program):
+    """EXPR: the fused elementwise ``program`` (EXPR_HEADER and EXPR_OP_ROW rows) over up to
+    len(EXPR_FIELDS) ``leaves``, its result into out."""
+    fields = {"out": out} | dict(zip(EXPR_FIELDS, leaves))
+    return add(cs, EXPR, SINGLE["default"], tile, n, fields, cycles, program=program)
+
+
+def reduce(add, cs, op, tile, n, cycles, *, source, out, rows, group):
+    """REDUCE by ``op`` (a REDUCE_OPS name): out[r] = op over ``group`` consecutive source elements, for each
+    of ``rows`` rows."""
+    return add(cs, REDUCE, REDUCE_OPS[op], tile, n, {"a": source, "out": out}, cycles, rows=rows, group=group)
+
+
+def matmul(add, cs, tile, n, cycles, *, lhs, rhs, out, m, k):
+    """MATMUL: out (m, n) = lhs (m, k) @ rhs (k, n), a partial in float32 (or float16) out."""
+    return add(cs, MATMUL, SINGLE["default"], tile, n, {"a": lhs, "b": rhs, "out": out}, cycles, m=m, k=k)
+
+
+def random(add, cs, tile, n, cycles, *, seed, out, first):
+    """RNG: out[i] = the uniform draw of flat position first + i under the two int32 ``seed`` words."""
+    return add(cs, RNG, SINGLE["default"], tile, n, {"a": seed, "out": out}, cycles, first=first)
+
+
+def copy(add, cs, tile, n, cycles, *, source, out):
+    """COPY: n elements of source into out, bytes as they are."""
+    return add(cs, COPY, SINGLE["default"], tile, n, {"a": source, "out": out}, cycles)
+
+
+def fill(add, cs, tile, n, cycles, *, out, value):
+    """FILL: n elements of out set to ``value``."""
+    return add(cs, FILL, SINGLE["default"], tile, n, {"out": out}, cycles, fparam=value)
+
+
+def gather(add, cs, tile, n, cycles, *, table, indices, out, rows, inner, size, checked_elsewhere=False):
+    """GATHER: out (rows, n, inner) = table (rows, size, inner)[:, indices, :]; an out-of-range index gives
+    zeros and is counted into the run's error unless ``checked_elsewhere`` (a check vertex beside this one
+    counts the user's own indices)."""
+    fields = {"a": table, "b": indices, "out": out}
+    sub = GATHER_MODES["checked_elsewhere" if checked_elsewhere else "count_bad"]
+    return add(cs, GATHER, sub, tile, n, fields, cycles, rows=rows, inner=inner, size=size)
+
+
+def scatter_add(add, cs, tile, n, cycles, *, table, indices, updates, out, rows, inner, size, checked_elsewhere=False):
+    """SCATTER_ADD: out (rows, size, inner) += updates (rows, n, inner) at ``indices``; ``table`` is the
+    region the indices address (as GATHER's). Out-of-range indices are dropped and counted as GATHER's are."""
+    fields = {"a": table, "b": indices, "c": updates, "out": out}
+    sub = GATHER_MODES["checked_elsewhere" if checked_elsewhere else "count_bad"]
+    return add(cs, SCATTER_ADD, sub, tile, n, fields, cycles, rows=rows, inner=inner, size=size)
+
+
+# Every kind's builder (a test checks each kind has one).
+BUILDERS = {
+    UNARY: elementwise,
+    BINARY: elementwise,
+    WHERE: elementwise,
+    REDUCE: reduce,
+    MATMUL: matmul,
+    RNG: random,
+    COPY: copy,
+    GATHER: gather,
+    SCATTER_ADD: scatter_add,
+    FILL: fill,
+    EXPR: expression,
+}
+
 # Elementwise vertices (UNARY, BINARY, WHERE): bit i of their ``scalars`` parameter is set when field i (a, b,
 # c) holds one element the vertex broadcasts over all n (as popops' BroadcastScalar vertices do), so the
 # exchange moves one element per tile. An EXPR program's header has the same mask for its leaves a..f.

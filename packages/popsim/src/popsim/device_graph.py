@@ -27,7 +27,7 @@ from popsim.validate import check_vertices, kind_code, sub_code
 class Tensor:
     """A device tensor: shape, dtype (a popir DType) and tile mapping. Aliases share a ``storage``."""
 
-    __slots__ = ("id", "name", "shape", "dtype", "mapping", "storage", "category", "value")
+    __slots__ = ("id", "name", "shape", "dtype", "mapping", "storage", "category", "value", "origin")
 
     def __init__(self, id_, name, shape, dtype, mapping, category, storage=None, value=None):
         self.id = id_
@@ -38,6 +38,7 @@ class Tensor:
         self.storage = storage if storage is not None else self
         self.category = category
         self.value = value
+        self.origin = None  # the popir node being lowered when the tensor was made (see DeviceGraph.origin)
 
     @property
     def size(self):
@@ -101,6 +102,9 @@ class Vertices:
 class ComputeSet:
     name: str
     batches: list = field(default_factory=list)
+    origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
+    role: str = None  # that node's role: forward, backward or optimizer
 
     @property
     def num_vertices(self):
@@ -115,6 +119,9 @@ class Copy:
     dst: Tensor
     srcs: list
     index: np.ndarray
+    origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    placement: tuple = None  # as ComputeSet.placement
+    role: str = None  # as ComputeSet.role
 
     def __post_init__(self):
         self.srcs = list(self.srcs)
@@ -131,12 +138,19 @@ class Copy:
 
 
 class DeviceGraph:
-    """Tensors, compute sets and the program (a list of steps, run in order) being built for one target."""
+    """Tensors, compute sets and the program (a list of steps, run in order) being built for one target.
+
+    Provenance for profiles: tensors, compute sets and copies made while ``origin`` is set record it (the
+    popir node being lowered); ``node_outputs`` holds the ids of storages that hold a popir value (the
+    rest are planner temporaries); ``state_kinds`` maps variable names to their popir input kind."""
 
     def __init__(self, target):
         self.target = target
         self.tensors = []
         self.program = []
+        self.origin = None
+        self.node_outputs = set()
+        self.state_kinds = {}
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""
@@ -154,6 +168,7 @@ class DeviceGraph:
         if mapping.size and (mapping.tiles.min() < 0 or mapping.tiles.max() >= self.target.num_tiles):
             raise Error(f"mapping of {name or 'tensor'} names tiles outside 0..{self.target.num_tiles - 1}")
         t = Tensor(len(self.tensors), name or f"t{len(self.tensors)}", shape, dtype, mapping, category, value=value)
+        t.origin = self.origin
         self.tensors.append(t)
         return t
 
@@ -169,12 +184,13 @@ class DeviceGraph:
             storage=tensor.storage,
             value=None,
         )
+        t.origin = self.origin
         self.tensors.append(t)
         return t
 
     def add_compute_set(self, name):
         """A new compute set appended to the program (an Execute step)."""
-        cs = ComputeSet(name)
+        cs = ComputeSet(name, origin=self.origin)
         self.program.append(cs)
         return cs
 
@@ -268,7 +284,7 @@ class DeviceGraph:
         """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
         for t in [dst, *srcs]:
             self.check_own(t, f"copy {name!r}")
-        self.program.append(Copy(name, dst, srcs, index))
+        self.program.append(Copy(name, dst, srcs, index, self.origin))
 
     def check_own(self, tensor, what):
         """Raise a popsim.Error unless ``tensor`` is a Tensor of this DeviceGraph (another graph's tensors have

@@ -5,12 +5,14 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _executable_format, _kernels, cost
+from popsim import _exchange, _executable_format, _kernels, cost, provenance
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import Error, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
+from popsim.mapping import TileMapping
+from popsim.placement import Placement
 from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
@@ -82,6 +84,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_supported(graphs)
     _check_fits(graphs, target, relax_memory)
+    placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
     variables = {}
     for g in graphs.values():
@@ -99,12 +102,16 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
                     f"variable {v.name!r} is {known.dtype}{list(known.shape)} in one program and {v.type} in another"
                 )
             if v.name not in variables:
-                variables[v.name] = dg.add_tensor(v.shape, v.dtype, None, v.name, "variable")
+                # A variable lives on the IPU of its first reader (IPU 0 of an unannotated graph).
+                where = target.ipu_view(placement.variable_ipu.get(v.name, 0))
+                mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
+                variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
+                dg.state_kinds[v.name] = v.kind
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type))
-        inputs, outputs = lower_graph(lw, g, variables)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 
@@ -162,10 +169,11 @@ class Executable:
         alloc = {}
         for t in pinned:
             alloc[t.id] = base.place(t, *t.mapping.tile_bytes(t.itemsize), -1, np.inf)
-        per_program = {}
+        per_program, placed = {}, {}
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
-            for storage, first, last in _liveness(program, inputs, outputs):
+            placed[name] = _liveness(program, inputs, outputs)
+            for storage, first, last in placed[name]:
                 alloc[storage.id] = allocator.place(storage, *storage.mapping.tile_bytes(storage.itemsize), first, last)
             allocator.check(relax_memory, target)
             per_program[name] = allocator
@@ -217,6 +225,7 @@ class Executable:
                 flat.flops,
                 budget,
                 relax_memory,
+                *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
@@ -308,7 +317,7 @@ class Executable:
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
         if trap >= 0:
             kind, sub = flat.instructions[trap, :2]
-            raise Error(
+            raise EngineFault(
                 f"program {program!r}: the engine trapped instruction row {trap} (kind {kind}, sub-op {sub}), which no "
                 "codelet implements; the results of this run are invalid"
             )
@@ -319,9 +328,10 @@ class Executable:
                 "slice(s); feed one slice for every StreamCopy the program runs"
             )
         if bad:
-            raise Error(
+            raise IndexRangeError(
                 f"program {program!r}: {bad} gather/scatter index(es) out of range (an input index or class label "
-                "beyond its dimension); the results of this run are invalid"
+                "beyond its dimension); the results of this run are invalid",
+                count=bad,
             )
         results = {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
         for slot, (name, stream) in enumerate(self._streams.items()):

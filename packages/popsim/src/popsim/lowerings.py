@@ -50,36 +50,57 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables):
-    """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor})."""
+def lower_graph(lw, graph, variables, placement=None, name=None):
+    """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
+
+    On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
+    vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
+    """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
     lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
+    device_target = lw.target
+    ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
         if v.kind == "input":
-            env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, None, v.name, "input")
+            where = device_target.ipu_view(placement.input_ipu.get((name, v.name), 0)) if ipus else device_target
+            mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
+            env[v.id] = inputs[v.name] = lw.dg.add_tensor(v.shape, v.dtype, mapping, v.name, "input")
         else:
             env[v.id] = variables[v.name]
+    crossings = {}
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
+        lw.dg.origin = node
+        first_step = len(lw.dg.program)
+        if ipus:
+            ipu = placement.ipu_of(node)
+            lw.target = device_target.ipu_view(ipu)
+            args = [_onto_ipu(lw, a, ipu, crossings) for a in args]
         try:
             result = LOWERINGS[node.op](lw, node, *args, **node.attrs)
         except Error as exc:
             raise type(exc)(f"lowering {node.describe()}: {exc}") from None
+        finally:
+            lw.dg.origin = None
+            lw.target = device_target
+        for step in lw.dg.program[first_step:]:
+            step.placement, step.role = node.placement, node.role
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
+            lw.dg.node_outputs.add(t.storage.id)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
-        # Outputs of device variables are read after the updates: snapshot them first.
+        # Outputs of device variables are read after the updates: snapshot them first (on their IPU).
         if t.storage.category in ("variable", "input"):
-            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"output {name}")
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
         outputs[name] = t
     staged = {}
     for state, v in graph.updates.items():
@@ -87,12 +108,38 @@ def lower_graph(lw, graph, variables):
         if t.storage is variables[state.name].storage:
             continue
         if t.storage.category in ("variable", "input"):
-            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), name=f"stage {state.name}")
+            t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"stage {state.name}")
         staged[state.name] = t
     for name, t in staged.items():
         var = variables[name]
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
     return inputs, outputs
+
+
+def _ipu_of_tensor(target, t):
+    """The IPU holding the first element of device tensor ``t``."""
+    return int(t.mapping.tiles[0]) // target.tiles_per_ipu if t.size else 0
+
+
+def _beside(lw, t):
+    """A linear mapping for a copy of ``t`` on the IPU that holds ``t``."""
+    return TileMapping.linear(t.size, t.itemsize, lw.target.ipu_view(_ipu_of_tensor(lw.target, t)))
+
+
+def _onto_ipu(lw, t, ipu, crossings):
+    """``t`` on IPU ``ipu``: itself when it lives there, else (once per tensor and IPU) an explicit
+    inter-IPU copy, the activation crossing the IPU-Links."""
+    if isinstance(t, _Deferred) or not t.size:
+        return t
+    view = lw.target
+    tiles = t.mapping.tiles
+    if tiles.min() >= view.first_tile and tiles.max() < view.first_tile + view.num_tiles:
+        return t
+    key = (id(t), ipu)
+    if key not in crossings:
+        mapping = TileMapping.linear(t.size, t.itemsize, view)
+        crossings[key] = (t, lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=f"inter-ipu to {ipu}"))
+    return crossings[key][1]
 
 
 def _in_place_updates(graph, at):
@@ -161,7 +208,8 @@ def _fusion(graph):
         if LOWERINGS.get(node.op) is not _elementwise or out.id in kept or len(readers) != 1:
             continue
         consumer = graph.nodes[readers[0]]
-        if LOWERINGS.get(consumer.op) is _elementwise and consumer.outputs[0].shape == out.shape:
+        same_place = consumer.placement == node.placement  # never fuse across IPUs or pipeline stages
+        if LOWERINGS.get(consumer.op) is _elementwise and consumer.outputs[0].shape == out.shape and same_place:
             reader[i] = readers[0]
     at = list(range(len(graph.nodes)))
     for i in reversed(range(len(graph.nodes))):
@@ -309,9 +357,9 @@ def _random_uniform(lw, node, seed, shape, dtype):
     )
     cs = lw.dg.add_compute_set("random")
     i, n = np.arange(k), m.stops - m.starts
-    fields = {"a": seeds.regions(2 * i, 2 * i + 2), "out": out.regions(m.starts, m.stops)}
+    seed_words, block = seeds.regions(2 * i, 2 * i + 2), out.regions(m.starts, m.stops)
     cycles = cost.elementwise_cycles(lw.target, n, out.dtype, "random")
-    lw.dg.add_vertices(cs, oc.RNG, 0, m.tiles, n, fields, cycles, first=m.starts)
+    oc.random(lw.dg.add_vertices, cs, m.tiles, n, cycles, seed=seed_words, out=block, first=m.starts)
     return out
 
 
@@ -322,7 +370,7 @@ def _random_uniform(lw, node, seed, shape, dtype):
 def _spread_tile(lw, salt, offset=0):
     """The tile of a dynamic-index piece: a hash of ``salt`` spreads unrelated ops over the IPU, and
     ``offset`` steps to the neighbouring tiles for the further slices of one op."""
-    return (salt * 2654435761 + offset) % lw.target.num_tiles
+    return lw.target.first_tile + (salt * 2654435761 + offset) % lw.target.num_tiles
 
 
 def _on_one_tile(lw, tensors, salt):
@@ -369,9 +417,11 @@ def _check_vertex(lw, cs, tile, indices, size):
     """Count ``indices`` (on ``tile``) outside an axis of ``size``, after negative wrap, into the run's
     error: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
     dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
-    fields = {"a": dummy.region(0, 1), "b": indices.region(0, indices.size), "out": dummy.region(0, 1)}
+    one, idx = dummy.region(0, 1), indices.region(0, indices.size)
     cycles = cost.gather_cycles(lw.target, 1, indices.size, 0, 4)
-    lw.dg.add_vertex(cs, oc.GATHER, "count_bad", tile, indices.size, fields, cycles, rows=1, inner=0, size=size)
+    oc.gather(
+        lw.dg.add_vertex, cs, tile, indices.size, cycles, table=one, indices=idx, out=one, rows=1, inner=0, size=size
+    )
 
 
 def _flat_indices(lw, x, indices, axis):
@@ -390,13 +440,14 @@ def _gather_vertex(lw, kind, tile, x, idx, out, rows, inner, size, upd=None, che
     """One GATHER or SCATTER_ADD vertex in a compute set of its own. ``check`` (indices on ``tile``, axis
     size) adds a bounds check of the caller's own indices to the same compute set: flat indices computed
     from them can be in range although an index is not."""
-    fields = {"a": x.region(0, max(x.size, 1)), "b": idx.region(0, idx.size), "out": out.region(0, out.size)}
+    fields = {"table": x.region(0, max(x.size, 1)), "indices": idx.region(0, idx.size), "out": out.region(0, out.size)}
     if upd is not None:
-        fields["c"] = upd.region(0, upd.size)
+        fields["updates"] = upd.region(0, upd.size)
     cs = lw.dg.add_compute_set("gather" if kind == oc.GATHER else "scatter_add")
     cycles = cost.gather_cycles(lw.target, rows, idx.size, inner, x.itemsize)
-    sub = "count_bad" if check is None else "checked_elsewhere"  # the check vertex counts the user's indices
-    lw.dg.add_vertex(cs, kind, sub, tile, idx.size, fields, cycles, rows=rows, inner=inner, size=size)
+    # With ``check``, the check vertex counts the user's own indices instead of this one.
+    sizes = {"rows": rows, "inner": inner, "size": size, "checked_elsewhere": check is not None}
+    oc.BUILDERS[kind](lw.dg.add_vertex, cs, tile, idx.size, cycles, **fields, **sizes)
     if check is not None:
         _check_vertex(lw, cs, tile, *check)
 
@@ -446,12 +497,12 @@ def _gather_rows(lw, x, idx, axis, out_shape, salt, check=None):
         cs = lw.dg.add_compute_set("gather")  # after the copies it reads, in program order
         for tile, xs, (c0, c1) in zip(tiles, copies, chunks):
             fields = {
-                "a": xs.region(0, xs.size),
-                "b": it.region(c0, c1),
+                "table": xs.region(0, xs.size),
+                "indices": it.region(c0, c1),
                 "out": out.region(rows * c0 * inner, rows * c1 * inner),  # chunks only when rows == 1
             }
             cycles = cost.gather_cycles(lw.target, rows, c1 - c0, inner, x.itemsize)
-            lw.dg.add_vertex(cs, oc.GATHER, 0, tile, c1 - c0, fields, cycles, rows=rows, inner=inner, size=hi - lo)
+            oc.gather(lw.dg.add_vertex, cs, tile, c1 - c0, cycles, **fields, rows=rows, inner=inner, size=hi - lo)
         out = lw.relayout(lw.reshape(out, out_shape), out_shape, linear)
         part = lw.elementwise("where", [lw.reshape(inside, mask_shape), out, zero], out_shape, x.dtype)
         total = part if total is None else lw.elementwise("add", [total, part], out_shape, x.dtype)

@@ -42,7 +42,7 @@ class TileMapping:
         starts = np.arange(0, size, per_tile, dtype=np.int64)
         stops = np.minimum(starts + per_tile, size)
         first = (size * 2654435761) % target.num_tiles
-        tiles = (first + np.arange(starts.size)) % target.num_tiles
+        tiles = target.first_tile + (first + np.arange(starts.size)) % target.num_tiles
         return TileMapping(tiles, starts, stops, size)
 
     @staticmethod

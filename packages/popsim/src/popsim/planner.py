@@ -66,15 +66,18 @@ class Lowerer:
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
         """A new device tensor (linearly mapped unless ``mapping`` is given), for vertices to write."""
+        if mapping is None:
+            mapping = TileMapping.linear(int(np.prod(shape, dtype=np.int64)), dtype.itemsize, self.target)
         return self.dg.add_tensor(shape, dtype, mapping, name)
 
     def constant(self, array, dtype):
         """A constant tensor (scalars are shared)."""
         array = np.array(array, dtype=dtype.numpy, order="C")
-        key = (dtype, array.shape, array.tobytes()) if array.size == 1 else None
+        key = (dtype, array.shape, array.tobytes(), self.target.first_tile) if array.size == 1 else None
         if key in self._constants:
             return self._constants[key]
-        t = self.dg.add_tensor(array.shape, dtype, None, f"const{len(self.dg.tensors)}", "constant", array)
+        mapping = TileMapping.linear(array.size, dtype.itemsize, self.target)
+        t = self.dg.add_tensor(array.shape, dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array)
         if key is not None:
             self._constants[key] = t
         return t
@@ -127,13 +130,15 @@ class Lowerer:
         m = out.mapping
         tiles, slot = np.unique(m.tiles, return_inverse=True)
         ins, scalars = self._operands(inputs, shape, m, tiles)
-        kind, sub = _codelet(codelet)
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
         fields = self._fields(out, ins, "abc", scalars, slot)
         n = m.stops - m.starts
         cycles = cost.elementwise_cycles(self.target, n, work_dtype, codelet)
-        self.dg.add_vertices(cs, kind, sub, m.tiles, n, fields, cycles, scalars=scalars)
+        operands = [fields[name] for name in "abc"[: len(ins)]]
+        oc.elementwise(
+            self.dg.add_vertices, cs, codelet, m.tiles, n, cycles, operands=operands, out=fields["out"], scalars=scalars
+        )
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
@@ -168,9 +173,9 @@ class Lowerer:
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
         fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, slot)
         n = m.stops - m.starts
-        self.dg.add_vertices(
-            cs, oc.EXPR, 0, m.tiles, n, fields, cost.expression_cycles(self.target, n, ops), program=program
-        )
+        leaves = [fields[name] for name in oc.EXPR_FIELDS[: len(ins)]]
+        cycles = cost.expression_cycles(self.target, n, ops)
+        oc.expression(self.dg.add_vertices, cs, m.tiles, n, cycles, leaves=leaves, out=fields["out"], program=program)
         return out
 
     def _operands(self, inputs, shape, mapping, tiles):
@@ -217,7 +222,7 @@ class Lowerer:
         m = out.mapping
         n = m.stops - m.starts
         cycles = cost.elementwise_cycles(self.target, n, dtype, "fill")
-        self.dg.add_vertices(cs, oc.FILL, 0, m.tiles, n, {"out": out.regions(m.starts, m.stops)}, cycles, fparam=value)
+        oc.fill(self.dg.add_vertices, cs, m.tiles, n, cycles, out=out.regions(m.starts, m.stops), value=value)
         return out
 
     # -- reductions -------------------------------------------------------------------------------
@@ -247,7 +252,7 @@ class Lowerer:
         padded = np.full((rows, splits * chunk), -1, np.int64)
         padded[:, :group] = index
         first = (rows * 40503) % self.target.num_tiles
-        tiles = (first + np.arange(rows * splits)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(rows * splits)) % self.target.num_tiles
         staged = self.gather(
             (rows * splits, chunk),
             src_dtype,
@@ -274,9 +279,11 @@ class Lowerer:
         cs = self.dg.add_compute_set(f"reduce-{op}")
         m = out.mapping
         rows = m.stops - m.starts
-        fields = {"a": staged.regions(m.starts * group, m.stops * group), "out": out.regions(m.starts, m.stops)}
+        source, target = staged.regions(m.starts * group, m.stops * group), out.regions(m.starts, m.stops)
         cycles = cost.reduce_cycles(self.target, rows, group, staged.dtype)
-        self.dg.add_vertices(cs, oc.REDUCE, oc.REDUCE_OPS[op], m.tiles, rows, fields, cycles, rows=rows, group=group)
+        oc.reduce(
+            self.dg.add_vertices, cs, op, m.tiles, rows, cycles, source=source, out=target, rows=rows, group=group
+        )
 
     def _copy_fill(self, out, value):
         filled = self.fill(out.shape, out.dtype, value)
@@ -299,7 +306,8 @@ class Lowerer:
 
         A plan depends only on the index maps, the dtype and the sizes and tile mappings of the sources, so
         a repeated layer (same shapes, dtypes and placements) reuses the plan of its first instance."""
-        key = (dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
+        where = (self.target.first_tile, self.target.num_tiles)  # the IPU whose tiles the plan uses
+        key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
         if key not in self._matmul_plans:
             self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
         plan = self._matmul_plans[key]
@@ -330,7 +338,7 @@ class Lowerer:
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
         b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(-1)
         first = (tasks * 7919) % self.target.num_tiles
-        tiles = (first + np.arange(tasks)) % self.target.num_tiles
+        tiles = self.target.first_tile + (first + np.arange(tasks)) % self.target.num_tiles
         # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
@@ -362,12 +370,10 @@ class Lowerer:
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
         t = np.arange(tasks)
-        fields = {
-            "a": a_t.regions(t * mb * kb, (t + 1) * mb * kb),
-            "b": b_t.regions(t * kb * nb, (t + 1) * kb * nb),
-            "out": p.regions(t * mb * nb, (t + 1) * mb * nb),
-        }
-        self.dg.add_vertices(cs, oc.MATMUL, 0, tiles, nb, fields, cycles, m=mb, k=kb)
+        lhs = a_t.regions(t * mb * kb, (t + 1) * mb * kb)
+        rhs = b_t.regions(t * kb * nb, (t + 1) * kb * nb)
+        out = p.regions(t * mb * nb, (t + 1) * mb * nb)
+        oc.matmul(self.dg.add_vertices, cs, tiles, nb, cycles, lhs=lhs, rhs=rhs, out=out, m=mb, k=kb)
         if split.gk == 1 and dtype == plan.partial:
             return self.gather(plan.shape, dtype, [p], plan.q)
         return self.reduce_index("sum", [p], plan.q, plan.shape, dtype, plan.partial)

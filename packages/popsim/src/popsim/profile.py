@@ -1,8 +1,11 @@
 """Profile: simulated cycles per program and step, split by phase kind, per tile, and memory per tile."""
 
 import json
+import os
 
 import numpy as np
+
+SUMMARY_ROWS = 8  # operations listed per program by ``summary``
 
 
 class Profile:
@@ -17,9 +20,23 @@ class Profile:
     def __init__(self, target):
         self.target = target
         self.programs = {}
+        self.replication = None
 
     def add_program(
-        self, name, steps, totals, host_cycles, memory, tile_compute, tile_exchange, flops, budget, relaxed
+        self,
+        name,
+        steps,
+        totals,
+        host_cycles,
+        memory,
+        tile_compute,
+        tile_exchange,
+        flops,
+        budget,
+        relaxed,
+        tensors=(),
+        memory_by_category=None,
+        liveness=None,
     ):
         compute, exchange, sync, control = (totals[k] for k in ("compute", "exchange", "sync", "control"))
         total = compute + exchange + sync + control + host_cycles
@@ -41,18 +58,64 @@ class Profile:
             "memory_max_tile_bytes": int(used.max()),
             "tiles_over_budget": [t for t, u in enumerate(used.tolist()) if u > self.target.tile_bytes],
             "relax_memory": bool(relaxed),
+            "tile_budget_bytes": [int(budget[t]) for t in range(self.target.num_tiles)],
+            "tensors": list(tensors),
+            "memory_by_category": memory_by_category or {},
+            "liveness": liveness or {},
+        }
+
+    def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
+        """A training step of ``replicas`` replicas running in parallel: each replica's cycles
+        (``replica_step``), the gradient ``all_reduce`` (a ``collectives.AllReduce``) and the cycles of the
+        ``optimizer_step`` that follows it."""
+        total = replica_step + all_reduce.cycles + optimizer_step
+        self.replication = {
+            "replicas": replicas,
+            "replica_step_cycles": int(replica_step),
+            "all_reduce": all_reduce.to_dict(),
+            "optimizer_step_cycles": int(optimizer_step),
+            "step_cycles": int(total),
+            "all_reduce_share": all_reduce.cycles / total if total else 0.0,
         }
 
     def to_json(self, path=None):
         """The profile as JSON text; also written to ``path`` when given."""
-        text = json.dumps({"target": self.target.name, "clock_hz": self.target.clock_hz, "programs": self.programs})
+        t = self.target
+        text = json.dumps(
+            {
+                "target": t.name,
+                "clock_hz": t.clock_hz,
+                "num_tiles": t.num_tiles,
+                "num_ipus": t.num_ipus,
+                "tile_bytes": t.tile_bytes,
+                "sync_cycles": t.bsp_sync_cycles,
+                # Peak FLOP/s: two FLOPs per AMP multiply-accumulate on every tile.
+                "peak_flops": {
+                    "float32": 2 * t.amp_macs_fp32 * t.num_tiles * t.clock_hz,
+                    "float16": 2 * t.amp_macs_fp16 * t.num_tiles * t.clock_hz,
+                },
+                "programs": self.programs,
+                "replication": self.replication,
+            }
+        )
         if path is not None:
             with open(path, "w") as f:
                 f.write(text)
         return text
 
+    def save_html(self, path, **options):
+        """Write the self-contained HTML report of this profile to ``path`` (``options`` as in
+        ``popsim.report.render``: ``compare``, ``title``, ``samples_per_run``); returns the path."""
+        from popsim import report  # the report reads profiles, so it imports this module
+
+        return report.save_html(self, path, **options)
+
+    def operations(self, program):
+        """The operations of ``program`` grouped by where they came from (see ``operations``)."""
+        return operations(self.programs[program])
+
     def summary(self):
-        """A short human-readable report."""
+        """A short human-readable report: totals per program and its costliest modules and source lines."""
         lines = [
             f"popsim profile on {self.target.name} ({self.target.num_tiles} tiles"
             f" @ {self.target.clock_hz / 1e9:.3f} GHz)"
@@ -68,6 +131,75 @@ class Profile:
                 f"  memory: {p['memory_total_bytes']} bytes in all, busiest tile {p['memory_max_tile_bytes']} bytes"
                 + (f"; {len(p['tiles_over_budget'])} tiles over budget" if p["tiles_over_budget"] else "")
             )
-            top = sorted(p["steps"], key=lambda s: -s["cycles"])[:5]
-            lines += [f"  {s['kind']:8s} {s['name']:20s} {s['cycles']:>10d} cycles" for s in top]
+            for r in self.operations(name)[:SUMMARY_ROWS]:
+                split = f"compute {r['compute_cycles']}, exchange {r['exchange_cycles']}"
+                lines.append(f"  {r['cycles']:>10d} cycles ({split}) {r['label']}")
+        if self.replication:
+            lines += _replication_lines(self.replication)
         return "\n".join(lines)
+
+
+def describe_origin(origin):
+    """``module (role, aten op) at file:line``: a step's provenance in a line."""
+    module = origin.get("module")
+    what = ", ".join(x for x in (origin.get("role"), origin.get("aten") or origin.get("op")) if x)
+    where = short_source(origin.get("source"))
+    return f"{module or '(model)'} ({what})" + (f" at {where}" if where else "")
+
+
+def short_source(source):
+    """``file.py:12: code`` of the innermost frame of a node's source line, without the file's folders."""
+    if not source:
+        return None
+    inner = source.split(" (from ", 1)[0]
+    return os.path.basename(inner)
+
+
+def operations(p):
+    """The cycles and bytes of a program's profile ``p`` grouped by where they came from: one row per (module, role,
+    ATen op, source line), costliest first, with compute and exchange cycles, exchange bytes, the bytes
+    of the tensors it made, and its steps. Work no node owns (the copies of outputs and state updates,
+    host streams) is grouped by step name."""
+    rows = {}
+
+    def row(origin, name):
+        # Without a frontend op (a graph built on popir directly), the popir op tells rows apart.
+        what = origin.get("aten") or origin.get("op")
+        key = (origin.get("module"), origin.get("role"), what, origin.get("source")) if origin else (name,)
+        if key not in rows:
+            rows[key] = {
+                "label": describe_origin(origin) if origin else name,
+                **({k: origin.get(k) for k in ("module", "role", "aten", "source", "op")} if origin else {}),
+                "cycles": 0,
+                "compute_cycles": 0,
+                "exchange_cycles": 0,
+                "host_cycles": 0,
+                "exchange_bytes": 0,
+                "memory_bytes": 0,
+                "steps": 0,
+            }
+        return rows[key]
+
+    for step in p["steps"]:
+        r = row(step.get("origin"), step["name"])
+        r["cycles"] += step["cycles"]
+        r[f"{step['kind']}_cycles"] += step["cycles"]
+        r["exchange_bytes"] += step.get("bytes", 0)
+        r["steps"] += 1
+    for tensor in p.get("tensors", ()):
+        if "op" in tensor:
+            row(tensor, tensor["name"])["memory_bytes"] += tensor["bytes"]
+    return sorted(rows.values(), key=lambda r: (-r["cycles"], -r["memory_bytes"]))
+
+
+def _replication_lines(r):
+    reduce = r["all_reduce"]
+    lines = [
+        f"{r['replicas']} replicas in parallel: {r['step_cycles']} cycles per step = {r['replica_step_cycles']} per"
+        f" replica + all-reduce {reduce['cycles']} ({100 * r['all_reduce_share']:.1f}%) of {reduce['bytes']} bytes"
+        f" + optimizer {r['optimizer_step_cycles']}"
+    ]
+    return lines + [
+        f"  {level['name']}: {level['members']} members, {level['link_bytes']} bytes per link, {level['cycles']} cycles"
+        for level in reduce["levels"]
+    ]

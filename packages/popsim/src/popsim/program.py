@@ -21,6 +21,7 @@ from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
+from popsim.provenance import busy_ipus, origin_of
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
@@ -146,6 +147,15 @@ def flatten_program(target, program, block_base, streams):
         tile_exchange=f.tile_exchange,
         flops=f.flops,
     )
+
+
+def _placed(step):
+    """The profile fields saying which pipeline stage and IPU a step works for, and in which pass (none when
+    unplaced)."""
+    placement = getattr(step, "placement", None)
+    if placement is None:
+        return {}
+    return {"stage": int(placement[0]), "ipu": int(placement[1]), "role": getattr(step, "role", None)}
 
 
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
@@ -280,6 +290,9 @@ class _Flattener:
                 "cycles": cycles,
                 "vertices": step.num_vertices,
                 "tiles": int((per_tile > 0).sum()),
+                "ipus": busy_ipus(target, per_tile),
+                "origin": origin_of(step.origin),
+                **_placed(step),
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
@@ -328,15 +341,21 @@ class _Flattener:
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
             merged["bytes"] += int(recv.sum())
+            origin = origin_of(step.origin)
+            if origin != merged["origin"] and origin not in merged.setdefault("also", []):
+                merged["also"].append(origin)
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link
-            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum())}
+            merged = {"name": step.name, "kind": "exchange", "bytes": int(recv.sum()), **_placed(step)}
+            merged["origin"] = origin_of(step.origin)
             self.steps.append(merged)
             before, sync = 0, target.bsp_sync_cycles
         busiest, busiest_link = int(open_load.max()), int(open_link.max())
         merged["cycles"] = max(cost.exchange_cycles(target, busiest), cost.link_cycles(target, busiest_link))
         merged["busiest_tile_bytes"] = busiest
+        merged["tiles"] = int((open_load > 0).sum())
+        merged["ipus"] = busy_ipus(target, open_load)
         if target.num_ipus > 1:
             merged["busiest_link_bytes"] = busiest_link
         # The engine runs each copy on its own: the rows of one copy are independent of each other and

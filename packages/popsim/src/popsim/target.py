@@ -26,9 +26,12 @@ class Target:
     sync_cycles_across_ipus: int = 600
     host_bytes_per_second: float = 16e9
     num_ipus: int = 1
+    # Mk2 GC200: 10 IPU-Links at 32 GB/s each, 320 GB/s per IPU (Graphcore's IPU-M2000 datasheet).
     ipu_link_bytes_per_second: float = 320e9
     min_bytes_per_tile: int = 128
     code_bytes_per_codelet: int = 512
+    # The first tile of this target within its device: nonzero only for a view of one IPU (``ipu_view``).
+    first_tile: int = 0
 
     @staticmethod
     def ipu2():
@@ -74,6 +77,21 @@ class Target:
         """Tiles of one IPU; tile t of a multi-IPU target is tile t % tiles_per_ipu of IPU t // tiles_per_ipu."""
         return self.num_tiles // self.num_ipus
 
+    def ipu_view(self, ipu):
+        """IPU ``ipu`` of this multi-IPU graph target, as planners see it: they place tensors and vertices
+        only on its ``tiles_per_ipu`` tiles, numbered from ``first_tile`` in the whole device."""
+        if not 0 <= ipu < self.num_ipus:
+            raise Error(f"{self.name} has no IPU {ipu} (it has {self.num_ipus})")
+        if self.num_ipus == 1:
+            return self
+        return replace(
+            self,
+            name=f"{self.name}/ipu{ipu}",
+            num_tiles=self.tiles_per_ipu,
+            num_ipus=1,
+            first_tile=self.first_tile + ipu * self.tiles_per_ipu,
+        )
+
     @property
     def bsp_sync_cycles(self):
         """Cycles of one BSP sync: every tile of every IPU joins it."""
@@ -94,8 +112,9 @@ class Target:
 @dataclass(frozen=True)
 class Device:
     """``num_ipus`` IPUs of one target, programmed as one graph (as Poplar does for a multi-IPU device):
-    its ``graph_target`` has the tiles of every IPU, numbered IPU by IPU. Exchanges between IPUs also pay
-    for the IPU-Links, and every sync spans all IPUs."""
+    its ``graph_target`` has the tiles of every IPU, numbered IPU by IPU. A placed popir node runs on its
+    IPU's tiles, an unplaced graph on IPU 0 (see ``popsim.placement``). Exchanges between IPUs also pay for
+    the IPU-Links, and every sync spans all IPUs."""
 
     target: Target
     num_ipus: int = 1

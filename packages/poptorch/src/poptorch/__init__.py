@@ -7,6 +7,23 @@ import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
+from poptorch._blocks import (
+    IPU,
+    AutoStage,
+    BeginBlock,
+    Block,
+    BlockFunction,
+    Liveness,
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    recomputationCheckpoint,
+    removeBlocks,
+)
+from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
@@ -17,21 +34,28 @@ from poptorch._executor_api import (
     registerPostCompileHook,
     registerPreCompileHook,
 )
+from poptorch._host_io_ops import CPU, MultiConv, ctc_beam_search_decoder, set_overlap_for_input, set_overlap_for_output
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
+from poptorch._memory import serializedMatMul, set_available_memory
 from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_update, for_loop, nop
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
+    MatMulSerializationMode,
     MeanReductionStrategy,
+    MultiConvPlanType,
     OutputMode,
+    OverlapMode,
     ReductionType,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options
+from poptorch.options import Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -127,6 +151,33 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "CommGroupType",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "IPU",
+    "Liveness",
+    "MatMulSerializationMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "TensorLocationSettings",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
+    "CPU",
+    "MultiConv",
+    "MultiConvPlanType",
+    "OverlapMode",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
@@ -143,6 +194,7 @@ __all__ = [
     "SyncPattern",
     "UnrecoverableError",
     "UnsupportedOpError",
+    "VariableRetrievalMode",
     "__version__",
     "cond",
     "dynamic_slice",

@@ -15,7 +15,11 @@ import numpy as np
 import torch
 
 import popir
-from poptorch import _host_print
+from poptorch import (
+    _blocks,  # noqa: F401  (registers poptorch::recomputation_checkpoint)
+    _custom_op,
+    _host_print,
+)
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
@@ -456,6 +460,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.contiguous.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.recomputation_checkpoint.default)
+def _recomputation_checkpoint(ctx, x):
+    # The value itself: its producer is marked so recomputation keeps it (see poptorch._recompute).
+    if x.producer is not None:
+        x.producer.checkpoint = True
     return x
 
 
@@ -1433,6 +1445,15 @@ def _ctc_loss(ctx, log_probs, targets, input_lengths, target_lengths, blank, red
     ctx.bound_index(targets, log_probs.shape[2], f"CTC targets of {log_probs.shape[2]} classes")
     lengths = [_cast(v, "int32") for v in (targets, input_lengths, target_lengths)]
     return popir.ops.ctc_loss(log_probs, *lengths, blank, reduction, bool(zero_infinity))
+
+
+@lowers(torch.ops.poptorch.custom_operation.default)
+def _custom_operation(ctx, inputs, name, domain, domain_version, attributes, example_outputs):
+    outs = ctx.graph.apply(_custom_op.popir_op(name, domain), list(inputs), _custom_op.attributes_of(attributes))
+    got, want = [(o.shape, o.dtype) for o in outs], [(e.shape, e.dtype) for e in example_outputs]
+    if got != want:
+        raise Error(f"custom_op {name!r}: the op gives outputs {got} but example_outputs describe {want}")
+    return list(outs)
 
 
 TABLE[operator.getitem] = lambda ctx, values, index: values[index]

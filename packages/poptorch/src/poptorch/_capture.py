@@ -24,14 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+from torch.fx.traceback import preserve_node_meta
 from torch.utils import _pytree as pytree
 
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
+from poptorch import _blocks
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
 from poptorch._module_aliases import registered_once
+from poptorch._poptorch_ops import NAME_SCOPE_META
 from poptorch.errors import Error, UnsupportedOpError
 
 RNG_SEED = "_rng_seed"
@@ -166,7 +169,8 @@ def _export(model, args, kwargs):
         with warnings.catch_warnings(record=True) as caught:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss():
+            # preserve_node_meta keeps NameScope annotations on the exported nodes.
+            with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss(), preserve_node_meta():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
             return program.run_decompositions(table)
@@ -331,6 +335,16 @@ def source_line(node):
     return None
 
 
+def module_path(node):
+    """The module that made an exported fx node, as a dotted path from the model (``layer1.0.conv2``; "" for
+    the model itself), after the enclosing NameScopes joined by "/"."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = list(stack.values())[-1][0] if stack else ""
+    path = path.removeprefix(_WRAPPED) if path != _WRAPPED[:-1] else ""
+    scope = (node.meta.get("custom") or {}).get(NAME_SCOPE_META)
+    return "/".join(p for p in (scope, path) if p)
+
+
 def _is_foldable(node):
     """A factory op (arange, full, scalar_tensor, ...): no tensor inputs and deterministic, so foldable."""
     target = node.target
@@ -374,6 +388,7 @@ class _Lowering:
         self._seed = None
         self._streams = 0
         self.index_bounds = {}
+        self._placement = None  # the (stage, IPU) of the block under way (poptorch._blocks)
 
     # -- services for the lowerings -----------------------------------------------------------------
     def random_seed(self):
@@ -408,6 +423,7 @@ class _Lowering:
         captured.out_spec = self.program.call_spec.out_spec
         captured.index_bounds = self.index_bounds
         captured.losses = [self._loss_value(n) for n in _final_losses(self.program.graph, self._user_output_nodes())]
+        _blocks.fill_placements(self.graph)
         return captured
 
     def _add_state_inputs(self, captured):
@@ -465,7 +481,9 @@ class _Lowering:
             return None
         args, kwargs = pytree.tree_map_only(torch.fx.Node, self._read, (node.args, node.kwargs))
         kwargs = {k: v for k, v in kwargs.items() if k not in _PLACEMENT_KWARGS}
-        with self.graph.source_line(where):
+        self._placement = _blocks.placement_of(node) or self._placement
+        annotations = {"module": module_path(node), "aten": str(node.target), "role": "forward"}
+        with self.graph.annotate(source=where, placement=self._placement, **annotations):
             try:
                 if node.target in TABLE:
                     return TABLE[node.target](self, *args, **kwargs)

@@ -17,6 +17,16 @@ from poptorch.errors import Error
 
 _STATE_PREFIX = "_opt."
 _STEP_SLOT = _weights.STEP_SLOT
+_WORD = 32
+_WORD_MASK = (1 << _WORD) - 1
+_SEED_FOLD = 0x9E3779B1  # odd multiplier: every bit of the high half moves the folded word
+
+
+def device_seed(seed):
+    """The device's int32[2] RNG_SEED for a 64-bit ``randomSeed``: word 0 folds in both halves (a seed below
+    2**32 is kept as it is), word 1 is left for the per-op stream numbers the capture adds."""
+    folded = (seed ^ ((seed >> _WORD) * _SEED_FOLD)) & _WORD_MASK
+    return np.array([folded, 0], dtype=np.uint32).view(np.int32)
 
 
 class DeviceWeights:
@@ -48,7 +58,7 @@ class DeviceWeights:
         if self.has_seed and not self.seeded:
             seed = self.random_seed
             seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
-            self.exe.write_variable(RNG_SEED, np.array([seed & 0x7FFFFFFF, 0], dtype=np.int32))
+            self.exe.write_variable(RNG_SEED, device_seed(seed))
             self.seeded = True
         self.generations.clear()
         self.opt_generation = None

@@ -22,13 +22,19 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _auto_report,
+    _blocks,
     _cache,
     _device,
+    _device_checks,
+    _distributed,
     _executor_api,
     _fp_exceptions,
     _host_print,
     _interrupt,
     _logging,
+    _recompute,
+    _replication,
     _stochastic_rounding,
     _synthetic_data,
     _training,
@@ -40,7 +46,7 @@ from poptorch._device_weights import DeviceWeights
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
-from poptorch.errors import Error, RecoverableError
+from poptorch.errors import Error, RecoverableError, UnrecoverableError
 from poptorch.optim import describe
 
 BACKWARD_ERROR = (
@@ -189,6 +195,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     def _reset(self):
         self._exe = None
+        self._shared_gradients = []
+        self._all_reduce_cycles = 0
+        self._replica_buffers = None
         self._programs = None
         self._captured = None
         self._device = None
@@ -217,6 +226,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         from poptorch._capture import capture, excluding_sources
 
         started = time.perf_counter()
+        report_dir = _auto_report.report_directory()  # checked first: a bad setting fails before compiling
         leaves, spec = pytree.tree_flatten((args, kwargs))
         names = _leaf_names(self._model, args, kwargs)
         micro = [self._micro_batch_example(name, leaf) for name, leaf in zip(names, leaves)]
@@ -229,16 +239,22 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 bar.set_postfix_str(name)
 
             phase("capture")
+            if self._training and self._options.Distributed.numProcesses > 1:
+                # Every process starts from process 0's weights and buffers.
+                _distributed.join(self._options)
+                _distributed.broadcast_host_tensors([*self._model.parameters(), *self._model.buffers()])
             mode = self._model.training
             self._model.train(self._training)
             try:
                 with (
                     excluding_sources(self._options.source_location_excludes),
                     _executor_api.running_on_ipu(self._training),
+                    _blocks.recording(self._options.execution_strategy),
                 ):
                     captured = capture(self._model, mb_args, mb_kwargs)
             finally:
                 self._model.train(mode)
+            self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
                 programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
@@ -256,9 +272,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                if self._training:
+                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
-                exe = _device.compile_programs(programs.graphs, self._options)
+                exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
                 if cache:
                     cache.store(key, exe)
             else:
@@ -266,7 +284,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("compile")
             bar.n = bar.total
             bar.refresh()
+        _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
         self._captured, self._programs, self._exe = captured, programs, exe
+        distributed = self._training and self._options.Distributed.numProcesses > 1
+        self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
+        self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
+        self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -280,6 +303,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 directory = os.path.join(self._options.profile_dir, name)
             os.makedirs(directory, exist_ok=True)
             exe.profile.to_json(os.path.join(directory, "profile.json"))
+        if report_dir is not None:
+            name = self._options.model_name or ("training" if self._training else "inference")
+            logger.info("Profile report written to %s", _auto_report.write(exe.profile, report_dir, name))
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
         _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
@@ -456,29 +482,36 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """
         exe, programs, layout = self._exe, self._programs, self._layout
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
-        run_cycles = []
+        # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
+        run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
-            with _interrupt.deferred_keyboard_interrupt() as interrupted:
+            with _interrupt.deferred_keyboard_interrupt() as interrupted, self._replica_buffers.call(exe):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
                     feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
-                    cycles += exe.last_run_cycles or 0
+                    with self._replica_buffers.replica(exe, r):
+                        result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
+                    replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
+                        cycles += int(replica_cycles.max())
+                        replica_cycles[:] = 0
+                        if self._shared_gradients:
+                            _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
-                            cycles += exe.last_run_cycles or 0
-                            run_cycles[-1] += exe.last_run_cycles or 0
+                            step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
+                            cycles += step_cycles
+                            run_cycles[-1] += step_cycles
                         done = ran
                         if interrupted() and done < len(batches):
                             raise KeyboardInterrupt
@@ -492,6 +525,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
+        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
+        group = runs_per_step if self._training else ran
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
@@ -610,7 +646,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if isinstance(value, torch.nn.Parameter):
+            return _replication.grouping_methods(value, name)
+        return value
 
     def __repr__(self):
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"
@@ -633,9 +672,15 @@ def _interrupted_message(done, total):
 def _run_on_device(exe, feeds, program, graph=None):
     try:
         result = exe.run(feeds, program=program)
+    except popsim.EngineFault as exc:
+        raise UnrecoverableError(
+            f"The simulated IPU hit an unrecoverable fault: {exc}. Its memory can no longer be trusted: destroy "
+            "the model (model.destroy()) and wrap it again",
+            type="poplar_unrecoverable_runtime_error",
+        ) from exc
     except popsim.Error as exc:
         where = None
-        if graph is not None and "index(es) out of range" in str(exc):
+        if graph is not None and isinstance(exc, popsim.IndexRangeError):
             where = _device.locate_index_error(exe, graph, feeds)
         detail = f"\nThe failing op: {where}" if where else ""
         raise RecoverableError(
@@ -644,6 +689,7 @@ def _run_on_device(exe, feeds, program, graph=None):
             type="popsim_runtime_error",
         ) from exc
     _fp_exceptions.check(result)
+    _device_checks.check(result)
     _host_print.emit(result)
     return result
 

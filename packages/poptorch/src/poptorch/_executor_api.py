@@ -237,6 +237,23 @@ class ExecutorQueries:
         if self._exe is None:
             with compile_hooks():
                 self._compile(args, kwargs)
+        self._export(filename, args, kwargs, export_model)
+
+    def save(self, filename, export_model=True):
+        """Save the executable of a model already compiled (by a call or ``compile``) to ``filename``, as
+        ``compileAndExport`` does; with ``export_model`` the model, options and optimizer too, for
+        ``poptorch.load``. The file keeps zero inputs of the compiled shapes as its example inputs."""
+        if self._exe is None:
+            raise Error(
+                "save() needs a compiled model: call the model (or model.compile(...)) first, or use "
+                "compileAndExport(filename, *args)"
+            )
+        spec, signatures = self._compiled_inputs
+        leaves = [torch.zeros(s.shape, dtype=s.dtype) if hasattr(s, "dtype") else s for s in signatures]
+        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, spec)
+        self._export(filename, args, kwargs, export_model)
+
+    def _export(self, filename, args, kwargs, export_model):
         model_state = None
         if export_model:
             self.copyWeightsToHost()

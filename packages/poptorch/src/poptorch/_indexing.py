@@ -11,6 +11,7 @@ dimensions replace the indexed axes when those are adjacent, and come first othe
 import numpy as np
 
 import popir
+from poptorch import _device_checks
 from poptorch.errors import Error
 
 MASK_INDEX_HINT = (
@@ -134,7 +135,30 @@ def index_put(x, indices, values, accumulate):
         table = _op("scatter_add", table, flat, updates, axis=0)
     else:
         table = popir.ops.scatter(table, 0, flat, updates)
+        _check_no_conflicting_writes(table, flat, updates)
     return plan.untable(table)
+
+
+# Duplicates writing one value get that value back up to the rounding of their mean.
+_CONFLICT_RTOL = 1e-4
+_CONFLICT_MESSAGE = (
+    "Assigning through indices (x[index] = values or index_put_) wrote different values to one position "
+    "through duplicate indices. torch leaves which of them wins undefined (the last written on the CPU) and "
+    "the simulated IPU does not model a write order, so it refuses rather than pick one: make the indices "
+    "unique, or use index_put_(..., accumulate=True) / index_add_ to add them up"
+)
+
+
+def _check_no_conflicting_writes(table, flat, updates):
+    """Check on the device that every position written more than once got one value (``scatter`` gives the
+    mean of duplicates, which is no value torch would write when they differ)."""
+    written = _op("cast", _op("take_along_axis", table, flat, axis=0), dtype="float32")
+    wanted = _op("cast", updates, dtype="float32")
+    graph = table.graph
+    limit = _op("abs", wanted) * graph.constant(np.float32(_CONFLICT_RTOL)) + graph.constant(np.float32(1e-30))
+    conflict = _op("cast", _op("gt", _op("abs", written - wanted), limit), dtype="float32")
+    flag = _op("reduce_max", conflict, axes=None, keepdims=False)
+    _device_checks.record(graph, flag, _CONFLICT_MESSAGE, table.producer.source)
 
 
 def _masked_put(x, indices, values, accumulate):

@@ -117,8 +117,30 @@ class CaptureCtcLoss(TorchFunctionMode):
         if func is not F.ctc_loss:
             return func(*args, **kwargs)
         call = {**_CTC_DEFAULTS, **dict(zip(_CTC_ARGS, args)), **kwargs}
+        longest = _longest_target(call["target_lengths"])
         for name in ("input_lengths", "target_lengths"):
             call[name] = torch.as_tensor(call[name])
-        if call["targets"].ndim != 2:
-            raise ValueError("CTCLoss on the IPU needs padded (N, S) targets, not concatenated 1-D targets")
+        if call["targets"].ndim == 1:
+            call["targets"] = _padded_targets(call["targets"], call["target_lengths"], longest)
         return _ctc_loss(*(call[name] for name in _CTC_ARGS))
+
+
+def _longest_target(target_lengths):
+    """The longest target when the lengths are Python numbers (known at compile time), else None."""
+    if isinstance(target_lengths, (list, tuple)) and target_lengths:
+        return max(int(n) for n in target_lengths)
+    return None
+
+
+def _padded_targets(targets, target_lengths, longest):
+    """Concatenated 1-D targets as padded (N, S) rows: row n reads its own slice of ``targets`` (its start is
+    the sum of the lengths before it). S is the longest target when the lengths are known at compile time,
+    else the whole concatenation (the only bound a tensor of lengths gives); the padding repeats valid labels,
+    which the loss never reads."""
+    total = targets.shape[0]
+    if total == 0:
+        return targets.reshape(target_lengths.shape[0], 0)
+    width = total if longest is None else longest
+    starts = torch.cumsum(target_lengths, 0) - target_lengths
+    positions = starts.unsqueeze(1) + torch.arange(width, device=targets.device).unsqueeze(0)
+    return targets[positions.clamp(max=total - 1)]

@@ -105,9 +105,11 @@ class OptimizerBuilder:
         step, t = self._step(graph) if self._needs_step() else (None, None)
         rule = getattr(self, f"_{self.spec.kind}")
         for name, p in params.items():
-            p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
-            new = rule(graph, group_of[name], name, p32, grads[name], t)
-            graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
+            # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
+            with graph.annotate(module=name.rpartition(".")[0]):
+                p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
+                new = rule(graph, group_of[name], name, p32, grads[name], t)
+                graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
         if step is not None:
             graph.update(step, t)
 

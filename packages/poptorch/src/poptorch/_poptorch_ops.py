@@ -9,6 +9,7 @@ selects each output with ``torch.where`` (the same values as running one branch)
 import contextlib
 
 import torch
+import torch.fx.traceback as fx_traceback
 
 from poptorch._executor_api import capturing_training, isRunningOnIpu
 from poptorch.errors import Error
@@ -99,10 +100,16 @@ def nop(tensor):
     return tensor.clone()
 
 
+# The exported nodes' ``custom`` meta key holding the enclosing NameScopes, joined by "/".
+NAME_SCOPE_META = "poptorch_name_scope"
+
+
 @contextlib.contextmanager
 def NameScope(name):  # noqa: N802 - PopTorch's name
-    """Group the ops created inside under ``name``. Ops on the simulated IPU are named by their source
-    line, so the scope only has to be a valid name."""
+    """Group the ops created inside under ``name``: their module path in profiles starts with the enclosing
+    scopes joined by "/" (``outer/inner/layer1.0.conv2``)."""
     if not isinstance(name, str) or not name:
         raise Error(f"NameScope takes a non-empty name, got {name!r}")
-    yield
+    outer = (fx_traceback.current_meta.get("custom") or {}).get(NAME_SCOPE_META)
+    with fx_traceback.annotate({NAME_SCOPE_META: f"{outer}/{name}" if outer else name}):
+        yield

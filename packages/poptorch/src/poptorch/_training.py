@@ -4,7 +4,9 @@ Inference: one program, ``inference``. Training with gradientAccumulation x repl
 fused program, ``train`` (forward, backward, optimizer step). Otherwise two programs sharing device
 variables by name: ``accumulate`` (forward and backward, gradients added into ``_accum.<param>``
 variables), run once per micro-batch, and ``apply`` (optimizer step from the reduced accumulators, which
-it then resets). Replicas are simulated as extra micro-batches of the same step.
+it then resets). Replicas are simulated as extra micro-batches of the same step. With several processes
+(``Options.Distributed``) every process runs its own replicas and the processes sum their accumulators
+between ``accumulate`` and ``apply`` (``_distributed.all_reduce_accumulators``).
 """
 
 from dataclasses import dataclass, field
@@ -115,8 +117,11 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     _advance_rng(graph)
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
-    if micro_batches == 1:
-        builder.apply(graph, params, grads, group_of)
+    processes = options.Distributed.numProcesses
+    # Several processes sum their accumulators between the two programs, so they need the split form.
+    if micro_batches == 1 and processes == 1:
+        with graph.annotate(role="optimizer"):
+            builder.apply(graph, params, grads, group_of)
         return Programs({"train": graph}, "train", None, builder.initial, trained)
 
     initial = {}
@@ -125,20 +130,29 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
     count = _running_count(graph, apply, initial) if running else None
-    for name in trained:
-        p, g = params[name], grads[name]
-        acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
-        initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
-        # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
-        # gradients' range; Post: it holds the sum, divided once by the step.
-        graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
-        step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
-        step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
-        reduced[name] = step_acc * (1.0 / micro_batches) if mean and not running else step_acc
-        apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-    builder.apply(apply, step_params, reduced, group_of)
+    # Accumulating and resetting the gradients is optimizer work in profiles.
+    with graph.annotate(role="optimizer"), apply.annotate(role="optimizer"):
+        for name in trained:
+            p, g = params[name], grads[name]
+            acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
+            initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
+            # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
+            # gradients' range; Post: it holds the sum, divided once by the step.
+            graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
+            step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
+            step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
+            reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
+            apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
+        builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
+
+
+def _mean_of_sum(summed, micro_batches, running, processes):
+    """The mean gradient from an accumulator the processes have summed: each held the sum of its
+    micro-batches' gradients (Post) or their running mean (Running)."""
+    count = processes if running else micro_batches
+    return summed * (1.0 / count) if count > 1 else summed
 
 
 def _running_count(graph, apply, initial):

@@ -55,3 +55,45 @@ class HalfFloatCastingBehavior(enum.IntEnum):
     Default = 0
     FloatDowncastToHalf = 1
     HalfUpcastToFloat = 2
+
+
+class CommGroupType(enum.IntEnum):
+    """How replicas form groups (of ``size``): All (one group of every replica), Consecutive (replicas
+    0..size-1, size..2*size-1, ...), Orthogonal (replicas with the same index modulo R / size...: replica r
+    joins group r % (R / size)), NoGrouping (each replica alone)."""
+
+    All = 0
+    Consecutive = 1
+    Orthogonal = 2
+    NoGrouping = 3
+
+
+class VariableRetrievalMode(enum.IntEnum):
+    """Which replicas' values of a grouped variable the host reads: the first of each group, or all."""
+
+    OnePerGroup = 0
+    AllReplicas = 1
+
+
+class MatMulSerializationMode(enum.Enum):
+    """Which dimension ``serializedMatMul`` splits, for lhs (m x n) @ rhs (n x p)."""
+
+    InputChannels = "input_channels"  # m
+    ReducingDim = "reducing_dim"  # n
+    OutputChannels = "output_channels"  # p
+    Disabled = "none"
+
+
+class OverlapMode(enum.Enum):
+    """How far host transfers of a tensor marked by ``set_overlap_for_input`` / ``_output`` overlap compute."""
+
+    NoOverlap = "no_overlap"
+    OverlapAccumulationLoop = "overlap_accumulation_loop"
+    OverlapDeviceIterationLoop = "overlap_device_iteration_loop"
+
+
+class MultiConvPlanType(enum.IntEnum):
+    """How the convolutions of a ``MultiConv`` are planned together."""
+
+    Parallel = 0
+    Serial = 1

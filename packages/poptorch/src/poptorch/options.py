@@ -15,8 +15,9 @@ import os
 
 import torch
 
-from poptorch import _logging
+from poptorch import _blocks, _distributed, _logging
 from poptorch.enums import (
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MeanReductionStrategy,
@@ -31,6 +32,9 @@ IPU_VERSIONS = {"ipu1": "ipu1", "ipu2": "ipu2", "ipu21": "ipu21", 1: "ipu1", 2: 
 _DEFAULTS = {
     "deviceIterations": 1,
     "replicationFactor": 1,
+    "broadcastBuffers": True,
+    "inputGroupSize": 1,
+    "inputGroupType": CommGroupType.NoGrouping,
     "outputMode": OutputMode.Default,
     "outputReturnPeriod": 1,
     "randomSeed": None,
@@ -42,6 +46,7 @@ _DEFAULTS = {
     "showCompilationProgressBar": True,
     "executionStrategy": None,
     "autoRoundNumIPUs": False,
+    "autoRecomputation": 0,
     "enableSyntheticData": False,
     "maxRepeatLogs": 4,
     "modelName": None,
@@ -66,12 +71,17 @@ _DEFAULTS = {
     "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
+    "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
 }
 
 # Options that change the compiled program; they (with the graphs) key the executable cache.
 COMPILE_KEYS = (
     "replicationFactor",
+    "autoRecomputation",
+    "broadcastBuffers",
+    "inputGroupSize",
+    "inputGroupType",
     "allowOutOfMemory",
     "ipuVersion",
     "Training.gradientAccumulation",
@@ -81,16 +91,21 @@ COMPILE_KEYS = (
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
+    "Distributed.numProcesses",
 )
 
+# popart.RecomputationType values the simulator models -> what they recompute.
+RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
 ENV_DEFAULTS = "POPTORCH_DEFAULT_OPTIONS"
 ENV_IPU_MODEL = "POPTORCH_IPU_MODEL"
+ENV_WAIT_FOR_IPU = "POPTORCH_WAIT_FOR_IPU"
 _ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 # The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
 _POPART_OPTIONS = {
+    "autoRecomputation": "_autoRecomputation",
     "enableStableNorm": "enableStableNorm",
     "instrumentWithHardwareCycleCounter": "logCycleCount",
 }
@@ -269,17 +284,38 @@ class _PrecisionOptions(_Group):
 
 
 class _DistributedOptions(_Group):
-    """``opts.Distributed``: this process's place among several host processes."""
+    """``opts.Distributed``: this process's place among several host processes.
+
+    A new Options reads it from ``torch.distributed`` when a process group is initialised, else from
+    torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) or Open MPI's (``OMPI_COMM_WORLD_RANK``,
+    ``OMPI_COMM_WORLD_SIZE``) environment variables; ``configureProcessId`` overrides it."""
 
     _prefix = "Distributed"
 
     def configureProcessId(self, process_id, num_processes):
         """Declare this process as ``process_id`` of ``num_processes``."""
         _positive_int("numProcesses", num_processes)
-        if not 0 <= process_id < num_processes:
-            raise Error(f"processId must be in [0, {num_processes}), got {process_id}")
+        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+            raise Error(f"processId must be an integer in [0, {num_processes}), got {process_id!r}")
         self._set("processId", process_id)
         return self._set("numProcesses", num_processes)
+
+    def setEnvVarNames(self, var_num_processes, var_process_id):
+        """Read the process count and id from these environment variables (unset: process 0 of 1)."""
+        place = _distributed.from_variables(var_process_id, var_num_processes)
+        place = place or _distributed.Place(0, 1, 0)
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
+
+    def disable(self):
+        """Run as a single process whatever the environment says."""
+        self._set("localProcessId", 0)
+        return self.configureProcessId(0, 1)
+
+    def _from_environment(self):
+        place = _distributed.from_environment()
+        self._set("localProcessId", place.local_id)
+        return self.configureProcessId(place.id, place.count)
 
     @property
     def processId(self):
@@ -289,11 +325,98 @@ class _DistributedOptions(_Group):
     def numProcesses(self):
         return self._get("numProcesses")
 
+    @property
+    def localProcessId(self):
+        """This process's id among the processes of its host (torchrun's ``LOCAL_RANK``)."""
+        return self._get("localProcessId")
+
+
+class TensorLocationSettings:
+    """Where one kind of tensor lives (``Options.TensorLocations.set*Location``). The simulated IPU keeps every
+    tensor in tile memory: settings asking for that are accepted; streaming (off-chip) memory, replicated
+    tensor sharding and I/O tiles for loading are refused as not modelled when given to a ``set*Location``."""
+
+    def __init__(self):
+        self._values = {}
+
+    def _record(self, name, value, check):
+        self._values[name] = check(name, value)
+        return self
+
+    def minElementsForOffChip(self, min_elements):
+        """Tensors with fewer elements stay on the chip."""
+        return self._record("minElementsForOffChip", min_elements, _non_negative)
+
+    def minElementsForReplicatedTensorSharding(self, min_elements):
+        """Tensors with fewer elements are not sharded over replicas."""
+        return self._record("minElementsForReplicatedTensorSharding", min_elements, _non_negative)
+
+    def useOnChipStorage(self, use=True):
+        """Keep the tensors in tile memory (True) or in streaming memory (False)."""
+        return self._record("useOnChipStorage", use, _bool)
+
+    def useReplicatedTensorSharding(self, use=True):
+        """Shard the tensors over replicas."""
+        return self._record("useReplicatedTensorSharding", use, _bool)
+
+    def useIOTilesToLoad(self, use=True):
+        """Load the tensors from streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToLoad", use, _bool)
+
+    def useIOTilesToStore(self, use=True):
+        """Store the tensors to streaming memory through the I/O tiles."""
+        return self._record("useIOTilesToStore", use, _bool)
+
+    def unmodelled(self):
+        """The settings that ask for something other than tile memory, as ``name(value)`` strings."""
+        wanted = {
+            "useOnChipStorage": True,
+            "useReplicatedTensorSharding": False,
+            "useIOTilesToLoad": False,
+            "useIOTilesToStore": False,
+        }
+        return [f"{k}({v})" for k, v in self._values.items() if k in wanted and v != wanted[k]]
+
+
+def _non_negative(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Error(f"{name} takes a non-negative integer, got {value!r}")
+    return value
+
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, activations, optimizer state and
+    accumulators in tile memory)."""
 
     _prefix = "TensorLocations"
+
+    def _location(self, kind, location):
+        if not isinstance(location, TensorLocationSettings):
+            raise Error(f"set{kind}Location takes a poptorch.TensorLocationSettings, got {location!r}")
+        refused = location.unmodelled()
+        if refused:
+            raise not_modelled(
+                f"TensorLocations.set{kind}Location with {', '.join(refused)}",
+                "every tensor lives in tile memory (no streaming memory, replicated tensor sharding or I/O-tile "
+                "loading); split the model over more IPUs instead",
+            )
+        return self
+
+    def setWeightLocation(self, location):
+        """Where weights live: tile memory only on the simulated IPU."""
+        return self._location("Weight", location)
+
+    def setActivationLocation(self, location):
+        """Where activations live: tile memory only on the simulated IPU."""
+        return self._location("Activation", location)
+
+    def setOptimizerLocation(self, location):
+        """Where optimizer state lives: tile memory only on the simulated IPU."""
+        return self._location("Optimizer", location)
+
+    def setAccumulatorLocation(self, location):
+        """Where gradient accumulators live: tile memory only on the simulated IPU."""
+        return self._location("Accumulator", location)
 
     def numIOTiles(self, num_tiles):
         """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
@@ -371,6 +494,7 @@ class Options(_NoAssignment):
         self.Jit = _JitOptions(self)
         self._Popart = _PopartOptions(self)
         self._sealed = True
+        self.Distributed._from_environment()
         if os.environ.get("POPTORCH_CACHE_DIR"):
             self._values["executableCachePath"] = os.environ["POPTORCH_CACHE_DIR"]
         if os.environ.get("POPTORCH_IPU_MODEL_VERSION"):
@@ -379,6 +503,11 @@ class Options(_NoAssignment):
             self._values["useIpuModel"] = _env_flag(ENV_IPU_MODEL)
         if os.environ.get(ENV_DEFAULTS):
             self._apply_json(os.environ[ENV_DEFAULTS], f"the environment variable {ENV_DEFAULTS}")
+        if os.environ.get(ENV_WAIT_FOR_IPU) and _env_flag(ENV_WAIT_FOR_IPU):
+            # PopTorch then waits for a free IPU when attaching; a simulated IPU is always free.
+            _logging.logger.debug(
+                "%s is set: a simulated IPU is always free, so attaching never waits", ENV_WAIT_FOR_IPU
+            )
 
     # -- store ----------------------------------------------------------------------------------
     def _set(self, key, value):
@@ -475,6 +604,25 @@ class Options(_NoAssignment):
         """Number of replicas; simulated as micro-batches whose gradients are reduced together."""
         return self._set("replicationFactor", _positive_int("replicationFactor", replication_factor))
 
+    def broadcastBuffers(self, broadcast_buffers=True):
+        """Keep buffers in sync between replicas (default). PopTorch cannot broadcast buffers, so a model that
+        updates buffers (BatchNorm running statistics, in-place copies) on replicas needs
+        ``broadcastBuffers(False)``: each replica then keeps its own buffers, and reading them on the host
+        gives the first replica's."""
+        return self._set("broadcastBuffers", _bool("broadcastBuffers", broadcast_buffers))
+
+    def inputReplicaGrouping(self, input_group_size, input_group_type):
+        """Replicas of one group of ``input_group_size`` receive the same inputs, so a call's inputs hold
+        ``replicationFactor / input_group_size`` micro-batches per iteration. Groups are Consecutive
+        (replicas 0..size-1 share the first micro-batch) or Orthogonal (replica r takes micro-batch
+        r % (replicationFactor / size)); All gives every replica the same inputs, NoGrouping (the default)
+        each its own."""
+        input_group_type = _enum("inputReplicaGrouping", CommGroupType, input_group_type)
+        if input_group_type in (CommGroupType.Consecutive, CommGroupType.Orthogonal):
+            input_group_size = _positive_int("input_group_size", input_group_size)
+        self._set("inputGroupSize", input_group_size)
+        return self._set("inputGroupType", input_group_type)
+
     def outputMode(self, output_mode, output_return_period=None):
         """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default.
 
@@ -525,11 +673,30 @@ class Options(_NoAssignment):
         return self._set("showCompilationProgressBar", _bool("showCompilationProgressBar", show))
 
     def setExecutionStrategy(self, strategy):
-        """How multi-IPU blocks execute (PipelinedExecution by default)."""
+        """How the model's blocks run over IPUs: a PipelinedExecution (the default when blocks are used),
+        ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution."""
+        if not isinstance(strategy, _blocks.STRATEGIES):
+            names = ", ".join(f"poptorch.{s.__name__}" for s in _blocks.STRATEGIES)
+            raise Error(f"setExecutionStrategy takes an execution strategy ({names}), got {strategy!r}")
         return self._set("executionStrategy", strategy)
 
+    def _autoRecomputation(self, recomputation):
+        """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
+        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
+        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
+        4 (RecomputeAll) does the same with no stage boundaries. Standard (1) and NormOnly (2) choose their
+        checkpoints by PopART heuristics the simulator does not model."""
+        if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
+            raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
+        if recomputation not in RECOMPUTATION:
+            raise not_modelled(
+                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
+                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
+            )
+        return self._set("autoRecomputation", recomputation)
+
     def autoRoundNumIPUs(self, auto_round=True):
-        """Round the number of IPUs up to a power of two."""
+        """Allocate a power-of-two number of IPUs when the model uses another number (else that is an error)."""
         return self._set("autoRoundNumIPUs", _bool("autoRoundNumIPUs", auto_round))
 
     def enableSyntheticData(self, enabled):
@@ -618,12 +785,48 @@ class Options(_NoAssignment):
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
     @property
+    def execution_strategy(self):
+        return self._values["executionStrategy"]
+
+    @property
+    def recomputation(self):
+        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        return RECOMPUTATION[self._values["autoRecomputation"]]
+
+    @property
+    def auto_round_num_ipus(self):
+        return self._values["autoRoundNumIPUs"]
+
+    @property
     def device_iterations(self):
         return self._values["deviceIterations"]
 
     @property
     def replication_factor(self):
         return self._values["replicationFactor"]
+
+    @property
+    def broadcast_buffers(self):
+        return self._values["broadcastBuffers"]
+
+    @property
+    def input_replica_groups(self):
+        """The input group of each replica (``inputReplicaGrouping``), as a list of group indices."""
+        replicas, kind = self.replication_factor, self._values["inputGroupType"]
+        size = {CommGroupType.All: replicas, CommGroupType.NoGrouping: 1}.get(kind, self._values["inputGroupSize"])
+        if replicas % size:
+            raise Error(
+                f"inputReplicaGrouping({size}, CommGroupType.{kind.name}) needs a group size dividing "
+                f"replicationFactor({replicas})"
+            )
+        if kind == CommGroupType.Orthogonal:
+            return [r % (replicas // size) for r in range(replicas)]
+        return [r // size for r in range(replicas)]
+
+    @property
+    def input_replication_factor(self):
+        """Replicas with distinct inputs: a call's inputs hold this many micro-batches per iteration."""
+        return max(self.input_replica_groups) + 1
 
     @property
     def output_mode(self):

@@ -80,6 +80,8 @@ exp = defop("exp", infer=lambda x: x, ref=np.exp, vjp=lambda ins, outs, cts: (ct
 
 
 def _broadcast_infer(x, shape):
+    """Output: ``shape``, x's dtype; x's shape must broadcast to it (NumPy rules: aligned at the right, each
+    dim 1 or equal), with no fewer dims."""
     shape = tuple(shape)
     if len(shape) < len(x.shape) or broadcast_shapes(x.shape, shape) != shape:
         raise IRError(f"cannot broadcast {list(x.shape)} to {list(shape)}")
@@ -91,10 +93,13 @@ broadcast_to = defop(
     infer=_broadcast_infer,
     ref=lambda x, shape: np.broadcast_to(x, shape),
     vjp=lambda ins, outs, cts, shape: (sum_to(cts[0], ins[0].shape),),
+    doc="x repeated along new leading axes and size-1 axes to ``shape`` (no copy in the reference); the "
+    "gradient sums back over the broadcast axes.",
 )
 
 
 def _reshape_infer(x, shape):
+    """Output: ``shape``, x's dtype; the element counts must match (no -1 placeholder: give every dim)."""
     shape = tuple(shape)
     if int(np.prod(shape, dtype=np.int64)) != x.size or any(d < 0 for d in shape):
         raise IRError(f"cannot reshape {list(x.shape)} ({x.size} elements) to {list(shape)}")
@@ -106,6 +111,7 @@ reshape = defop(
     infer=_reshape_infer,
     ref=lambda x, shape: np.reshape(x, shape),
     vjp=lambda ins, outs, cts, shape: (reshape(cts[0], shape=ins[0].shape),),
+    doc="x's elements in row-major (C) order laid out in ``shape``, as np.reshape and torch.reshape.",
 )
 
 

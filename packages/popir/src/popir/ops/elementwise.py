@@ -78,12 +78,15 @@ sigmoid = defop(
     infer=float_unary,
     ref=_sigmoid_ref,
     vjp=lambda ins, outs, cts: (cts[0] * outs[0] * (1.0 - outs[0]),),
+    doc="1 / (1 + exp(-x)), evaluated without overflow for large |x|.",
 )
 erf = defop(
     "erf",
     infer=float_unary,
     ref=_erf_ref,
     vjp=lambda ins, outs, cts: (cts[0] * exp(-(ins[0] * ins[0])) * (2.0 / math.sqrt(math.pi)),),
+    doc="The Gauss error function 2/sqrt(pi) * integral of exp(-t^2) from 0 to x (float only; the reference "
+    "is a series near 0 and a continued fraction beyond, without SciPy).",
 )
 sin = defop("sin", infer=float_unary, ref=np.sin, vjp=lambda ins, outs, cts: (cts[0] * cos(ins[0]),))
 cos = defop("cos", infer=float_unary, ref=np.cos, vjp=lambda ins, outs, cts: (-(cts[0] * sin(ins[0])),))

@@ -2,14 +2,12 @@
 
 import math
 
-import numpy as np
-
 from popir.ops._infer import norm_axes
 from popir.ops.base import exp, full, reduce_sum, reshape, zeros_like
 from popir.ops.elementwise import abs_, cast, gt, log, ne, pow_, sqrt, where
-from popir.ops.movement import slice_
+from popir.ops.movement import pad, slice_
 from popir.ops.ordering import sort
-from popir.ops.reduction import reduce_max, reduce_min, reduce_prod
+from popir.ops.reduction import reduce_max, reduce_min
 
 
 def count(x, axes):
@@ -64,15 +62,26 @@ def norm(x, p=2.0, axes=None, keepdims=False):
     return pow_(total, total.graph.constant(1.0 / p, x.dtype))
 
 
-def cumprod(x, axis):
-    """torch.cumprod along ``axis``: out[i] is the product of x[j] for j <= i (a masked reduce_prod)."""
+def doubling_scan(x, axis, combine, identity):
+    """Inclusive running ``combine`` (an associative binary function) along ``axis``: after the step with
+    shift s, out[i] combines the 2s entries ending at i (the ``identity`` pads before the start). log2(n)
+    elementwise steps, so memory stays linear in x, unlike an n x n masked reduction."""
     axis = axis % x.ndim
     n = x.shape[axis]
-    # spread[..., i, j, ...] = x[..., j, ...] where j <= i, else 1.
-    lower = np.tril(np.ones((n, n), dtype=bool)).reshape((1,) * axis + (n, n) + (1,) * (x.ndim - axis - 1))
-    spread = reshape(x, shape=x.shape[:axis] + (1,) + x.shape[axis:])
-    picked = where(x.graph.constant(lower), spread, x.graph.constant(np.ones((), x.dtype.numpy)))
-    return reduce_prod(picked, axes=(axis + 1,), keepdims=False)
+    shift = 1
+    while shift < n:
+        stops = tuple(n - shift if a == axis else d for a, d in enumerate(x.shape))
+        earlier = slice_(x, starts=(0,) * x.ndim, stops=stops)
+        pads = tuple((shift, 0) if a == axis else (0, 0) for a in range(x.ndim))
+        x = combine(x, pad(earlier, pads=pads, value=identity))
+        shift *= 2
+    return x
+
+
+def cumprod(x, axis):
+    """torch.cumprod along ``axis``: out[i] is the product of x[j] for j <= i (a doubling scan, so zeros need
+    no division)."""
+    return doubling_scan(x, axis, lambda a, b: a * b, 1.0)
 
 
 def median(x, axis=None, keepdims=False):

@@ -7,11 +7,8 @@ same rules, so one forward sweep already simplifies chains. Every node emitted w
 node carries that node's annotations (its ``source`` line).
 """
 
-from popir.graph import Graph, Node, TensorType
+from popir.graph import ANNOTATIONS, Graph, Node, TensorType
 from popir.registry import get_op
-
-# Node slots that annotate a node rather than define it; a rewrite keeps them.
-_ANNOTATIONS = tuple(s for s in Node.__slots__ if s not in ("op", "inputs", "attrs", "outputs"))
 
 
 class Rebuilder:
@@ -55,7 +52,7 @@ class Rebuilder:
             types = self.infer(op, inputs, attrs)
         graph = self.graph
         node = Node(op, list(inputs), attrs, [])
-        for slot in _ANNOTATIONS:
+        for slot in ANNOTATIONS:
             setattr(node, slot, getattr(self._origin, slot) if self._origin is not None else None)
         node.outputs = [graph._new_value(t, producer=node) for t in types]
         graph.nodes.append(node)

@@ -1,0 +1,126 @@
+"""Where device work and memory came from, for profiles: the popir node behind each compute set, exchange
+and tensor (module path, frontend op, source line, role), each tensor's memory category, and the liveness of
+memory over a program."""
+
+import numpy as np
+
+from popsim.device_graph import ComputeSet, Copy, Execute, If, StreamCopy, children
+
+# Memory categories of tensors; the profile adds the per-tile "vertex state" and "code" of compute sets.
+CATEGORIES = ("variables", "optimizer state", "inputs", "activations", "gradients", "temporaries", "constants")
+_ORIGIN_FIELDS = ("module", "aten", "source", "role")
+# A popir value's storage by the role of the node that made it; the rest of what planners make is temporary.
+_VALUE_CATEGORY = {"forward": "activations", "backward": "gradients", "optimizer": "temporaries", None: "activations"}
+_PINNED_CATEGORY = {"input": "inputs", "constant": "constants"}
+
+
+def origin_of(node):
+    """The provenance of the popir node a step or tensor was lowered from, as JSON: its popir ``op`` and
+    whichever of module, aten, source and role are known; {} when there is none (hand-built programs, and
+    the output and update copies that end a program)."""
+    if node is None:
+        return {}
+    origin = {"op": node.op}
+    for name in _ORIGIN_FIELDS:
+        value = getattr(node, name, None)
+        if value is not None:
+            origin[name] = value
+    return origin
+
+
+def busy_ipus(target, per_tile):
+    """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
+    busy = np.flatnonzero(np.asarray(per_tile).reshape(target.num_ipus, -1).any(axis=1))
+    return busy.tolist()
+
+
+def category(storage, dg):
+    """The memory category (one of ``CATEGORIES``) of a tensor storage of ``dg``."""
+    if storage.category == "variable":
+        return "optimizer state" if dg.state_kinds.get(storage.name) == "optimizer_state" else "variables"
+    if storage.category in _PINNED_CATEGORY:
+        return _PINNED_CATEGORY[storage.category]
+    if storage.id in dg.node_outputs:
+        return _VALUE_CATEGORY.get(getattr(storage.origin, "role", None), "activations")
+    return "temporaries"
+
+
+def program_points(program):
+    """The steps of ``program`` in the order the allocator numbers its liveness (``executable._liveness``):
+    each ComputeSet, Copy and StreamCopy, and each If (its condition test), loop bodies once."""
+    points = []
+
+    def walk(step):
+        if isinstance(step, Execute):
+            step = step.compute_set
+        if isinstance(step, ComputeSet | Copy | StreamCopy):
+            points.append(step)
+            return
+        if isinstance(step, If):
+            points.append(step)
+        for child in children(step):
+            walk(child)
+
+    walk(program)
+    return points
+
+
+def memory_map(dg, placed, program, num_tiles):
+    """Tensors and liveness of one program for its profile.
+
+    ``placed`` lists (storage, first, last) of every storage the program's memory holds (variables and
+    constants with first = -1 and last = None: resident throughout). Returns (tensors, per-tile bytes by
+    category, liveness): each tensor with its category, provenance, live range and bytes per tile; the
+    liveness gives, at each program point, the bytes live in each category over all tiles. A tensor's bytes per
+    tile are ``tile_runs``."""
+    points = program_points(program)
+    count = len(points) + 1  # the last point streams the outputs out
+    tensors = []
+    per_tile = {name: np.zeros(num_tiles, np.int64) for name in CATEGORIES}
+    live = {name: np.zeros(count + 1, np.int64) for name in CATEGORIES}
+    for storage, first, last in placed:
+        m = storage.mapping
+        sizes = np.bincount(m.tiles, weights=(m.stops - m.starts) * storage.itemsize, minlength=num_tiles)
+        tiles = np.flatnonzero(sizes)
+        if not tiles.size:
+            continue
+        kind = category(storage, dg)
+        nbytes = int(sizes.sum())
+        per_tile[kind] += sizes.astype(np.int64)
+        start, stop = max(first, 0), count if last is None else min(last, count - 1) + 1
+        live[kind][start] += nbytes
+        live[kind][stop] -= nbytes
+        tensors.append(
+            {
+                "name": storage.name,
+                "category": kind,
+                "bytes": nbytes,
+                "first": int(first),
+                "last": None if last is None else int(last),
+                "tile_runs": tile_runs(tiles, sizes[tiles].astype(np.int64)),
+                **origin_of(storage.origin),
+            }
+        )
+    labels = [_point_label(step) for step in points] + ["stream outputs out"]
+    liveness = {
+        "points": labels,
+        "modules": [origin_of(getattr(step, "origin", None)).get("module") for step in points] + [None],
+        "bytes": {name: np.cumsum(curve[:-1]).tolist() for name, curve in live.items()},
+    }
+    return tensors, {name: arr.tolist() for name, arr in per_tile.items()}, liveness
+
+
+def tile_runs(tiles, nbytes):
+    """[first tile, tile count, bytes on each] for each run of consecutive ``tiles`` holding equal ``nbytes``:
+    a linearly mapped tensor over a thousand tiles takes two runs, not a thousand entries."""
+    starts = np.flatnonzero(np.r_[True, (np.diff(tiles) != 1) | (np.diff(nbytes) != 0)])
+    counts = np.diff(np.r_[starts, tiles.size])
+    return np.stack([tiles[starts], counts, nbytes[starts]], axis=1).tolist()
+
+
+def _point_label(step):
+    if isinstance(step, If):
+        return "if (condition test)"
+    if isinstance(step, StreamCopy):
+        return f"stream-{'in' if step.to_device else 'out'} {step.stream}"
+    return step.name

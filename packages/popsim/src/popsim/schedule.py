@@ -1,0 +1,184 @@
+"""The multi-IPU schedule of a program run once per micro-batch: its stages run one after another (sharded)
+or overlapped over the IPUs (pipelined, GPipe-style with gradient accumulation).
+
+Each profile step of a placed node names its (stage, IPU) and role; a stage's forward cycles per micro-batch
+are those of its forward steps with their syncs, its backward cycles those of the rest (gradients and the
+accumulation into them). Steps of no stage (host transfers, control, unplaced work) run once per micro-batch
+outside the pipeline.
+
+Pipelined, ``M`` micro-batches over ``S`` stages take ``M + S - 1`` forward slots, then ``M + S - 1``
+backward slots, each as long as the busiest IPU's forward (backward) work on one micro-batch: while IPU k
+runs the forward of micro-batch i, IPU k+1 runs that of micro-batch i-1, and the backward wave runs the other
+way. The ``S - 1`` forward slots before every IPU is busy are the ramp-up, the ``S - 1`` backward slots after
+the first IPU is done the ramp-down.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Cycles of one step of ``micro_batches`` runs of a program over its stages."""
+
+    micro_batches: int
+    pipelined: bool
+    forward_cycles: dict = field(default_factory=dict)  # stage -> forward cycles per micro-batch
+    backward_cycles: dict = field(default_factory=dict)  # stage -> backward cycles per micro-batch
+    stage_ipu: dict = field(default_factory=dict)  # stage -> IPU
+    outside_cycles: int = 0  # per micro-batch, in no stage
+    forward_slot: int = 0  # the busiest IPU's forward cycles per micro-batch
+    backward_slot: int = 0  # the busiest IPU's backward cycles per micro-batch
+
+    @property
+    def stages(self):
+        return sorted(self.stage_ipu)
+
+    @property
+    def ramp_up_cycles(self):
+        """Forward slots before the last stage starts (0 when not pipelined)."""
+        return (len(self.stage_ipu) - 1) * self.forward_slot if self.pipelined else 0
+
+    @property
+    def ramp_down_cycles(self):
+        """Backward slots after the last stage's backward is done (0 when not pipelined)."""
+        return (len(self.stage_ipu) - 1) * self.backward_slot if self.pipelined else 0
+
+    @property
+    def main_cycles(self):
+        """The slots in which every IPU works (pipelined)."""
+        return self.micro_batches * (self.forward_slot + self.backward_slot) if self.pipelined else 0
+
+    @property
+    def serial_cycles(self):
+        """The step's cycles with the stages run one after another (sharded)."""
+        staged = sum(self.forward_cycles.values()) + sum(self.backward_cycles.values())
+        return self.micro_batches * (staged + self.outside_cycles)
+
+    @property
+    def total_cycles(self):
+        """The step's cycles under this schedule."""
+        if not self.pipelined:
+            return self.serial_cycles
+        return self.ramp_up_cycles + self.main_cycles + self.ramp_down_cycles + self.micro_batches * self.outside_cycles
+
+    def timeline(self):
+        """When each stage works on each micro-batch: dicts of ipu, stage, micro_batch, pass ("forward" or
+        "backward"), start and end cycles within the step (work outside the stages is not listed)."""
+        if self.pipelined:
+            return self._pipelined_timeline()
+        entries, now = [], 0
+        order = [(s, "forward") for s in self.stages] + [(s, "backward") for s in reversed(self.stages)]
+        for batch in range(self.micro_batches):
+            for stage, direction in order:
+                cycles = (self.forward_cycles if direction == "forward" else self.backward_cycles).get(stage, 0)
+                if cycles:
+                    entries.append(self._entry(stage, batch, direction, now, now + cycles))
+                    now += cycles
+            now += self.outside_cycles
+        return entries
+
+    def _pipelined_timeline(self):
+        # Forward of micro-batch i on the k-th stage in slot i + k; the backward wave runs from the last stage.
+        entries, count = [], len(self.stages)
+        backward_start = (self.micro_batches + count - 1) * self.forward_slot
+        for k, stage in enumerate(self.stages):
+            for batch in range(self.micro_batches):
+                start = (batch + k) * self.forward_slot
+                entries.append(self._entry(stage, batch, "forward", start, start + self.forward_cycles.get(stage, 0)))
+                start = backward_start + (batch + count - 1 - k) * self.backward_slot
+                end = start + self.backward_cycles.get(stage, 0)
+                entries.append(self._entry(stage, batch, "backward", start, end))
+        return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
+
+    def _entry(self, stage, batch, direction, start, end):
+        return {
+            "ipu": self.stage_ipu[stage],
+            "stage": stage,
+            "micro_batch": batch,
+            "pass": direction,
+            "start": start,
+            "end": end,
+        }
+
+    def as_dict(self):
+        """The schedule for a profile: per stage its IPU and cycles per micro-batch, the phases' cycles."""
+        return {
+            "micro_batches": self.micro_batches,
+            "pipelined": self.pipelined,
+            "stages": {
+                s: {
+                    "ipu": self.stage_ipu[s],
+                    "forward_cycles": self.forward_cycles.get(s, 0),
+                    "backward_cycles": self.backward_cycles.get(s, 0),
+                }
+                for s in self.stages
+            },
+            "outside_stages_cycles": self.outside_cycles,
+            "ramp_up_cycles": self.ramp_up_cycles,
+            "main_cycles": self.main_cycles,
+            "ramp_down_cycles": self.ramp_down_cycles,
+            "serial_cycles": self.serial_cycles,
+            "total_cycles": self.total_cycles,
+            "timeline": self.timeline(),
+        }
+
+
+def step_schedule(program, target, micro_batches, pipelined):
+    """The Schedule of ``micro_batches`` runs of ``program`` (a ``Profile.programs`` entry) compiled for
+    ``target`` (its graph target), pipelined or sharded."""
+    passes = {"forward": {}, "backward": {}}
+    stage_ipu = {}
+    for step in program["steps"]:
+        if "stage" not in step:
+            continue
+        cycles = passes["forward" if step.get("role") in (None, "forward") else "backward"]
+        cycles[step["stage"]] = cycles.get(step["stage"], 0) + step["cycles"] + target.bsp_sync_cycles
+        stage_ipu[step["stage"]] = step["ipu"]
+    staged = sum(sum(c.values()) for c in passes.values())
+    return Schedule(
+        micro_batches,
+        pipelined,
+        passes["forward"],
+        passes["backward"],
+        stage_ipu,
+        max(0, program["total_cycles"] - staged),
+        _busiest(passes["forward"], stage_ipu),
+        _busiest(passes["backward"], stage_ipu),
+    )
+
+
+def _busiest(stage_cycles, stage_ipu):
+    """The largest total over the stages of one IPU."""
+    per_ipu = {}
+    for stage, cycles in stage_cycles.items():
+        per_ipu[stage_ipu[stage]] = per_ipu.get(stage_ipu[stage], 0) + cycles
+    return max(per_ipu.values(), default=0)
+
+
+def stash_per_tile(program, target, stage_ipu):
+    """Bytes each tile adds when a pipeline keeps the activations of several micro-batches: with ``S``
+    stages, the k-th stage (in order) holds ``2 (S - 1 - k) + 1`` micro-batches between their forward and
+    backward passes, as PopART's stashes do, so each forward activation still live when the backward pass
+    starts is kept ``2 (S - 1 - k)`` more times (an IPU with several stages, for its earliest one). Returns
+    an int64 array over the tiles of ``target``."""
+    stages = sorted(stage_ipu)
+    extra = {}
+    for k, stage in enumerate(stages):
+        ipu = stage_ipu[stage]
+        extra[ipu] = max(extra.get(ipu, 0), 2 * (len(stages) - 1 - k))
+    tensors = program.get("tensors", ())
+    stash = np.zeros(target.num_tiles, np.int64)
+    backward = [t["first"] for t in tensors if t.get("role") == "backward" and t["first"] >= 0]
+    if not backward:
+        return stash
+    start = min(backward)
+    for t in tensors:
+        if t.get("role") != "forward" or t["category"] != "activations" or t["last"] is None:
+            continue
+        if t["first"] < start <= t["last"]:
+            tiles = np.asarray(t["tiles"], np.int64)
+            copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
+            stash[tiles] += np.asarray(t["tile_bytes"], np.int64) * copies
+    return stash

@@ -1,0 +1,96 @@
+"""Training on several processes joined by torch.distributed (gloo on localhost): 2 processes x 2 replicas
+match eager PyTorch on the combined batch step by step, and a process that stops fails the others."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import distributed_worker as worker
+import pytest
+import torch
+
+import poptorch
+
+PROCESSES = 2
+# Generous for two compilations on a shared machine; a hang would otherwise stall CI.
+RUN_TIMEOUT = 240
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
+    port = _free_port()
+    processes = []
+    for rank in range(PROCESSES):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(PROCESSES), LOCAL_RANK=str(rank))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), POPTORCH_DISTRIBUTED_TIMEOUT=str(timeout_seconds))
+        command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}.pt"), mode, reduction]
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=RUN_TIMEOUT)
+            results.append((process.returncode, out, err))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return results
+
+
+def _eager(steps, summed):
+    """Process 0's initial model trained in eager PyTorch on the combined batch of every process (with
+    ``summed``, on the sum of the replicas' gradients instead of their mean)."""
+    model, optimizer = worker.make_model(seed=0)
+    x, labels = worker.global_batches(PROCESSES)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        _, loss = model(x[step], labels[step])
+        (loss * PROCESSES * worker.REPLICAS if summed else loss).backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), model.state_dict()
+
+
+@pytest.mark.parametrize("reduction", sorted(worker.REDUCTIONS))
+def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_path, reduction):
+    results = _launch(tmp_path, "train", timeout_seconds=120, reduction=reduction)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+    expected_losses, expected_state = _eager(worker.STEPS, summed=reduction == "sum")
+    # Each process returns its replicas' losses per step; their mean is the combined batch's loss.
+    losses = torch.cat([run["losses"] for run in runs], dim=1).mean(dim=1)
+    torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-6)
+    for run in runs:
+        for name, value in expected_state.items():
+            torch.testing.assert_close(run["state"][name], value, rtol=1e-5, atol=1e-6)
+    for name in expected_state:
+        assert torch.equal(runs[0]["state"][name], runs[1]["state"][name]), name
+
+
+def test_a_process_that_stops_makes_the_others_fail_clearly(tmp_path):
+    results = _launch(tmp_path, "die", timeout_seconds=20)
+    (code, _, err), (dead, _, _) = results
+    assert dead == 3
+    assert code != 0
+    assert "poptorch.errors.Error" in err
+    assert "with the other processes failed (process 0 of 2)" in err, err[-3000:]
+
+
+def test_a_process_without_a_rendezvous_address_is_told_how_to_launch(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.Distributed.configureProcessId(1, 2)
+    model, optimizer = worker.make_model(seed=0)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    with pytest.raises(poptorch.Error, match="MASTER_ADDR and MASTER_PORT not set. Launch with torchrun"):
+        training(torch.randn(2, worker.FEATURES), torch.tensor([0, 1]))

@@ -1,0 +1,164 @@
+"""Memory controls: serializedMatMul computes the same product as smaller ones, one after another, which
+lowers the peak tile memory of the simulated program and costs cycles, as PopTorch documents."""
+
+import pytest
+import torch
+
+import popsim
+import poptorch
+
+M, N, P = 128, 256, 256
+FACTOR = 4
+
+
+class Product(torch.nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(N, P))
+        self.mode = mode
+
+    def forward(self, x):
+        return poptorch.serializedMatMul(x, self.w, self.mode, FACTOR)
+
+
+def _profile(mode, x):
+    torch.manual_seed(0)
+    model = Product(mode)
+    executor = poptorch.inferenceModel(model, poptorch.Options().showCompilationProgressBar(False))
+    out = executor(x)
+    torch.testing.assert_close(out, x @ model.w, rtol=1e-5, atol=1e-4)
+    return executor.profile.programs["inference"]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        poptorch.MatMulSerializationMode.InputChannels,
+        poptorch.MatMulSerializationMode.ReducingDim,
+        poptorch.MatMulSerializationMode.OutputChannels,
+    ],
+)
+def test_serialized_matmul_lowers_peak_tile_memory_and_costs_cycles(monkeypatch, mode):
+    small = popsim.Target.small(num_tiles=8, tile_bytes=1024 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: small)
+    x = torch.randn(M, N)
+    whole = _profile(poptorch.MatMulSerializationMode.Disabled, x)
+    split = _profile(mode, x)
+    assert split["memory_max_tile_bytes"] < whole["memory_max_tile_bytes"]
+    assert split["total_cycles"] > whole["total_cycles"]
+
+
+def test_serialized_matmul_checks_its_arguments_and_keeps_precision():
+    a, b = torch.randn(4, 6), torch.randn(6, 8)
+    with pytest.raises(poptorch.Error, match="factor 4 does not divide the ReducingDim dimension \\(6\\)"):
+        poptorch.serializedMatMul(a, b, poptorch.MatMulSerializationMode.ReducingDim, 4)
+    with pytest.raises(poptorch.Error, match="mode must be a poptorch.MatMulSerializationMode"):
+        poptorch.serializedMatMul(a, b, "ReducingDim", 2)
+    half_a, half_b = a.half(), b.half()
+    kept = poptorch.serializedMatMul(half_a, half_b, poptorch.MatMulSerializationMode.ReducingDim, 3, True)
+    assert kept.dtype == torch.float16
+    torch.testing.assert_close(kept.float(), half_a.float() @ half_b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_tensor_locations_keep_tile_memory_and_refuse_streaming_memory():
+    opts = poptorch.Options()
+    on_chip = poptorch.TensorLocationSettings().useOnChipStorage(True).minElementsForOffChip(16)
+    for setter in ("setWeightLocation", "setActivationLocation", "setOptimizerLocation", "setAccumulatorLocation"):
+        assert getattr(opts.TensorLocations, setter)(on_chip) is opts.TensorLocations
+    off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False)
+    with pytest.raises(poptorch.Error, match=r"setWeightLocation with useOnChipStorage\(False\) is not modelled"):
+        opts.TensorLocations.setWeightLocation(off_chip)
+    sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
+    with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+        opts.TensorLocations.setOptimizerLocation(sharded)
+    with pytest.raises(poptorch.Error, match="takes a poptorch.TensorLocationSettings"):
+        opts.TensorLocations.setAccumulatorLocation({"useOnChipStorage": False})
+    with pytest.raises(poptorch.Error, match="useOnChipStorage takes True or False"):
+        poptorch.TensorLocationSettings().useOnChipStorage("no")
+
+
+class Budgeted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return poptorch.set_available_memory(self.linear(x), 0.2)
+
+
+def test_set_available_memory_is_an_identity_on_the_cpu_and_refused_on_the_device():
+    model = Budgeted()
+    x = torch.rand(2, 4)
+    torch.testing.assert_close(model(x), model.linear(x))
+    with pytest.raises(poptorch.Error, match="set_available_memory is not modelled by the simulated IPU"):
+        poptorch.inferenceModel(model)(x)
+
+
+LAYERS = 8
+
+
+class Deep(torch.nn.Module):
+    """Narrow layers on a large batch: the activations dominate tile memory."""
+
+    def __init__(self, checkpoint_every=0):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(LAYERS))
+        self.every = checkpoint_every
+
+    def forward(self, x, y):
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if self.every and i % self.every == self.every - 1 and i < LAYERS - 1:
+                x = poptorch.recomputationCheckpoint(x)
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _train(recomputation, checkpoint_every, ipus=1):
+    torch.manual_seed(0)
+    model = Deep(checkpoint_every)
+    if ipus > 1:
+        poptorch.BeginBlock(model.layers[LAYERS // 2], ipu_id=1)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts._Popart.set("autoRecomputation", recomputation)
+    if ipus > 1:
+        opts.Training.gradientAccumulation(4)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(3)
+    x, y = (
+        torch.randn(512 * (4 if ipus > 1 else 1), 32, generator=g),
+        torch.randn(512 * (4 if ipus > 1 else 1), 32, generator=g),
+    )
+    out, loss = trained(x, y)
+    program = trained.profile.programs["accumulate" if ipus > 1 else "train"]
+    return out, loss, [p.detach().clone() for p in trained.parameters()], program
+
+
+def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatch):
+    roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *kept, kept_program = _train(0, 0)
+    *again, again_program = _train(4, 2)  # RecomputeAll from a checkpoint every second layer
+    torch.testing.assert_close(again[:2], kept[:2])
+    torch.testing.assert_close(again[2], kept[2])
+    assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
+    assert again_program["total_cycles"] > kept_program["total_cycles"]
+    # On tiles of 256 KiB the model only trains with recomputation.
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: popsim.Target.small(num_tiles=4))
+    with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU"):
+        _train(0, 0)
+    *fits, _ = _train(4, 2)
+    torch.testing.assert_close(fits[2], kept[2])
+    # Pipeline recomputation: each stage recomputes from its own inputs; numbers unchanged.
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *piped, _ = _train(3, 2, ipus=2)
+    *piped_kept, _ = _train(0, 2, ipus=2)
+    torch.testing.assert_close(piped[2], piped_kept[2])
+
+
+def test_recomputation_settings_poptorch_cannot_model_are_refused():
+    opts = poptorch.Options()
+    with pytest.raises(poptorch.Error, match=r"autoRecomputation 1 \(Standard\) is not modelled"):
+        opts._Popart.set("autoRecomputation", 1)
+    with pytest.raises(poptorch.Error, match="takes a popart.RecomputationType value 0-4"):
+        opts._Popart.set("autoRecomputation", 7)
+    assert opts._Popart.set("autoRecomputation", 3) is opts._Popart and opts.recomputation == "pipeline"

@@ -1,0 +1,169 @@
+"""The tutorial CNN's HTML profile report in headless Chromium (Debian's, driven by Selenium): the summary,
+timeline and tile heat map are drawn without console errors, clicking a tile lists its tensors, the
+operation table sorts, and the comparison view shows. Screenshots go to ``REPORT_ARTIFACTS`` (the nox
+session's tmp folder) or pytest's tmp_path."""
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+import popir
+import popsim
+import poptorch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+from train_digits import ClassificationModel, ModelWithLoss  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CHROMIUM_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,900")
+BATCH = 16
+WAIT_SECONDS = 60
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    folder = os.environ.get("REPORT_ARTIFACTS")
+    path = pathlib.Path(folder) if folder else tmp_path_factory.mktemp("report")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile():
+    torch.manual_seed(0)
+    model = ModelWithLoss(ClassificationModel(), torch.nn.NLLLoss())
+    options = poptorch.Options().randomSeed(0)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    training.compile(torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,)))
+    return training.profile
+
+
+@pytest.fixture(scope="module")
+def browser(monkeypatch_module):
+    # Never let Selenium fetch a driver or a browser: both come from Debian's packages.
+    monkeypatch_module.setenv("SE_OFFLINE", "true")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in CHROMIUM_ARGS:
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _open(browser, path):
+    browser.get(path.resolve().as_uri())
+    WebDriverWait(browser, WAIT_SECONDS).until(
+        lambda d: (
+            d.find_elements(By.CSS_SELECTOR, "#heatmap-chart .heatmaplayer")
+            and d.find_elements(By.CSS_SELECTOR, "#liveness-chart .scatterlayer")
+        )
+    )
+
+
+def _errors(browser):
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _click_tile(browser, tile):
+    """Click the heat map cell of ``tile`` where a user would: at its pixel on the plot."""
+    dx, dy = browser.execute_script(
+        """const gd = document.getElementById("heatmap-chart"), tile = arguments[0];
+        const cols = gd.data[0].z[0].length, xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        return [xa.l2p(tile % cols) - xa._length / 2, ya.l2p(Math.floor(tile / cols)) - ya._length / 2];""",
+        tile,
+    )
+    plot = browser.find_element(By.CSS_SELECTOR, "#heatmap-chart .nsewdrag")
+    ActionChains(browser).move_to_element_with_offset(plot, round(dx), round(dy)).click().perform()
+    WebDriverWait(browser, WAIT_SECONDS).until(
+        lambda d: d.find_element(By.ID, "tile-detail").get_attribute("data-tile") == str(tile)
+    )
+
+
+def _column(browser, index):
+    cells = browser.find_elements(By.CSS_SELECTOR, f"#operations-table tbody tr td:nth-child({index})")
+    return [int(c.text.replace(",", "")) for c in cells]
+
+
+def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
+    path = profile.save_html(artifacts / "tutorial_cnn.html", title="tutorial CNN", samples_per_run=BATCH)
+    _open(browser, path)
+    assert _errors(browser) == []
+    summary = browser.find_element(By.ID, "summary-body").text
+    program = profile.programs["train"]
+    assert f"{program['total_cycles']:,}" in summary and "samples/s" in summary and "FLOPs utilisation" in summary
+    # The main plot's bars, one per step (the range slider below draws a small copy).
+    bars = browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .cartesianlayer .subplot.xy .barlayer .point")
+    assert len(bars) == len(program["steps"])
+    browser.find_element(By.ID, "summary").screenshot(str(artifacts / "summary.png"))
+    browser.find_element(By.ID, "timeline").screenshot(str(artifacts / "timeline.png"))
+
+    # The tile holding the most tensors: clicking it lists exactly those tensors.
+    on_tile = {}
+    for t in program["tensors"]:
+        for first, count, _ in t["tile_runs"]:
+            for tile in range(first, first + count):
+                on_tile.setdefault(tile, set()).add(t["name"])
+    tile = max(on_tile, key=lambda k: (len(on_tile[k]), -k))
+    _click_tile(browser, tile)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#tile-tensors tr.tile-tensor")
+    assert {r.find_element(By.CSS_SELECTOR, "td").text for r in rows} == on_tile[tile]
+    assert f"Tile {tile}:" in browser.find_element(By.ID, "tile-detail").text
+    browser.find_element(By.ID, "memory").screenshot(str(artifacts / "tile_memory.png"))
+
+    # Sorting the operation table by memory bytes, then back by cycles.
+    browser.find_element(By.CSS_SELECTOR, '#operations-table th[data-sort="memory_bytes"]').click()
+    memory = _column(browser, 9)
+    assert memory == sorted(memory, reverse=True) and memory[0] > 0
+    browser.find_element(By.CSS_SELECTOR, '#operations-table th[data-sort="cycles"]').click()
+    cycles = _column(browser, 5)
+    assert cycles == sorted(cycles, reverse=True)
+    modules = {c.text for c in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr td:first-child")}
+    assert {"model.conv1", "model.conv2", "model.fc1"} <= modules
+    browser.find_element(By.ID, "operations").screenshot(str(artifacts / "operations.png"))
+    assert _errors(browser) == []
+
+
+def test_comparison_view_in_chromium(browser, profile, artifacts, tmp_path):
+    before = json.loads(profile.to_json())
+    before["programs"]["train"]["total_cycles"] *= 2
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    path = profile.save_html(artifacts / "compare.html", compare=tmp_path / "before.json", compare_title="before")
+    _open(browser, path)
+    table = browser.find_element(By.ID, "compare-table").text
+    assert "-50.0%" in table
+    assert browser.find_elements(By.CSS_SELECTOR, "#compare-chart .barlayer .point")
+    browser.find_element(By.ID, "compare").screenshot(str(artifacts / "compare.png"))
+    assert _errors(browser) == []
+
+
+def test_timeline_has_a_lane_per_ipu_on_a_two_ipu_device(browser, artifacts):
+    g = popir.Graph("two_ipus")
+    x = g.add_input("x", (8, 16), "float32")
+    w = g.add_input("w", (16, 16), "float32", kind="parameter")
+    with g.placed((0, 0)):
+        h = popir.ops.relu(x @ w)
+    with g.placed((1, 1)):
+        g.output("y", h @ w)
+    exe = popsim.compile(g, popsim.Device(popsim.Target.small(), 2))
+    _open(browser, exe.profile.save_html(artifacts / "two_ipus.html"))
+    lanes = browser.execute_script('return document.getElementById("timeline-chart").data.map(t => t.name)')
+    assert {"compute IPU 0", "compute IPU 1"} <= set(lanes)
+    assert any(lane.startswith("exchange IPU 0+1") for lane in lanes)
+    assert _errors(browser) == []
