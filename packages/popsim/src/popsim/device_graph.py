@@ -103,8 +103,6 @@ class ComputeSet:
     name: str
     batches: list = field(default_factory=list)
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
-    placement: tuple = None  # the (pipeline stage, IPU) of the popir node it computes, if placed
-    role: str = None  # that node's role: forward, backward or optimizer
 
     @property
     def num_vertices(self):
@@ -120,8 +118,6 @@ class Copy:
     srcs: list
     index: np.ndarray
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
-    placement: tuple = None  # as ComputeSet.placement
-    role: str = None  # as ComputeSet.role
 
     def __post_init__(self):
         self.srcs = list(self.srcs)

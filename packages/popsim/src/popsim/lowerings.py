@@ -75,7 +75,6 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
         lw.dg.origin = node
-        first_step = len(lw.dg.program)
         if ipus:
             ipu = placement.ipu_of(node)
             lw.target = device_target.ipu_view(ipu)
@@ -87,8 +86,6 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         finally:
             lw.dg.origin = None
             lw.target = device_target
-        for step in lw.dg.program[first_step:]:
-            step.placement, step.role = node.placement, node.role
         results = result if isinstance(result, (list, tuple)) else [result]
         for value, t in zip(node.outputs, results):
             if t.shape != value.shape or t.dtype != value.dtype:

@@ -151,11 +151,12 @@ def flatten_program(target, program, block_base, streams):
 
 def _placed(step):
     """The profile fields saying which pipeline stage and IPU a step works for, and in which pass (none when
-    unplaced)."""
-    placement = getattr(step, "placement", None)
+    its popir node is unplaced)."""
+    node = getattr(step, "origin", None)
+    placement = getattr(node, "placement", None)
     if placement is None:
         return {}
-    return {"stage": int(placement[0]), "ipu": int(placement[1]), "role": getattr(step, "role", None)}
+    return {"stage": int(placement[0]), "ipu": int(placement[1]), "role": node.role}
 
 
 def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
