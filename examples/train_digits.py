@@ -6,6 +6,10 @@ held-out accuracy and what the simulated Mk2 IPU did: cycles per step, estimated
 the compute / exchange / sync split and tile memory, and ends with the path of the HTML profile report
 (where the cycles and bytes went, by layer and source line). A second run reuses the executable cache.
 
+Data parallel on several processes: ``torchrun --nproc_per_node=2 examples/train_digits.py --batch-size 8``
+trains on two processes (each with ``--replicas`` simulated replicas) that share gradients through
+torch.distributed; each loads its own block of the shuffled dataset, and process 0 reports.
+
 Differences from the tutorial: ``LogSoftmax`` normalises over the classes (``dim=1``); the tutorial's
 ``dim=0`` normalises over the batch, which is a bug in the tutorial.
 """
@@ -68,6 +72,7 @@ def parse_args(argv=None):
     parser.add_argument("--profile-dir", default="profiles", help="where the profile JSON is written")
     parser.add_argument("--max-steps", type=int, default=None, help="stop each epoch after this many steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replicas", type=int, default=1, help="replicas per process (replicationFactor)")
     return parser.parse_args(argv)
 
 
@@ -77,6 +82,7 @@ def main(argv=None):
     train_set, test_set = load_fashion_mnist(args.data_dir) if args.data_dir else load_digits_28(seed=args.seed)
 
     opts = poptorch.Options().randomSeed(args.seed).enableExecutableCaching(args.cache_dir)
+    opts.replicationFactor(args.replicas)
     train_loader = poptorch.DataLoader(opts, train_set, batch_size=args.batch_size, shuffle=True)
 
     model = ModelWithLoss(ClassificationModel(), nn.NLLLoss())
@@ -92,7 +98,7 @@ def main(argv=None):
             if args.max_steps is not None and i >= args.max_steps:
                 break
             _, loss = training_model(data, labels)
-            bar.set_postfix(Loss=f"{float(loss):.3f}")
+            bar.set_postfix(Loss=f"{float(loss.mean()):.3f}")  # one loss per replica
             steps += 1
     train_seconds = time.perf_counter() - start
     from_cache = training_model.isLoadedFromCache()
@@ -105,6 +111,8 @@ def main(argv=None):
         profile_dir / "training_report.html", title="Tutorial CNN training", samples_per_run=args.batch_size
     )
     training_model.detachFromDevice()
+    if opts.Distributed.processId != 0:
+        return {"steps": steps}  # every process holds the same weights: process 0 evaluates and reports
 
     model.eval()
     inference_model = poptorch.inferenceModel(model, options=poptorch.Options())
@@ -120,7 +128,7 @@ def main(argv=None):
 
     print(f"\nHeld-out accuracy: {accuracy:.2f}% ({correct}/{len(labels)} test images)")
     print(f"Host wall time for {steps} simulated training steps: {train_seconds:.1f} s")
-    print(report(profile, "train", args.batch_size))
+    print(report(profile, args.batch_size))
     print(f"Profile JSON: {profile_path}")
     if from_cache:
         print(f"Executable cache: loaded the compiled training model from {args.cache_dir} (compilation skipped)")
@@ -137,9 +145,13 @@ def main(argv=None):
     }
 
 
-def report(profile, program, batch_size):
-    """What the simulated IPU did for one run of ``program`` (one training step)."""
-    p = profile.programs[program]
+def report(profile, batch_size):
+    """What the simulated IPU did for one training step: the fused ``train`` program, or with replicas,
+    accumulation or several processes, one micro-batch's ``accumulate`` and the optimizer's ``apply``."""
+    programs = [profile.programs[n] for n in ("train", "accumulate", "apply") if n in profile.programs]
+    p = {k: sum(q[k] for q in programs) for k in ("total_cycles", "seconds")}
+    p.update({f"{k}_cycles": sum(q[f"{k}_cycles"] for q in programs) for k in ("compute", "exchange", "sync", "host")})
+    p["memory"] = programs[0]["memory"]
     total = p["total_cycles"]
     used = sum(np.asarray(p["memory"][kind]) for kind in ("tensors", "vertex_state", "code"))
     fullest = int(used.argmax())
@@ -148,9 +160,19 @@ def report(profile, program, batch_size):
     def share(kind):
         return f"{p[kind + '_cycles']:,} ({100.0 * p[kind + '_cycles'] / total:.0f}%)"
 
+    lines = []
+    if profile.replication:
+        r = profile.replication
+        samples, seconds = batch_size * r["replicas"], r["step_cycles"] / profile.target.clock_hz
+        lines.append(
+            f"{r['replicas']} replicas in parallel: {r['step_cycles']:,} cycles per step of {samples} images,"
+            f" {samples / seconds:,.0f} samples/s; the gradient all-reduce is {100 * r['all_reduce_share']:.1f}%"
+        )
     return "\n".join(
-        [
-            f"Simulated {profile.target.name}: {total:,} cycles per training step of {batch_size} images",
+        lines
+        + [
+            f"Simulated {profile.target.name}{', one replica' if lines else ''}: {total:,} cycles per training step"
+            f" of {batch_size} images",
             f"  estimated {p['seconds'] * 1e6:.1f} us per step on one IPU at {profile.target.clock_hz / 1e9:.3f} GHz,"
             f" {batch_size / p['seconds']:,.0f} samples/s",
             f"  compute {share('compute')}, exchange {share('exchange')}, sync {share('sync')}, host {share('host')}",

@@ -33,6 +33,7 @@ def test_nodes_record_the_annotations_of_every_enclosing_scope():
         "aten": "aten.exp.default",
         "role": "forward",
         "placement": None,
+        "checkpoint": None,
     }
     assert (outer.module, outer.aten) == ("outer", None)
     assert after.annotations() == dict.fromkeys(popir.graph.ANNOTATIONS)

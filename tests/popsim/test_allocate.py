@@ -16,19 +16,28 @@ def _reference_first_fit(live, nbytes):
     return offset
 
 
-def test_first_fit_matches_a_sorted_scan_with_frees_and_out_of_order_placements():
+def test_first_fit_matches_a_sorted_scan_per_tile_with_frees_and_out_of_order_placements():
+    """One placement spans several tiles, each with its own live blocks: every tile's offset is the
+    first fit of a scan of that tile's blocks alone."""
     rng = np.random.default_rng(0)
-    alloc = TileAllocator({0: 1 << 30})
-    live = []  # (start, end, last)
+    num_tiles = 4
+    alloc = TileAllocator([1 << 30] * num_tiles)
+    live = {t: [] for t in range(num_tiles)}  # tile -> [(start, end, last)]
+    peak = [0] * num_tiles
     for step in range(200):
-        nbytes = int(rng.integers(1, 64)) * ALIGN
+        tiles = np.flatnonzero(rng.random(num_tiles) < 0.6)
+        nbytes = rng.integers(1, 64, tiles.size) * ALIGN - rng.integers(0, ALIGN, tiles.size)
         last = step + int(rng.integers(0, 20))
-        live = [b for b in live if b[2] >= step]
-        want = _reference_first_fit([(s, e) for s, e, _ in live], nbytes)
-        got = alloc.place(f"s{step}", {0: nbytes}, step, last)[0]
-        assert got == want
-        live.append((got, got + nbytes, last))
-        assert [b[:3] for b in alloc.live[0]] == sorted(live)
+        got = alloc.place(f"s{step}", tiles, nbytes, step, last)
+        for tile, size in zip(tiles.tolist(), nbytes.tolist()):
+            live[tile] = [b for b in live[tile] if b[2] >= step]
+            aligned = -(-size // ALIGN) * ALIGN
+            assert got[tile] == _reference_first_fit([(s, e) for s, e, _ in live[tile]], aligned)
+            live[tile].append((int(got[tile]), int(got[tile]) + aligned, last))
+        for tile in tiles.tolist():
+            assert [b[:3] for b in alloc._tile_blocks(tile)] == sorted(live[tile])
+            peak[tile] = max(peak[tile], live[tile][-1][1])
+    assert alloc.peak.tolist() == peak
 
 
 def test_dtype_numpy_and_itemsize_agree_with_numpy():

@@ -115,3 +115,24 @@ def test_fp16_matmul_partials_type(partials):
     np.testing.assert_allclose(out, exact, rtol=0, atol=0.05 if partials == "float32" else 0.2)
     with pytest.raises(popsim.Error, match="partials_type"):
         popsim.compile(g, "small", partials_type="int32")
+
+
+def _broadcast_bytes(srcs_of):
+    """Busiest-tile bytes of one exchange sending the 8 elements on tile 0 to tiles 1..3."""
+    target = popsim.Target.small(num_tiles=4)
+    dg = popsim.DeviceGraph(target)
+    x = dg.add_tensor((8,), DType.float32, popsim.TileMapping.on_tiles([8], [0]), "x", "variable")
+    y = dg.add_tensor((24,), DType.float32, popsim.TileMapping.on_tiles([8, 8, 8], [1, 2, 3]))
+    srcs, index = srcs_of(dg, x)
+    dg.add_copy("c", y, srcs, index)
+    exe = popsim.compile_device_graph(dg, outputs={"y": y})
+    exe.write_variable("x", np.arange(8, dtype=np.float32))
+    np.testing.assert_array_equal(exe.run()["y"], np.tile(np.arange(8), 3))
+    (step,) = [s for s in exe.profile.programs["main"]["steps"] if s["kind"] == "exchange"]
+    return step["busiest_tile_bytes"]
+
+
+def test_an_element_sent_to_many_tiles_leaves_its_tile_once_whichever_alias_names_it():
+    once = _broadcast_bytes(lambda dg, x: ([x], np.tile(np.arange(8), 3)))
+    aliased = _broadcast_bytes(lambda dg, x: ([x, dg.alias(x, (2, 4)), x], np.arange(24)))
+    assert once == aliased == 8 * 4  # tile 0 sends each of its 8 float32 elements once

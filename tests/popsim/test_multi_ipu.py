@@ -143,6 +143,16 @@ def test_a_pipelined_step_overlaps_the_ipus_and_pays_for_its_bubbles():
     assert pipelined.ramp_up_cycles == 3 * forward and pipelined.ramp_down_cycles == 3 * backward
     assert pipelined.main_cycles == micro_batches * (forward + backward)
     assert pipelined.total_cycles < sharded.total_cycles
+    timeline = pipelined.timeline()
+    assert len(timeline) == 2 * 4 * micro_batches
+    # IPU 1 runs micro-batch 0's forward while IPU 0 runs micro-batch 1's: the IPUs overlap.
+    first = {(e["ipu"], e["micro_batch"]): e for e in timeline if e["pass"] == "forward"}
+    assert first[(1, 0)]["start"] == first[(0, 1)]["start"] == forward
+    assert (
+        max(e["end"] for e in timeline) <= pipelined.ramp_up_cycles + pipelined.main_cycles + pipelined.ramp_down_cycles
+    )
+    serial = sharded.timeline()
+    assert all(a["end"] <= b["start"] for a, b in zip(serial, serial[1:]))  # one stage at a time
     stage = pipelined.as_dict()["stages"][2]
     assert stage == {
         "ipu": 2,

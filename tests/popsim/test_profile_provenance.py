@@ -60,11 +60,16 @@ def test_memory_is_broken_down_by_tensor_and_category_per_tile():
     # Each tensor's bytes per tile add up to its category's bytes per tile, and to the tensor's size.
     rebuilt = {k: np.zeros(exe.target.num_tiles, np.int64) for k in CATEGORIES}
     for t in tensors:
-        rebuilt[t["category"]][t["tiles"]] += t["tile_bytes"]
-        assert sum(t["tile_bytes"]) == t["bytes"]
+        for first, count, nbytes in t["tile_runs"]:
+            rebuilt[t["category"]][first : first + count] += nbytes
+        assert sum(count * nbytes for _, count, nbytes in t["tile_runs"]) == t["bytes"]
     for k in CATEGORIES:
         np.testing.assert_array_equal(rebuilt[k], by_category[k])
     assert names["fc.weight"]["bytes"] == 16 * 4 * 4
+    # Runs are maximal: neighbouring runs differ in bytes or are not adjacent.
+    for t in tensors:
+        runs = t["tile_runs"]
+        assert all(a[0] + a[1] != b[0] or a[2] != b[2] for a, b in zip(runs, runs[1:]))
     gradients = [t for t in tensors if t["category"] == "gradients"]
     assert all(t["role"] == "backward" for t in gradients)
     assert len(p["tile_budget_bytes"]) == exe.target.num_tiles

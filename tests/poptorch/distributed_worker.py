@@ -3,11 +3,12 @@
 Usage: distributed_worker.py OUT_FILE MODE [REDUCTION]. Process id and count come from torchrun's variables
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test. MODE "train" trains STEPS steps and saves
 every step's losses and the final weights to OUT_FILE; MODE "die" makes process 1 exit after the first
-step. REDUCTION is a key of REDUCTIONS (default "post").
+step, and "stall" makes it stop answering for STALL_SECONDS. REDUCTION is a key of REDUCTIONS (default "post").
 """
 
 import os
 import sys
+import time
 
 import torch
 
@@ -17,6 +18,7 @@ REPLICAS = 2
 MICRO_BATCH = 2
 STEPS = 3
 FEATURES = 4
+STALL_SECONDS = 90  # "stall": process 1 stops answering for this long (well past the test's timeout)
 
 
 class Classifier(torch.nn.Module):
@@ -68,6 +70,9 @@ def main(out_file, mode, reduction="post"):
     for step in range(STEPS):
         if mode == "die" and process == 1 and step == 1:
             os._exit(3)
+        if mode == "stall" and process == 1 and step == 1:
+            time.sleep(STALL_SECONDS)
+            os._exit(4)
         _, loss = training(x[step, share], labels[step, share])
         losses.append(loss.clone())
     state = {name: value.clone() for name, value in model.state_dict().items()}

@@ -146,3 +146,55 @@ def test_scalar_inputs_pass_through():
 
     out = poptorch.inferenceModel(Scale(), _opts().deviceIterations(2))(torch.ones(4, 3), torch.tensor(2.0))
     assert torch.equal(out, torch.full((4, 3), 2.0))
+
+
+def test_replicas_run_in_parallel_then_all_reduce():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    cycles, profiles = {}, {}
+    for r in (1, 4):
+        model = Regressor()
+        opts = _opts().replicationFactor(r).logCycleCount(True)
+        opts.Training.gradientAccumulation(4 // r)
+        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        training(x, y)
+        cycles[r], profiles[r] = training.cycleCount(), training.profile
+    replication = profiles[4].replication
+    assert profiles[1].replication is None
+    assert replication["replicas"] == 4 and replication["all_reduce"]["cycles"] > 0
+    # 4 micro-batches on one IPU run one after another; on 4 replicas they run at once, then all-reduce.
+    accumulate = profiles[4].programs["accumulate"]["total_cycles"]
+    assert (
+        cycles[4]
+        == replication["step_cycles"]
+        == accumulate + replication["all_reduce"]["cycles"] + profiles[4].programs["apply"]["total_cycles"]
+    )
+    assert cycles[4] < cycles[1]
+    assert "4 replicas in parallel" in profiles[4].summary()
+
+
+def test_pipelined_replicas_each_run_their_own_pipeline():
+    class TwoStages(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)
+
+        def forward(self, x, y):
+            out = self.second(torch.tanh(self.first(x)))
+            return out, torch.nn.functional.mse_loss(out, y)
+
+    cycles, profiles = {}, {}
+    for r in (1, 2):
+        torch.manual_seed(0)
+        model = TwoStages()
+        poptorch.BeginBlock(model.first, "a", ipu_id=0)
+        poptorch.BeginBlock(model.second, "b", ipu_id=1)
+        opts = _opts().replicationFactor(r).logCycleCount(True)
+        opts.Training.gradientAccumulation(4)
+        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        training(torch.randn(8 * r, 4), torch.randn(8 * r, 2))
+        cycles[r], profiles[r] = training.cycleCount(), training.profile
+    # The second replica's pipeline runs beside the first: only the all-reduce (over both IPUs) is added.
+    reduce = profiles[2].replication["all_reduce"]
+    assert reduce["cycles"] > 0
+    assert cycles[2] == cycles[1] + reduce["cycles"]

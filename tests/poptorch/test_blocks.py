@@ -137,6 +137,8 @@ def test_set_execution_strategy_accepts_only_strategies():
         poptorch.ParallelPhasedExecution([poptorch.Stage("A")]),
     ):
         assert opts.setExecutionStrategy(good) is opts
+    assert "executionStrategy=ParallelPhasedExecution(Stage('A', stage=-1, ipu=None))" in repr(opts)
+    assert repr(poptorch.PipelinedExecution()) == "PipelinedExecution(AutoStage.SameAsIpu)"
 
 
 def test_annotation_errors_are_poptorchs():
@@ -204,6 +206,11 @@ def test_pipeline_errors_at_compile_time():
     strategy = poptorch.PipelinedExecution("A")
     with pytest.raises(poptorch.Error, match=r"Unknown Block '0' list of expected Blocks: \['A'\]"):
         _compile(_staged(0), poptorch.Options().setExecutionStrategy(strategy))
+    late = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    poptorch.BeginBlock(late[1], "A", ipu_id=1)
+    both = poptorch.PipelinedExecution(poptorch.Stage("A"))
+    with pytest.raises(poptorch.Error, match=r"Pipeline stage 0 runs on IPUs \[0, 1\]"):
+        _compile(late, poptorch.Options().setExecutionStrategy(both))
     phased = poptorch.SerialPhasedExecution(poptorch.Phase("0")).setTensorsLiveness(
         poptorch.Liveness.OffChipAfterEachPhase
     )

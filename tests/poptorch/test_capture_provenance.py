@@ -38,3 +38,17 @@ def test_nodes_carry_module_path_aten_op_source_line_and_role():
     assert {"features/conv/body.0", "head"} <= backward
     assert any(n.role == "optimizer" for n in nodes)
     assert {n.role for n in nodes} <= {"forward", "backward", "optimizer", None}
+
+
+def test_gradient_accumulation_and_its_step_are_optimizer_work():
+    torch.manual_seed(0)
+    model = _Net()
+    options = poptorch.Options()
+    options.Training.gradientAccumulation(2)
+    training = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=0.1))
+    training(torch.randn(4, 1, 6, 6), torch.tensor([0, 2, 1, 0]))
+    graphs = training._programs.graphs
+    accumulate = graphs["accumulate"]
+    updates = [v.producer for s, v in accumulate.updates.items() if s.kind == "optimizer_state"]
+    assert updates and all(n.role == "optimizer" for n in updates)
+    assert {n.role for n in graphs["apply"].nodes} == {"optimizer"}

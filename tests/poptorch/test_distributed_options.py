@@ -109,3 +109,35 @@ def test_each_process_loads_its_own_block_of_whole_combined_batches(environ):
         seen.append([int(i) for batch in loader for i in batch])
     # Combined batches of 4; 26 samples make two per process and 2 samples are left over.
     assert seen == [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))]
+
+
+def test_a_process_group_that_disagrees_with_the_options_is_an_error(environ, tmp_path):
+    import torch.distributed as dist
+
+    from poptorch import _distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        opts = poptorch.Options()
+        opts.Distributed.configureProcessId(0, 2)
+        with pytest.raises(
+            poptorch.Error, match="says process 0 of 2, but the torch.distributed process group is rank 0 of 1"
+        ):
+            _distributed.join(opts)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_asynchronous_loader_gives_a_process_the_same_share(environ):
+    environ.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    environ.setenv("OMPI_COMM_WORLD_RANK", "1")
+    shares = []
+    for mode in (poptorch.DataLoaderMode.Sync, poptorch.DataLoaderMode.Async):
+        opts = poptorch.Options().randomSeed(3)
+        loader = poptorch.DataLoader(opts, _Samples(), batch_size=4, shuffle=True, mode=mode)
+        try:
+            shares.append([[int(i) for batch in loader for i in batch] for _ in range(2)])
+        finally:
+            loader.terminate()
+    assert shares[0] == shares[1]
+    assert len(shares[0][0]) == 12 and shares[0][0] != shares[0][1]

@@ -23,7 +23,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
+def _start(tmp_path, mode, timeout_seconds, reduction="post"):
     port = _free_port()
     processes = []
     for rank in range(PROCESSES):
@@ -31,6 +31,11 @@ def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), POPTORCH_DISTRIBUTED_TIMEOUT=str(timeout_seconds))
         command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}.pt"), mode, reduction]
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return processes
+
+
+def _finish(processes):
+    """(return code, stdout, stderr) of each process, waited for in rank order; none outlives the test."""
     results = []
     try:
         for process in processes:
@@ -42,6 +47,10 @@ def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
                 process.kill()
                 process.wait()
     return results
+
+
+def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
+    return _finish(_start(tmp_path, mode, timeout_seconds, reduction))
 
 
 def _eager(steps, summed):
@@ -94,3 +103,17 @@ def test_a_process_without_a_rendezvous_address_is_told_how_to_launch(monkeypatc
     training = poptorch.trainingModel(model, opts, optimizer)
     with pytest.raises(poptorch.Error, match="MASTER_ADDR and MASTER_PORT not set. Launch with torchrun"):
         training(torch.randn(2, worker.FEATURES), torch.tensor([0, 1]))
+
+
+def test_a_process_that_stalls_makes_the_others_fail_after_the_timeout(tmp_path):
+    processes = _start(tmp_path, "stall", timeout_seconds=10)
+    first, stalled = processes
+    try:
+        _, err = first.communicate(timeout=RUN_TIMEOUT)
+        # Process 0 gave up at the 10 s timeout while process 1 still sleeps.
+        assert first.returncode != 0 and stalled.poll() is None
+    finally:
+        stalled.kill()
+        _finish(processes)
+    assert "with the other processes failed (process 0 of 2)" in err, err[-3000:]
+    assert "POPTORCH_DISTRIBUTED_TIMEOUT" in err

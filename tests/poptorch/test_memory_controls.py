@@ -92,3 +92,73 @@ def test_set_available_memory_is_an_identity_on_the_cpu_and_refused_on_the_devic
     torch.testing.assert_close(model(x), model.linear(x))
     with pytest.raises(poptorch.Error, match="set_available_memory is not modelled by the simulated IPU"):
         poptorch.inferenceModel(model)(x)
+
+
+LAYERS = 8
+
+
+class Deep(torch.nn.Module):
+    """Narrow layers on a large batch: the activations dominate tile memory."""
+
+    def __init__(self, checkpoint_every=0):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(LAYERS))
+        self.every = checkpoint_every
+
+    def forward(self, x, y):
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if self.every and i % self.every == self.every - 1 and i < LAYERS - 1:
+                x = poptorch.recomputationCheckpoint(x)
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _train(recomputation, checkpoint_every, ipus=1):
+    torch.manual_seed(0)
+    model = Deep(checkpoint_every)
+    if ipus > 1:
+        poptorch.BeginBlock(model.layers[LAYERS // 2], ipu_id=1)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts._Popart.set("autoRecomputation", recomputation)
+    if ipus > 1:
+        opts.Training.gradientAccumulation(4)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(3)
+    x, y = (
+        torch.randn(512 * (4 if ipus > 1 else 1), 32, generator=g),
+        torch.randn(512 * (4 if ipus > 1 else 1), 32, generator=g),
+    )
+    out, loss = trained(x, y)
+    program = trained.profile.programs["accumulate" if ipus > 1 else "train"]
+    return out, loss, [p.detach().clone() for p in trained.parameters()], program
+
+
+def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatch):
+    roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *kept, kept_program = _train(0, 0)
+    *again, again_program = _train(4, 2)  # RecomputeAll from a checkpoint every second layer
+    torch.testing.assert_close(again[:2], kept[:2])
+    torch.testing.assert_close(again[2], kept[2])
+    assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
+    assert again_program["total_cycles"] > kept_program["total_cycles"]
+    # On tiles of 256 KiB the model only trains with recomputation.
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: popsim.Target.small(num_tiles=4))
+    with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU"):
+        _train(0, 0)
+    *fits, _ = _train(4, 2)
+    torch.testing.assert_close(fits[2], kept[2])
+    # Pipeline recomputation: each stage recomputes from its own inputs; numbers unchanged.
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *piped, _ = _train(3, 2, ipus=2)
+    *piped_kept, _ = _train(0, 2, ipus=2)
+    torch.testing.assert_close(piped[2], piped_kept[2])
+
+
+def test_recomputation_settings_poptorch_cannot_model_are_refused():
+    opts = poptorch.Options()
+    with pytest.raises(poptorch.Error, match=r"autoRecomputation 1 \(Standard\) is not modelled"):
+        opts._Popart.set("autoRecomputation", 1)
+    with pytest.raises(poptorch.Error, match="takes a popart.RecomputationType value 0-4"):
+        opts._Popart.set("autoRecomputation", 7)
+    assert opts._Popart.set("autoRecomputation", 3) is opts._Popart and opts.recomputation == "pipeline"

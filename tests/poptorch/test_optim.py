@@ -299,3 +299,20 @@ def test_sgd_combined_accumulator_variant_trains_as_torch():
         lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     )
     _close(model, reference)
+
+
+def _compute_sets(optimizer_of):
+    torch.manual_seed(0)
+    model = Regressor()
+    training = poptorch.trainingModel(model, _opts(), optimizer_of(model.parameters()))
+    training(*_data())
+    (program,) = training.profile.programs.values()
+    return sum(step["kind"] == "compute" for step in program["steps"])
+
+
+def test_a_variable_momentum_adds_one_predicate_per_group_not_a_step_per_parameter():
+    """The momentum-0 test of a variable momentum is computed once per group and selected inside each
+    parameter's fused buffer and parameter updates: one compute set more than a constant momentum."""
+    constant = _compute_sets(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
+    variable = _compute_sets(lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.9))
+    assert variable == constant + 1

@@ -166,3 +166,42 @@ def test_a_model_out_of_tile_memory_on_one_ipu_trains_on_two(monkeypatch):
     eager = _eager(Wide(), x[None], y[None])
     _assert_same([(out, loss, [p.detach().clone() for p in trained.parameters()])], eager)
     assert trained.profile.programs["accumulate"]["memory_max_tile_bytes"] <= small.tile_bytes
+
+
+class Narrow(torch.nn.Module):
+    """Eight narrow layers on a large micro-batch: activations dominate tile memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(8))
+
+    def forward(self, x, target):
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return x, torch.nn.functional.mse_loss(x, target)
+
+
+def test_a_pipeline_stashes_the_activations_of_micro_batches_in_flight(monkeypatch):
+    small = popsim.Target.small(num_tiles=4, tile_bytes=128 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: small)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(GA * 256, 32, generator=g), torch.randn(GA * 256, 32, generator=g)
+
+    def train(strategy, recomputation=0):
+        torch.manual_seed(0)
+        model = Narrow()
+        for i in range(4):
+            poptorch.BeginBlock(model.blocks[2 * i], ipu_id=i)
+        opts = poptorch.Options().setExecutionStrategy(strategy)
+        opts.Training.gradientAccumulation(GA)
+        opts._Popart.set("autoRecomputation", recomputation)
+        trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        trained(x, y)
+        return [p.detach().clone() for p in trained.parameters()]
+
+    sharded = train(poptorch.ShardedExecution())
+    # Stage 0 holds 7 micro-batches between their forward and backward passes: its activations overflow.
+    with pytest.raises(poptorch.Error, match="a pipeline of 4 stages keeps up to 7 micro-batches in flight"):
+        train(poptorch.PipelinedExecution())
+    # Recomputing from each stage's inputs stashes only those: the pipeline fits and trains as sharded.
+    torch.testing.assert_close(train(poptorch.PipelinedExecution(), recomputation=3), sharded)

@@ -16,6 +16,8 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+import popir
+import popsim
 import poptorch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
@@ -115,8 +117,9 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     # The tile holding the most tensors: clicking it lists exactly those tensors.
     on_tile = {}
     for t in program["tensors"]:
-        for tile in t["tiles"]:
-            on_tile.setdefault(tile, set()).add(t["name"])
+        for first, count, _ in t["tile_runs"]:
+            for tile in range(first, first + count):
+                on_tile.setdefault(tile, set()).add(t["name"])
     tile = max(on_tile, key=lambda k: (len(on_tile[k]), -k))
     _click_tile(browser, tile)
     rows = browser.find_elements(By.CSS_SELECTOR, "#tile-tensors tr.tile-tensor")
@@ -147,4 +150,20 @@ def test_comparison_view_in_chromium(browser, profile, artifacts, tmp_path):
     assert "-50.0%" in table
     assert browser.find_elements(By.CSS_SELECTOR, "#compare-chart .barlayer .point")
     browser.find_element(By.ID, "compare").screenshot(str(artifacts / "compare.png"))
+    assert _errors(browser) == []
+
+
+def test_timeline_has_a_lane_per_ipu_on_a_two_ipu_device(browser, artifacts):
+    g = popir.Graph("two_ipus")
+    x = g.add_input("x", (8, 16), "float32")
+    w = g.add_input("w", (16, 16), "float32", kind="parameter")
+    with g.placed((0, 0)):
+        h = popir.ops.relu(x @ w)
+    with g.placed((1, 1)):
+        g.output("y", h @ w)
+    exe = popsim.compile(g, popsim.Device(popsim.Target.small(), 2))
+    _open(browser, exe.profile.save_html(artifacts / "two_ipus.html"))
+    lanes = browser.execute_script('return document.getElementById("timeline-chart").data.map(t => t.name)')
+    assert {"compute IPU 0", "compute IPU 1"} <= set(lanes)
+    assert any(lane.startswith("exchange IPU 0+1") for lane in lanes)
     assert _errors(browser) == []

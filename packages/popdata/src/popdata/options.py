@@ -4,6 +4,8 @@ An options object is anything exposing these attributes (read once, when the Dat
 
 - ``device_iterations`` (int >= 1)
 - ``replication_factor`` (int >= 1)
+- optionally ``input_replication_factor``: replicas with distinct inputs (replicas grouped to share their
+  inputs load one micro-batch per group); defaults to ``replication_factor``
 - ``gradient_accumulation`` (int >= 1), or ``Training.gradient_accumulation``
 - ``random_seed`` (int or None): seeds shuffling when the dataset is split across several processes
 - ``process_id`` and ``num_processes`` (ints), or ``Distributed.processId`` and ``Distributed.numProcesses``
@@ -56,11 +58,13 @@ class Batching:
     random_seed: int | None
     process_id: int
     num_processes: int
+    input_replication_factor: int
 
     @property
     def steps_per_batch(self):
-        """Micro-batches in one combined batch: device_iterations x replication_factor x gradient_accumulation."""
-        return self.device_iterations * self.replication_factor * self.gradient_accumulation
+        """Micro-batches in one combined batch: device_iterations x input_replication_factor x
+        gradient_accumulation."""
+        return self.device_iterations * self.input_replication_factor * self.gradient_accumulation
 
 
 def _read(options, name, nested=None, default=_MISSING):
@@ -86,8 +90,16 @@ def read_batching(options):
         random_seed=_read(options, "random_seed", default=None),
         process_id=_read(options, "process_id", "Distributed.processId", 0),
         num_processes=_read(options, "num_processes", "Distributed.numProcesses", 1),
+        input_replication_factor=_read(options, "input_replication_factor", default=None)
+        or _read(options, "replication_factor"),
     )
-    for name in ("device_iterations", "replication_factor", "gradient_accumulation", "num_processes"):
+    for name in (
+        "device_iterations",
+        "replication_factor",
+        "gradient_accumulation",
+        "num_processes",
+        "input_replication_factor",
+    ):
         value = getattr(batching, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -13,7 +13,7 @@ INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
 # Where a node came from, for errors and profiles: the user's source line, the module path
 # (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
 # (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
-ANNOTATIONS = ("source", "module", "aten", "role", "placement")
+ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint")
 ROLES = ("forward", "backward", "optimizer")
 
 
@@ -106,7 +106,19 @@ class Node:
 
     __slots__ = ("op", "inputs", "attrs", "outputs", *ANNOTATIONS)
 
-    def __init__(self, op, inputs, attrs, outputs, source=None, module=None, aten=None, role=None, placement=None):
+    def __init__(
+        self,
+        op,
+        inputs,
+        attrs,
+        outputs,
+        source=None,
+        module=None,
+        aten=None,
+        role=None,
+        placement=None,
+        checkpoint=None,
+    ):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
@@ -116,6 +128,7 @@ class Node:
         self.aten = aten
         self.role = role
         self.placement = placement  # (pipeline stage, IPU) in a multi-IPU model; None runs on IPU 0
+        self.checkpoint = checkpoint  # True: recomputation keeps its outputs for the backward pass
 
     def annotations(self):
         """{annotation: value} of this node (see ``ANNOTATIONS``)."""

@@ -35,7 +35,7 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, step_schedule
+from popsim.schedule import Schedule, stash_per_tile, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -71,6 +71,7 @@ __all__ = [
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "stash_per_tile",
     "step_schedule",
     "supported_ops",
 ]

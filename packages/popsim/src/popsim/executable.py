@@ -164,23 +164,23 @@ class Executable:
         budget = {
             t: target.tile_bytes - overhead["vertex_state"][t] - overhead["code"][t] for t in range(target.num_tiles)
         }
-        base = TileAllocator(budget)
+        base = TileAllocator(list(budget.values()))
         pinned = [t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant")]
         alloc = {}
         for t in pinned:
-            alloc[t.id] = base.place(t, t.mapping.tile_bytes(t.itemsize), -1, np.inf)
+            alloc[t.id] = base.place(t, *t.mapping.tile_bytes(t.itemsize), -1, np.inf)
         per_program, placed = {}, {}
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
             placed[name] = _liveness(program, inputs, outputs)
             for storage, first, last in placed[name]:
-                alloc[storage.id] = allocator.place(storage, storage.mapping.tile_bytes(storage.itemsize), first, last)
+                alloc[storage.id] = allocator.place(storage, *storage.mapping.tile_bytes(storage.itemsize), first, last)
             allocator.check(relax_memory, target)
             per_program[name] = allocator
         base.check(relax_memory, target)
         # Each tile's slice of the arena holds only what that program set uses (capacity was checked above):
         # the tiles' data lie densely, so a step touches few host pages.
-        peak = max(max(a.peak.values(), default=0) for a in [base, *per_program.values()])
+        peak = max(int(a.peak.max(initial=0)) for a in [base, *per_program.values()])
         tile_size = max(64, -(-peak // 64) * 64)
         if target.num_tiles * tile_size > MAX_ARENA_BYTES:
             raise Error(
@@ -193,11 +193,8 @@ class Executable:
 
         def block_base(storage):
             if storage.id not in self._block_base:
-                offs = alloc[storage.id]
                 m = storage.mapping
-                tile_off = (
-                    np.array([offs[int(t)] for t in m.tiles], np.int64) if m.tiles.size else np.zeros(0, np.int64)
-                )
+                tile_off = alloc[storage.id][m.tiles]
                 self._block_base[storage.id] = m.tiles * tile_size + tile_off + m.offsets_in_tile() * storage.itemsize
             return self._block_base[storage.id]
 
@@ -206,14 +203,14 @@ class Executable:
         self._programs = {}
         self.profile = Profile(target)
         for name, (program, inputs, outputs) in lowered.items():
-            flat = flatten_program(target, program, block_base, tile_size, slots)
+            flat = flatten_program(target, program, block_base, slots)
             flat.stream_uses = _stream_executions(program)
             feeds = {n: host_blocks(t, block_base) for n, t in inputs.items()}
             outs = {n: host_blocks(t, block_base) for n, t in outputs.items()}
             host_bytes = sum(t.size * t.itemsize for t in list(inputs.values()) + list(outputs.values()))
             host = cost.host_cycles(target, host_bytes)
             memory = {
-                "tensors": [int(per_program[name].peak.get(t, 0)) for t in range(target.num_tiles)],
+                "tensors": per_program[name].peak.tolist(),
                 "vertex_state": overhead["vertex_state"],
                 "code": overhead["code"],
             }

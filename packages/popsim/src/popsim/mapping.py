@@ -62,9 +62,10 @@ class TileMapping:
         return np.searchsorted(self.stops, elements, side="right")
 
     def tile_bytes(self, itemsize):
-        """{tile: bytes this tensor occupies there}."""
-        sizes = np.bincount(self.tiles, weights=(self.stops - self.starts) * itemsize)
-        return {int(t): int(b) for t, b in enumerate(sizes) if b}
+        """(tiles, bytes this tensor occupies on each): the tiles it uses, ascending."""
+        sizes = np.bincount(self.tiles, weights=(self.stops - self.starts) * itemsize).astype(np.int64)
+        used = np.flatnonzero(sizes)
+        return used, sizes[used]
 
     def offsets_in_tile(self):
         """Element offset of each block inside its tile's allocation of the tensor."""

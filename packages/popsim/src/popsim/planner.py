@@ -5,7 +5,9 @@ Every movement is an index map: element i of a destination takes element ``index
 byte-run copies between tiles, so one mechanism serves every movement op.
 """
 
+import hashlib
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +61,7 @@ class Lowerer:
         self.partials_type = partials_type
         self._constants = {}
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
+        self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
@@ -299,36 +302,59 @@ class Lowerer:
     def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype):
         """R (B, M, N) = A @ B per batch, with A given as a (B, M, K) index map into ``a_srcs`` and B as a
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
-        receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced."""
+        receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced.
+
+        A plan depends only on the index maps, the dtype and the sizes and tile mappings of the sources, so
+        a repeated layer (same shapes, dtypes and placements) reuses the plan of its first instance."""
+        where = (self.target.first_tile, self.target.num_tiles)  # the IPU whose tiles the plan uses
+        key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
+        if key not in self._matmul_plans:
+            self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
+        plan = self._matmul_plans[key]
+        return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan)
+
+    def _plan_matmul(self, a_srcs, a_index, b_srcs, b_index, dtype):
         a_t, b_t = a_index.transpose(0, 2, 1), b_index.transpose(0, 2, 1)
         if _runs(b_srcs, b_t) + _runs(a_srcs, a_t) < _runs(a_srcs, a_index) + _runs(b_srcs, b_index):
             # R^T = B^T @ A^T reads both operands in longer contiguous runs (fewer, larger exchange rows);
             # the partials are read back transposed, so the result's layout is the same.
-            return self._matmul(b_srcs, b_t, a_srcs, a_t, dtype, True)
-        return self._matmul(a_srcs, a_index, b_srcs, b_index, dtype, False)
+            return self._matmul_layout(b_t, a_t, dtype, True)
+        return self._matmul_layout(a_index, b_index, dtype, False)
 
-    def _matmul(self, a_srcs, a_index, b_srcs, b_index, dtype, transposed):
+    def _matmul_layout(self, a_index, b_index, dtype, transposed):
+        """The tile plan of a matmul and the index maps it gathers its operands and partials by."""
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
         partial = self.partials_type if dtype == DType.float16 else DType.float32
-        plan = plan_matmul(self.target, nb_, m, n, k, dtype, partial)
-        gm, gn, gk, mb, nb, kb = plan.gm, plan.gn, plan.gk, plan.mb, plan.nb, plan.kb
+        split = plan_matmul(self.target, nb_, m, n, k, dtype, partial)
+        gm, gn, gk, mb, nb, kb = split.gm, split.gn, split.gk, split.mb, split.nb, split.kb
         tasks = nb_ * gm * gn * gk
         pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)
         pa[:, :m, :k] = a_index
         pb = np.full((nb_, gk * kb, gn * nb), -1, np.int64)
         pb[:, :k, :n] = b_index
         a_blocks = pa.reshape(nb_, gm, mb, gk, kb).transpose(0, 1, 3, 2, 4)[:, :, None]
-        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb))
+        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(-1)
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
-        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))
+        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(-1)
         first = (tasks * 7919) % self.target.num_tiles
         tiles = self.target.first_tile + (first + np.arange(tasks)) % self.target.num_tiles
+        # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
+        bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
+        task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
+        q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
+        shape = (nb_, n, m) if transposed else (nb_, m, n)
+        q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
+        return _MatmulLayout(transposed, split, tiles, a_tasks, b_tasks, q, shape, partial)
+
+    def _matmul(self, a_srcs, b_srcs, dtype, plan):
+        split, tiles, tasks = plan.split, plan.tiles, len(plan.tiles)
+        mb, nb, kb = split.mb, split.nb, split.kb
         a_t = self.gather(
             (tasks, mb, kb),
             dtype,
             a_srcs,
-            a_tasks,
+            plan.a_tasks,
             TileMapping.on_tiles(np.full(tasks, mb * kb), tiles),
             name="matmul-lhs",
         )
@@ -336,11 +362,11 @@ class Lowerer:
             (tasks, kb, nb),
             dtype,
             b_srcs,
-            b_tasks,
+            plan.b_tasks,
             TileMapping.on_tiles(np.full(tasks, kb * nb), tiles),
             name="matmul-rhs",
         )
-        p = self.new((tasks, mb, nb), partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
+        p = self.new((tasks, mb, nb), plan.partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
         cs = self.dg.add_compute_set("matmul")
         cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
         t = np.arange(tasks)
@@ -348,12 +374,29 @@ class Lowerer:
         rhs = b_t.regions(t * kb * nb, (t + 1) * kb * nb)
         out = p.regions(t * mb * nb, (t + 1) * mb * nb)
         oc.matmul(self.dg.add_vertices, cs, tiles, nb, cycles, lhs=lhs, rhs=rhs, out=out, m=mb, k=kb)
-        # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
-        bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
-        task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
-        q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
-        shape = (nb_, n, m) if transposed else (nb_, m, n)
-        q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
-        if gk == 1 and dtype == partial:
-            return self.gather(shape, dtype, [p], q)
-        return self.reduce_index("sum", [p], q, shape, dtype, partial)
+        if split.gk == 1 and dtype == plan.partial:
+            return self.gather(plan.shape, dtype, [p], plan.q)
+        return self.reduce_index("sum", [p], plan.q, plan.shape, dtype, plan.partial)
+
+
+class _MatmulLayout(NamedTuple):
+    """A matmul's plan: whether it runs transposed, its split, the tile of each task, the index maps of the
+    operand and partial gathers (into the operands' sources and into the partials), the result's shape and
+    the partials' dtype."""
+
+    transposed: bool
+    split: object
+    tiles: np.ndarray
+    a_tasks: np.ndarray
+    b_tasks: np.ndarray
+    q: np.ndarray
+    shape: tuple
+    partial: DType
+
+
+def _sources_key(srcs):
+    return tuple((s.size, s.mapping.key()) for s in srcs)
+
+
+def _index_key(index):
+    return index.shape, hashlib.blake2b(np.ascontiguousarray(index).tobytes(), digest_size=16).digest()

@@ -20,6 +20,7 @@ class Profile:
     def __init__(self, target):
         self.target = target
         self.programs = {}
+        self.replication = None
 
     def add_program(
         self,
@@ -63,6 +64,20 @@ class Profile:
             "liveness": liveness or {},
         }
 
+    def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
+        """A training step of ``replicas`` replicas running in parallel: each replica's cycles
+        (``replica_step``), the gradient ``all_reduce`` (a ``collectives.AllReduce``) and the cycles of the
+        ``optimizer_step`` that follows it."""
+        total = replica_step + all_reduce.cycles + optimizer_step
+        self.replication = {
+            "replicas": replicas,
+            "replica_step_cycles": int(replica_step),
+            "all_reduce": all_reduce.to_dict(),
+            "optimizer_step_cycles": int(optimizer_step),
+            "step_cycles": int(total),
+            "all_reduce_share": all_reduce.cycles / total if total else 0.0,
+        }
+
     def to_json(self, path=None):
         """The profile as JSON text; also written to ``path`` when given."""
         t = self.target
@@ -80,6 +95,7 @@ class Profile:
                     "float16": 2 * t.amp_macs_fp16 * t.num_tiles * t.clock_hz,
                 },
                 "programs": self.programs,
+                "replication": self.replication,
             }
         )
         if path is not None:
@@ -118,6 +134,8 @@ class Profile:
             for r in self.operations(name)[:SUMMARY_ROWS]:
                 split = f"compute {r['compute_cycles']}, exchange {r['exchange_cycles']}"
                 lines.append(f"  {r['cycles']:>10d} cycles ({split}) {r['label']}")
+        if self.replication:
+            lines += _replication_lines(self.replication)
         return "\n".join(lines)
 
 
@@ -172,3 +190,16 @@ def operations(p):
         if "op" in tensor:
             row(tensor, tensor["name"])["memory_bytes"] += tensor["bytes"]
     return sorted(rows.values(), key=lambda r: (-r["cycles"], -r["memory_bytes"]))
+
+
+def _replication_lines(r):
+    reduce = r["all_reduce"]
+    lines = [
+        f"{r['replicas']} replicas in parallel: {r['step_cycles']} cycles per step = {r['replica_step_cycles']} per"
+        f" replica + all-reduce {reduce['cycles']} ({100 * r['all_reduce_share']:.1f}%) of {reduce['bytes']} bytes"
+        f" + optimizer {r['optimizer_step_cycles']}"
+    ]
+    return lines + [
+        f"  {level['name']}: {level['members']} members, {level['link_bytes']} bytes per link, {level['cycles']} cycles"
+        for level in reduce["levels"]
+    ]

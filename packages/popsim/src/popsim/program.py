@@ -42,7 +42,12 @@ _DTYPE_CODE = {d: DT[d.value] for d in DType}
 def element_addresses(tensor, elements, block_base):
     """Absolute arena byte offset and tile of each element of ``tensor``."""
     m = tensor.storage.mapping
-    block = m.block_of(elements)
+    if m.size <= 2 * elements.size:
+        # Many lookups: each element's block by one gather from a table of every element's block, which is
+        # cheaper than a binary search per element.
+        block = np.repeat(np.arange(m.starts.size), m.stops - m.starts)[elements]
+    else:
+        block = m.block_of(elements)
     return block_base(tensor.storage)[block] + (elements - m.starts[block]) * tensor.itemsize, m.tiles[block]
 
 
@@ -64,33 +69,47 @@ def host_blocks(tensor, block_base):
 
 
 def _copy_rows(step, block_base):
-    """Coalesced byte-run copies for an index-map Copy, plus per-tile received/sent/local bytes."""
+    """Coalesced byte-run copies for an index-map Copy, and the source and destination tile of each element."""
     dst = step.dst
-    isz = dst.itemsize
     index = step.index
     dst_addr, dst_tile = _all_element_addresses(dst, block_base)
-    src_addr = np.empty(dst.size, np.int64)
-    src_tile = np.empty(dst.size, np.int64)
-    base = 0
-    for s in step.srcs:
-        sel = (index >= base) & (index < base + s.size)
-        if sel.any():
-            src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
-        base += s.size
-    rows = _exchange.copy_runs(src_addr, dst_addr, isz)
-    return rows, src_tile, dst_tile, src_addr
+    if len(step.srcs) == 1:
+        src_addr, src_tile = element_addresses(step.srcs[0], index, block_base)
+    else:
+        src_addr = np.empty(dst.size, np.int64)
+        src_tile = np.empty(dst.size, np.int64)
+        base = 0
+        for s in step.srcs:
+            sel = (index >= base) & (index < base + s.size)
+            if sel.any():
+                src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
+            base += s.size
+    rows = _exchange.copy_runs(src_addr, dst_addr, dst.itemsize)
+    return rows, src_tile, dst_tile
 
 
-def _distinct(values):
-    """The distinct values of a 1-D array, sorted. np.unique hashes since NumPy 2.3, which is some 40x slower
-    than sorting on the millions of offsets a large exchange has."""
-    ordered = np.sort(values)
-    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if ordered.size else ordered
+def _storage_elements(step):
+    """The Copy's index map with sources that share a storage (aliases, or one tensor listed twice) numbered
+    alike: equal entries are one element of tile memory."""
+    storages = [s.storage for s in step.srcs]
+    if len(set(storages)) == len(storages):
+        return step.index
+    starts = np.cumsum([0] + [s.size for s in step.srcs])
+    shift = np.array([starts[storages.index(st)] - starts[i] for i, st in enumerate(storages)], np.int64)
+    return step.index + shift[np.searchsorted(starts, step.index, side="right") - 1]
+
+
+def _sent_once(elements, tiles, num_tiles):
+    """Elements each tile sends when every distinct source element in ``elements`` (on ``tiles``) leaves its
+    tile once, however many tiles receive it (the exchange broadcasts it)."""
+    tile_of = np.full(int(elements.max(initial=-1)) + 1, -1, np.int64)
+    tile_of[elements] = tiles
+    return np.bincount(tile_of[tile_of >= 0], minlength=num_tiles)
 
 
 def _link_load(target, src_addr, src_tile, dst_tile, isz):
     """Bytes each IPU sends or receives over its IPU-Links (the larger of the two) for cross-tile copies:
-    a source element crosses once per IPU it is sent to."""
+    a source element (``src_addr``: one number per element of tile memory) crosses once per IPU it is sent to."""
     n = target.num_ipus
     if n == 1:
         return np.zeros(1, np.int64)
@@ -103,7 +122,7 @@ def _link_load(target, src_addr, src_tile, dst_tile, isz):
     return np.maximum(sent, received) * isz
 
 
-def flatten_program(target, program, block_base, tile_size, streams):
+def flatten_program(target, program, block_base, streams):
     """The engine arrays of ``program`` (a step or a list of steps) and its cost: one phase per compute set,
     one per Copy (consecutive independent copies are costed as one BSP exchange phase), one per StreamCopy
     and one per control step. ``streams`` numbers the host streams (name -> slot).
@@ -112,7 +131,7 @@ def flatten_program(target, program, block_base, tile_size, streams):
     programs and Repeats, and for an If the costlier branch (a worst case). ``steps``, the per-tile figures
     and ``flops`` count each compute set and exchange once, however often it runs.
     """
-    f = _Flattener(target, block_base, tile_size, streams)
+    f = _Flattener(target, block_base, streams)
     totals = f.emit(program)
     return SimpleNamespace(
         phases=np.array(f.phases, np.int64).reshape(-1, oc.PHASE_COLS),
@@ -144,12 +163,11 @@ def _totals(compute=0, exchange=0, sync=0, control=0, host=0):
 
 
 class _Flattener:
-    def __init__(self, target, block_base, tile_size, streams):
+    def __init__(self, target, block_base, streams):
         self.target = target
         self.streams = streams
         self.stream_rows = []
         self.block_base = block_base
-        self.tile_size = tile_size
         self.phases, self.cycles, self.fparams, self.copies, self.steps = [], [], [], [], []
         self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
         self.tile_compute = np.zeros(target.num_tiles, np.int64)
@@ -301,18 +319,17 @@ class _Flattener:
 
     def copy(self, step):
         target = self.target
-        block, src_tile, dst_tile, src_addr = _copy_rows(step, self.block_base)
+        block, src_tile, dst_tile = _copy_rows(step, self.block_base)
         if not len(block):
             return _totals()
         isz = step.dst.itemsize
         cross = src_tile != dst_tile
         recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
-        # A source element sent to many tiles leaves its tile once (the exchange broadcasts it).
-        unique_src = _distinct(src_addr[cross])
-        sent = np.bincount(unique_src // self.tile_size, minlength=target.num_tiles) * isz
+        elements = _storage_elements(step)[cross]
+        sent = _sent_once(elements, src_tile[cross], target.num_tiles) * isz
         local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
         load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
-        link = _link_load(target, src_addr[cross], src_tile[cross], dst_tile[cross], isz)
+        link = _link_load(target, elements, src_tile[cross], dst_tile[cross], isz)
         self.tile_exchange += load
         sources = {x.storage for x in step.srcs}
         if self.open is not None and not (sources & self.open[1]):

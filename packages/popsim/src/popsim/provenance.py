@@ -30,6 +30,8 @@ def origin_of(node):
 
 def busy_ipus(target, per_tile):
     """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
+    if target.num_ipus == 1:
+        return [0] if per_tile.any() else []
     busy = np.flatnonzero(np.asarray(per_tile).reshape(target.num_ipus, -1).any(axis=1))
     return busy.tolist()
 
@@ -71,7 +73,8 @@ def memory_map(dg, placed, program, num_tiles):
     ``placed`` lists (storage, first, last) of every storage the program's memory holds (variables and
     constants with first = -1 and last = None: resident throughout). Returns (tensors, per-tile bytes by
     category, liveness): each tensor with its category, provenance, live range and bytes per tile; the
-    liveness gives, at each program point, the bytes live in each category over all tiles."""
+    liveness gives, at each program point, the bytes live in each category over all tiles. A tensor's bytes per
+    tile are ``tile_runs``."""
     points = program_points(program)
     count = len(points) + 1  # the last point streams the outputs out
     tensors = []
@@ -96,8 +99,7 @@ def memory_map(dg, placed, program, num_tiles):
                 "bytes": nbytes,
                 "first": int(first),
                 "last": None if last is None else int(last),
-                "tiles": tiles.tolist(),
-                "tile_bytes": sizes[tiles].astype(np.int64).tolist(),
+                "tile_runs": tile_runs(tiles, sizes[tiles].astype(np.int64)),
                 **origin_of(storage.origin),
             }
         )
@@ -108,6 +110,14 @@ def memory_map(dg, placed, program, num_tiles):
         "bytes": {name: np.cumsum(curve[:-1]).tolist() for name, curve in live.items()},
     }
     return tensors, {name: arr.tolist() for name, arr in per_tile.items()}, liveness
+
+
+def tile_runs(tiles, nbytes):
+    """[first tile, tile count, bytes on each] for each run of consecutive ``tiles`` holding equal ``nbytes``:
+    a linearly mapped tensor over a thousand tiles takes two runs, not a thousand entries."""
+    starts = np.flatnonzero(np.r_[True, (np.diff(tiles) != 1) | (np.diff(nbytes) != 0)])
+    counts = np.diff(np.r_[starts, tiles.size])
+    return np.stack([tiles[starts], counts, nbytes[starts]], axis=1).tolist()
 
 
 def _point_label(step):

@@ -15,6 +15,8 @@ the first IPU is done the ramp-down.
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -61,6 +63,45 @@ class Schedule:
             return self.serial_cycles
         return self.ramp_up_cycles + self.main_cycles + self.ramp_down_cycles + self.micro_batches * self.outside_cycles
 
+    def timeline(self):
+        """When each stage works on each micro-batch: dicts of ipu, stage, micro_batch, pass ("forward" or
+        "backward"), start and end cycles within the step (work outside the stages is not listed)."""
+        if self.pipelined:
+            return self._pipelined_timeline()
+        entries, now = [], 0
+        order = [(s, "forward") for s in self.stages] + [(s, "backward") for s in reversed(self.stages)]
+        for batch in range(self.micro_batches):
+            for stage, direction in order:
+                cycles = (self.forward_cycles if direction == "forward" else self.backward_cycles).get(stage, 0)
+                if cycles:
+                    entries.append(self._entry(stage, batch, direction, now, now + cycles))
+                    now += cycles
+            now += self.outside_cycles
+        return entries
+
+    def _pipelined_timeline(self):
+        # Forward of micro-batch i on the k-th stage in slot i + k; the backward wave runs from the last stage.
+        entries, count = [], len(self.stages)
+        backward_start = (self.micro_batches + count - 1) * self.forward_slot
+        for k, stage in enumerate(self.stages):
+            for batch in range(self.micro_batches):
+                start = (batch + k) * self.forward_slot
+                entries.append(self._entry(stage, batch, "forward", start, start + self.forward_cycles.get(stage, 0)))
+                start = backward_start + (batch + count - 1 - k) * self.backward_slot
+                end = start + self.backward_cycles.get(stage, 0)
+                entries.append(self._entry(stage, batch, "backward", start, end))
+        return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
+
+    def _entry(self, stage, batch, direction, start, end):
+        return {
+            "ipu": self.stage_ipu[stage],
+            "stage": stage,
+            "micro_batch": batch,
+            "pass": direction,
+            "start": start,
+            "end": end,
+        }
+
     def as_dict(self):
         """The schedule for a profile: per stage its IPU and cycles per micro-batch, the phases' cycles."""
         return {
@@ -80,6 +121,7 @@ class Schedule:
             "ramp_down_cycles": self.ramp_down_cycles,
             "serial_cycles": self.serial_cycles,
             "total_cycles": self.total_cycles,
+            "timeline": self.timeline(),
         }
 
 
@@ -113,3 +155,32 @@ def _busiest(stage_cycles, stage_ipu):
     for stage, cycles in stage_cycles.items():
         per_ipu[stage_ipu[stage]] = per_ipu.get(stage_ipu[stage], 0) + cycles
     return max(per_ipu.values(), default=0)
+
+
+def stash_per_tile(program, target, stage_ipu):
+    """Bytes each tile adds when a pipeline keeps the activations of several micro-batches: with ``S``
+    stages, the k-th stage (in order) holds ``2 (S - 1 - k) + 1`` micro-batches between their forward and
+    backward passes, as PopART's stashes do, so each forward activation still live when the backward pass
+    starts is kept ``2 (S - 1 - k)`` more times (an IPU with several stages, for its earliest one). Returns
+    an int64 array over the tiles of ``target``."""
+    stages = sorted(stage_ipu)
+    extra = {}
+    for k, stage in enumerate(stages):
+        ipu = stage_ipu[stage]
+        extra[ipu] = max(extra.get(ipu, 0), 2 * (len(stages) - 1 - k))
+    tensors = program.get("tensors", ())
+    stash = np.zeros(target.num_tiles, np.int64)
+    backward = [t["first"] for t in tensors if t.get("role") == "backward" and t["first"] >= 0]
+    if not backward:
+        return stash
+    start = min(backward)
+    for t in tensors:
+        if t.get("role") != "forward" or t["category"] != "activations" or t["last"] is None:
+            continue
+        if t["first"] < start <= t["last"]:
+            # tile_runs: [first tile, tile count, bytes on each tile of the run] (see provenance.tile_runs).
+            for first, count, nbytes in t["tile_runs"]:
+                tiles = np.arange(first, first + count)
+                copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
+                stash[tiles] += nbytes * copies
+    return stash

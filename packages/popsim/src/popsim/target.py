@@ -112,8 +112,9 @@ class Target:
 @dataclass(frozen=True)
 class Device:
     """``num_ipus`` IPUs of one target, programmed as one graph (as Poplar does for a multi-IPU device):
-    its ``graph_target`` has the tiles of every IPU, numbered IPU by IPU. Exchanges between IPUs also pay
-    for the IPU-Links, and every sync spans all IPUs."""
+    its ``graph_target`` has the tiles of every IPU, numbered IPU by IPU. A placed popir node runs on its
+    IPU's tiles, an unplaced graph on IPU 0 (see ``popsim.placement``). Exchanges between IPUs also pay for
+    the IPU-Links, and every sync spans all IPUs."""
 
     target: Target
     num_ipus: int = 1

@@ -42,6 +42,7 @@ from poptorch._poptorch_ops import NameScope, cond, dynamic_slice, dynamic_updat
 from poptorch._precompiled import load
 from poptorch.enums import (
     AnchorMode,
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MatMulSerializationMode,
@@ -51,6 +52,7 @@ from poptorch.enums import (
     OverlapMode,
     ReductionType,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
 from poptorch.options import Options, TensorLocationSettings
@@ -149,6 +151,7 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "CommGroupType",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -191,6 +194,7 @@ __all__ = [
     "SyncPattern",
     "UnrecoverableError",
     "UnsupportedOpError",
+    "VariableRetrievalMode",
     "__version__",
     "cond",
     "dynamic_slice",

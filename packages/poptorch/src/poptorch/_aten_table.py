@@ -15,7 +15,11 @@ import numpy as np
 import torch
 
 import popir
-from poptorch import _custom_op, _host_print
+from poptorch import (
+    _blocks,  # noqa: F401  (registers poptorch::recomputation_checkpoint)
+    _custom_op,
+    _host_print,
+)
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
 from poptorch.errors import Error
@@ -456,6 +460,14 @@ def _to_copy(ctx, x, *args, **kwargs):
     aten.contiguous.default,
 )
 def _identity(ctx, x, *args, **kwargs):
+    return x
+
+
+@lowers(torch.ops.poptorch.recomputation_checkpoint.default)
+def _recomputation_checkpoint(ctx, x):
+    # The value itself: its producer is marked so recomputation keeps it (see poptorch._recompute).
+    if x.producer is not None:
+        x.producer.checkpoint = True
     return x
 
 

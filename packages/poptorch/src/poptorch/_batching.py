@@ -18,6 +18,9 @@ class Layout:
         self.di = options.device_iterations
         self.ga = options.Training.gradient_accumulation if training else 1
         self.r = options.replication_factor
+        # Replicas of one input group share a micro-batch (Options.inputReplicaGrouping).
+        self.groups = np.asarray(options.input_replica_groups)
+        self.ri = options.input_replication_factor
         mode = options.output_mode
         if mode == OutputMode.Default:
             mode = OutputMode.Final if training else OutputMode.All
@@ -38,24 +41,33 @@ class Layout:
         """(device iteration, accumulation step, replica) of each micro-batch run, in execution order."""
         return [(d, a, r) for d in range(self.di) for a in range(self.ga) for r in range(self.r)]
 
+    @property
+    def input_count(self):
+        """Micro-batches a call's inputs hold (replicas of one input group share theirs)."""
+        return self.di * self.ga * self.ri
+
     def split(self, name, array):
         """``array`` viewed as [DI, GA, R, mb, ...]; 0-d inputs are shared by every micro-batch."""
         if array.ndim == 0:
             return np.broadcast_to(array, (self.di, self.ga, self.r))
-        n = array.shape[0]
-        if n % self.count:
+        n, count = array.shape[0], self.input_count
+        if n % count:
+            replicas = f"Options.replicationFactor({self.r})"
+            if self.ri != self.r:
+                replicas = f"{replicas} / inputReplicaGrouping size({self.r // self.ri})"
             raise Error(
                 f"Invalid batch dimension: In the input {name}, the batch dimension ({n}) must be a multiple "
-                f"of Options.deviceIterations({self.di}) * Options.replicationFactor({self.r}) * "
-                f"Options.Training.gradientAccumulation({self.ga}) = {self.count}"
+                f"of Options.deviceIterations({self.di}) * {replicas} * "
+                f"Options.Training.gradientAccumulation({self.ga}) = {count}"
             )
-        return array.reshape(self.di, self.ga, self.r, n // self.count, *array.shape[1:])
+        grouped = array.reshape(self.di, self.ga, self.ri, n // count, *array.shape[1:])
+        return grouped if self.ri == self.r else grouped[:, :, self.groups]
 
     def micro_batch_shape(self, array):
         """The shape one micro-batch of ``array`` has (what the model is captured on)."""
         if array.ndim == 0:
             return tuple(array.shape)
-        return (array.shape[0] // self.count, *array.shape[1:])
+        return (array.shape[0] // self.input_count, *array.shape[1:])
 
     def combine(self, per_run):
         """Outputs of every run ([DI*GA*R] arrays of one output, in run order) reduced per the OutputMode."""
@@ -80,4 +92,8 @@ class Layout:
         """Every run's value concatenated in input layout (for in-place updates of inputs)."""
         if per_run[0].ndim == 0:
             return per_run[-1]
+        if self.ri != self.r:
+            # One value per input group: its first replica's.
+            firsts = [list(self.groups).index(g) for g in range(self.ri)]
+            per_run = [run for i, run in enumerate(per_run) if i % self.r in firsts]
         return np.concatenate(per_run, axis=0)

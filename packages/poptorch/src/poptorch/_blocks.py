@@ -161,6 +161,13 @@ class _ExecutionStrategy:
         # Stages the strategy lists keep their numbers; auto stages are numbered afresh for each capture.
         return _StageManager(dict(self._block_map), self._auto_stage)
 
+    def __repr__(self):
+        stages = list(dict.fromkeys(self._block_map.values()))
+        args = [repr(s) for s in stages] or (
+            [f"AutoStage.{self._auto_stage.name}"] if self._auto_stage is not None else []
+        )
+        return f"{type(self).__name__}({', '.join(args)})"
+
 
 def _stages_from(args):
     """{block id: Stage} of a strategy's explicit arguments (Stages, block IDs or lists of block IDs)."""
@@ -437,15 +444,29 @@ def IPU(ipu_id, layer_to_call=None):
     return BeginBlock(layer_to_call, ipu_id=ipu_id)
 
 
-def recomputationCheckpoint(*tensors):
-    """Mark tensors to keep between the forward and backward passes instead of recomputing them; returns them.
+@torch.library.custom_op("poptorch::recomputation_checkpoint", mutates_args=())
+def _checkpoint(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
 
-    The simulated IPU keeps every activation (it does not recompute), so checkpointed values are kept."""
+
+@_checkpoint.register_fake
+def _checkpoint_fake(x):
+    return torch.empty_like(x)
+
+
+_checkpoint.register_autograd(lambda ctx, grad: grad)
+
+
+def recomputationCheckpoint(*tensors):
+    """Keep these tensors between the forward and backward passes when recomputation is on
+    (``opts._Popart.set("autoRecomputation", 3)``) instead of recomputing them; returns them (one tensor, or a
+    tuple, or the list or tuple given)."""
     if len(tensors) == 1 and isinstance(tensors[0], tuple | list):
         return type(tensors[0])(recomputationCheckpoint(*tensors[0]))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         raise ValueError("All inputs must be tensors")
-    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+    out = tuple(_checkpoint(t) for t in tensors)
+    return out[0] if len(out) == 1 else out
 
 
 # -- checking a captured model's placement -----------------------------------------------------------------
@@ -481,6 +502,7 @@ def plan(graph, options, training):
     pipelined = strategy is None or strategy.pipelined
     if pipelined:
         _check_stage_order(graph)
+        _check_one_ipu_per_stage(placements)
     stages = tuple(sorted({stage for stage, _ in placements}))
     used = max(ipu for _, ipu in placements) + 1
     num_ipus = _device_ipus(used, options.auto_round_num_ipus)
@@ -505,6 +527,20 @@ def _check_stage_order(graph):
                     "stages (PipelinedExecution(poptorch.AutoStage.AutoIncrement) numbers them in the order they "
                     "run), or use ShardedExecution."
                 )
+
+
+def _check_one_ipu_per_stage(placements):
+    """A pipeline stage runs on one IPU (ops before the first block run in stage 0 on IPU 0)."""
+    ipus = {}
+    for stage, ipu in placements:
+        ipus.setdefault(stage, set()).add(ipu)
+    for stage, on in sorted(ipus.items()):
+        if len(on) > 1:
+            raise Error(
+                f"Pipeline stage {stage} runs on IPUs {sorted(on)}: a pipeline stage runs on one IPU. Ops before "
+                "the first block run in stage 0 on IPU 0: begin the first block at the model's first layer, or "
+                "give the stage's blocks one IPU (Stage(...).ipu(n))."
+            )
 
 
 def _device_ipus(used, auto_round):

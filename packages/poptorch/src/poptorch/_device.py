@@ -3,6 +3,8 @@
 import dataclasses
 import math
 
+import numpy as np
+
 import popir
 import popsim
 from poptorch.errors import Error
@@ -35,15 +37,39 @@ def compile_programs(graphs, options, num_ipus=1):
         ) from exc
 
 
-def pipeline_overlap(exe, program, plan, runs, runs_per_step):
-    """Cycles a pipelined multi-IPU ``plan`` saves on ``runs`` runs of ``program`` taken ``runs_per_step`` at
-    a time (0 when the stages are not pipelined): a step's runs overlap over the IPUs instead of running one
-    after another. The step's schedule (stages, IPUs, ramp-up / main / ramp-down) goes into the profile."""
-    if not plan.pipelined or runs < runs_per_step:
+def pipeline_overlap(exe, program, plan, groups, micro_batches):
+    """Cycles a pipelined multi-IPU ``plan`` saves on ``groups`` groups of ``micro_batches`` runs of
+    ``program`` (0 when the stages are not pipelined): a group's runs overlap over the IPUs instead of running
+    one after another. The group's schedule (stages, IPUs, ramp-up / main / ramp-down, timeline) goes into
+    the profile."""
+    if not plan.pipelined or not groups or not micro_batches:
         return 0
-    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, runs_per_step, True)
+    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, micro_batches, True)
     exe.profile.programs[program]["schedule"] = schedule.as_dict()
-    return (runs // runs_per_step) * (schedule.serial_cycles - schedule.total_cycles)
+    return groups * (schedule.serial_cycles - schedule.total_cycles)
+
+
+def check_pipeline_memory(exe, program, plan, options, training):
+    """Refuse a pipelined training program whose tiles cannot also hold the activations of the micro-batches
+    a pipeline keeps in flight (``popsim.schedule.stash_per_tile``), unless out-of-memory is allowed."""
+    if not (plan.pipelined and training) or options.allow_out_of_memory:
+        return
+    profile = exe.profile.programs[program]
+    target = exe.target
+    schedule = popsim.step_schedule(profile, target, 1, True)
+    stash = popsim.stash_per_tile(profile, target, schedule.stage_ipu)
+    used = sum(np.asarray(profile["memory"][k], np.int64) for k in ("tensors", "vertex_state", "code"))
+    over = np.flatnonzero(used + stash > target.tile_bytes)
+    if over.size:
+        tile = int(over[np.argmax((used + stash)[over])])
+        in_flight = 2 * len(schedule.stage_ipu) - 1
+        raise Error(
+            f"Out of memory on the simulated IPU: a pipeline of {len(schedule.stage_ipu)} stages keeps up to "
+            f"{in_flight} micro-batches in flight, and stashing their activations takes {int(stash[tile]):,} more "
+            f"bytes on {target.describe_tile(tile)}, which would need {int(used[tile] + stash[tile]):,} of its "
+            f"{target.tile_bytes:,} bytes ({over.size} tile(s) over). Recompute the activations from each stage's "
+            """inputs (opts._Popart.set("autoRecomputation", 3)), use more IPUs, or ShardedExecution."""
+        )
 
 
 def check_input_fits(name, shape, itemsize, options):

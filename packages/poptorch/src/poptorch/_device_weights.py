@@ -47,6 +47,8 @@ class DeviceWeights:
         self.generations = {}
         self.optimizer = self.spec = self.opt_generation = None
         self.seeded = False
+        # Tensors written from the host since the replicas last took their values (see ReplicaBuffers).
+        self.uploaded = set()
 
     # -- attaching and running ------------------------------------------------------------------
     def attach(self):
@@ -134,6 +136,7 @@ class DeviceWeights:
 
     def _write(self, name, tensor):
         self.exe.write_variable(name, tensor.detach().cpu().numpy())
+        self.uploaded.add(name)
 
     # -- optimizer ------------------------------------------------------------------------------
     def set_optimizer(self, optimizer, spec):

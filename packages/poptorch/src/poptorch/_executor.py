@@ -33,6 +33,8 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _recompute,
+    _replication,
     _stochastic_rounding,
     _synthetic_data,
     _training,
@@ -194,6 +196,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def _reset(self):
         self._exe = None
         self._shared_gradients = []
+        self._all_reduce_cycles = 0
+        self._replica_buffers = None
         self._programs = None
         self._captured = None
         self._device = None
@@ -268,6 +272,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             cache_hit = exe is not None
             if exe is None:
                 _training.optimise(programs)
+                if self._training:
+                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)
@@ -278,9 +284,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("compile")
             bar.n = bar.total
             bar.refresh()
+        _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
+        self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
+        self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
@@ -473,31 +482,39 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """
         exe, programs, layout = self._exe, self._programs, self._layout
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
-        run_cycles = []
+        # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
+        run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
-            with _interrupt.deferred_keyboard_interrupt() as interrupted:
+            with (
+                _interrupt.deferred_keyboard_interrupt() as interrupted,
+                self._replica_buffers.call(exe, self._device.uploaded),
+            ):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
                     feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
-                    cycles += exe.last_run_cycles or 0
+                    with self._replica_buffers.replica(exe, r):
+                        result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
+                    replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
+                        cycles += int(replica_cycles.max())
+                        replica_cycles[:] = 0
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
                             _run_on_device(exe, {}, programs.step)
-                            cycles += exe.last_run_cycles or 0
-                            run_cycles[-1] += exe.last_run_cycles or 0
+                            step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
+                            cycles += step_cycles
+                            run_cycles[-1] += step_cycles
                         done = ran
                         if interrupted() and done < len(batches):
                             raise KeyboardInterrupt
@@ -511,9 +528,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
-        # Pipelined stages overlap the micro-batches of a step (inference: of the call) over the IPUs.
-        group = runs_per_step if self._training else ran
-        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, ran, group)
+        # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
+        groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
+        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
@@ -632,7 +649,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if isinstance(value, torch.nn.Parameter):
+            return _replication.grouping_methods(value, name)
+        return value
 
     def __repr__(self):
         return f"PoplarExecutor({_kind(self._training)}, {self._model!r})"

@@ -148,16 +148,18 @@ class OptimizerBuilder:
         if t is not None:
             # torch starts the buffer at the first gradient, undamped.
             new_buf = _op("where", _op("eq", t, _scalar(graph, 1.0)), scaled_g, new_buf)
+        off = None
+        if hasattr(momentum, "graph"):
+            # A variable momentum may be 0: torch then uses the plain gradient and leaves the buffer as it is
+            # (or creates none, so a momentum set later starts from that step's gradient, as from 0 here).
+            # The stored buffer is selected once and the step reads it back, so the buffer's update is one
+            # fused expression and the parameter's another.
+            off = _op("eq", momentum, _scalar(graph, 0.0))
+            new_buf = _op("where", off, buf, new_buf)
+        self._store(graph, buf_var, new_buf)
         velocity = new_buf if _is_one(vs) else new_buf / vs
         moved = g + velocity * momentum if self.spec.groups[gi].structure["nesterov"] else velocity
-        if not hasattr(momentum, "graph"):
-            self._store(graph, buf_var, new_buf)
-            return moved
-        # A variable momentum may be 0: torch then uses the plain gradient and leaves the buffer as it is
-        # (or creates none, so a momentum set later starts from that step's gradient, as from 0 here).
-        off = _op("eq", momentum, _scalar(graph, 0.0))
-        self._store(graph, buf_var, _op("where", off, buf, new_buf))
-        return _op("where", off, g, moved)
+        return moved if off is None else _op("where", off, g, moved)
 
     def _adam_moments(self, graph, gi, name, p, g, t):
         h = lambda name: self.hyper(graph, gi, name)  # noqa: E731

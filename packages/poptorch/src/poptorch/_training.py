@@ -130,18 +130,19 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
     count = _running_count(graph, apply, initial) if running else None
-    for name in trained:
-        p, g = params[name], grads[name]
-        acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
-        initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
-        # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
-        # gradients' range; Post: it holds the sum, divided once by the step.
-        graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
-        step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
-        step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
-        reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
-        apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-    with apply.annotate(role="optimizer"):
+    # Accumulating and resetting the gradients is optimizer work in profiles.
+    with graph.annotate(role="optimizer"), apply.annotate(role="optimizer"):
+        for name in trained:
+            p, g = params[name], grads[name]
+            acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
+            initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
+            # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
+            # gradients' range; Post: it holds the sum, divided once by the step.
+            graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
+            step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
+            step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
+            reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
+            apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
         builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)

@@ -57,6 +57,24 @@ class HalfFloatCastingBehavior(enum.IntEnum):
     HalfUpcastToFloat = 2
 
 
+class CommGroupType(enum.IntEnum):
+    """How replicas form groups (of ``size``): All (one group of every replica), Consecutive (replicas
+    0..size-1, size..2*size-1, ...), Orthogonal (replicas with the same index modulo R / size...: replica r
+    joins group r % (R / size)), NoGrouping (each replica alone)."""
+
+    All = 0
+    Consecutive = 1
+    Orthogonal = 2
+    NoGrouping = 3
+
+
+class VariableRetrievalMode(enum.IntEnum):
+    """Which replicas' values of a grouped variable the host reads: the first of each group, or all."""
+
+    OnePerGroup = 0
+    AllReplicas = 1
+
+
 class MatMulSerializationMode(enum.Enum):
     """Which dimension ``serializedMatMul`` splits, for lhs (m x n) @ rhs (n x p)."""
 

@@ -17,6 +17,7 @@ import torch
 
 from poptorch import _blocks, _distributed, _logging
 from poptorch.enums import (
+    CommGroupType,
     ConnectionType,
     HalfFloatCastingBehavior,
     MeanReductionStrategy,
@@ -31,6 +32,9 @@ IPU_VERSIONS = {"ipu1": "ipu1", "ipu2": "ipu2", "ipu21": "ipu21", 1: "ipu1", 2: 
 _DEFAULTS = {
     "deviceIterations": 1,
     "replicationFactor": 1,
+    "broadcastBuffers": True,
+    "inputGroupSize": 1,
+    "inputGroupType": CommGroupType.NoGrouping,
     "outputMode": OutputMode.Default,
     "outputReturnPeriod": 1,
     "randomSeed": None,
@@ -42,6 +46,7 @@ _DEFAULTS = {
     "showCompilationProgressBar": True,
     "executionStrategy": None,
     "autoRoundNumIPUs": False,
+    "autoRecomputation": 0,
     "enableSyntheticData": False,
     "maxRepeatLogs": 4,
     "modelName": None,
@@ -73,6 +78,10 @@ _DEFAULTS = {
 # Options that change the compiled program; they (with the graphs) key the executable cache.
 COMPILE_KEYS = (
     "replicationFactor",
+    "autoRecomputation",
+    "broadcastBuffers",
+    "inputGroupSize",
+    "inputGroupType",
     "allowOutOfMemory",
     "ipuVersion",
     "Training.gradientAccumulation",
@@ -85,6 +94,8 @@ COMPILE_KEYS = (
     "Distributed.numProcesses",
 )
 
+# popart.RecomputationType values the simulator models -> what they recompute.
+RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
@@ -94,6 +105,7 @@ ENV_WAIT_FOR_IPU = "POPTORCH_WAIT_FOR_IPU"
 _ENV_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 # The PopART session options ``_Popart.set`` maps onto an Options setter; any other is refused.
 _POPART_OPTIONS = {
+    "autoRecomputation": "_autoRecomputation",
     "enableStableNorm": "enableStableNorm",
     "instrumentWithHardwareCycleCounter": "logCycleCount",
 }
@@ -592,6 +604,25 @@ class Options(_NoAssignment):
         """Number of replicas; simulated as micro-batches whose gradients are reduced together."""
         return self._set("replicationFactor", _positive_int("replicationFactor", replication_factor))
 
+    def broadcastBuffers(self, broadcast_buffers=True):
+        """Keep buffers in sync between replicas (default). PopTorch cannot broadcast buffers, so a model that
+        updates buffers (BatchNorm running statistics, in-place copies) on replicas needs
+        ``broadcastBuffers(False)``: each replica then keeps its own buffers, and reading them on the host
+        gives the first replica's."""
+        return self._set("broadcastBuffers", _bool("broadcastBuffers", broadcast_buffers))
+
+    def inputReplicaGrouping(self, input_group_size, input_group_type):
+        """Replicas of one group of ``input_group_size`` receive the same inputs, so a call's inputs hold
+        ``replicationFactor / input_group_size`` micro-batches per iteration. Groups are Consecutive
+        (replicas 0..size-1 share the first micro-batch) or Orthogonal (replica r takes micro-batch
+        r % (replicationFactor / size)); All gives every replica the same inputs, NoGrouping (the default)
+        each its own."""
+        input_group_type = _enum("inputReplicaGrouping", CommGroupType, input_group_type)
+        if input_group_type in (CommGroupType.Consecutive, CommGroupType.Orthogonal):
+            input_group_size = _positive_int("input_group_size", input_group_size)
+        self._set("inputGroupSize", input_group_size)
+        return self._set("inputGroupType", input_group_type)
+
     def outputMode(self, output_mode, output_return_period=None):
         """Which outputs a call returns: OutputMode.All, Final, Sum, EveryN (needs a period) or Default.
 
@@ -648,6 +679,21 @@ class Options(_NoAssignment):
             names = ", ".join(f"poptorch.{s.__name__}" for s in _blocks.STRATEGIES)
             raise Error(f"setExecutionStrategy takes an execution strategy ({names}), got {strategy!r}")
         return self._set("executionStrategy", strategy)
+
+    def _autoRecomputation(self, recomputation):
+        """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
+        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
+        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
+        4 (RecomputeAll) does the same with no stage boundaries. Standard (1) and NormOnly (2) choose their
+        checkpoints by PopART heuristics the simulator does not model."""
+        if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
+            raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
+        if recomputation not in RECOMPUTATION:
+            raise not_modelled(
+                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
+                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
+            )
+        return self._set("autoRecomputation", recomputation)
 
     def autoRoundNumIPUs(self, auto_round=True):
         """Allocate a power-of-two number of IPUs when the model uses another number (else that is an error)."""
@@ -743,6 +789,11 @@ class Options(_NoAssignment):
         return self._values["executionStrategy"]
 
     @property
+    def recomputation(self):
+        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        return RECOMPUTATION[self._values["autoRecomputation"]]
+
+    @property
     def auto_round_num_ipus(self):
         return self._values["autoRoundNumIPUs"]
 
@@ -753,6 +804,29 @@ class Options(_NoAssignment):
     @property
     def replication_factor(self):
         return self._values["replicationFactor"]
+
+    @property
+    def broadcast_buffers(self):
+        return self._values["broadcastBuffers"]
+
+    @property
+    def input_replica_groups(self):
+        """The input group of each replica (``inputReplicaGrouping``), as a list of group indices."""
+        replicas, kind = self.replication_factor, self._values["inputGroupType"]
+        size = {CommGroupType.All: replicas, CommGroupType.NoGrouping: 1}.get(kind, self._values["inputGroupSize"])
+        if replicas % size:
+            raise Error(
+                f"inputReplicaGrouping({size}, CommGroupType.{kind.name}) needs a group size dividing "
+                f"replicationFactor({replicas})"
+            )
+        if kind == CommGroupType.Orthogonal:
+            return [r % (replicas // size) for r in range(replicas)]
+        return [r // size for r in range(replicas)]
+
+    @property
+    def input_replication_factor(self):
+        """Replicas with distinct inputs: a call's inputs hold this many micro-batches per iteration."""
+        return max(self.input_replica_groups) + 1
 
     @property
     def output_mode(self):

@@ -1,0 +1,97 @@
+"""Replicas as parallel simulated IPUs, and the cost of the collective that joins them.
+
+R replicas of a model are R sets of IPUs running the same program at the same time, so a step costs one
+replica's cycles, not R times them; what replication adds is the all-reduce of the gradients. Its cost
+follows the IPU-POD's link hierarchy, as the Graphcore Communication Library runs it: a ring
+reduce-scatter over the IPU-Links inside each IPU-M2000 (4 IPUs), then a ring all-reduce of those shards
+between the machines of a POD64 (16 machines, machine-to-machine IPU-Links), then between PODs (over the
+GW-Links), and an all-gather back down. Each level costs its bytes over its slowest link plus a latency per
+ring step; the levels run one after the other.
+
+Link figures (published): a Mk2 GC200 has 10 IPU-Links, 320 GB/s of chip-to-chip bandwidth (counted both
+ways: 160 GB/s each way); an IPU-M2000 / Bow-2000 machine has IPU-Links of 512 Gbps (64 GB/s) to the other
+machines of its POD and 2 x 100 Gbps GW-Links (25 GB/s) to other PODs (Graphcore's Colossus Mk2
+announcement, July 2020; IPU-M2000 and Bow-2000 datasheets). The latency of one ring step, one BSP sync
+across IPUs plus the exchange's fixed cost, is an *estimate*.
+"""
+
+import math
+from dataclasses import dataclass
+
+from popsim.errors import Error
+
+IPUS_PER_MACHINE = 4  # GC200s in an IPU-M2000
+MACHINES_PER_POD = 16  # IPU-M2000s in an IPU-POD64
+IPU_LINK_BYTES_PER_SECOND = 320e9 / 2  # inside a machine, per IPU and direction
+MACHINE_LINK_BYTES_PER_SECOND = 512e9 / 8  # a machine's IPU-Links to the rest of its POD
+GW_LINK_BYTES_PER_SECOND = 2 * 100e9 / 8  # a machine's GW-Links to other PODs
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of a hierarchical all-reduce: ``members`` taking part per group, the bytes the busiest
+    link carries each way, and its cycles (bandwidth plus ring-step latency)."""
+
+    name: str
+    members: int
+    link_bytes: int
+    cycles: int
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """The cost of summing ``nbytes`` over ``replicas`` replicas: its levels and their total cycles."""
+
+    replicas: int
+    nbytes: int
+    levels: tuple
+
+    @property
+    def cycles(self):
+        return sum(level.cycles for level in self.levels)
+
+    def to_dict(self):
+        return {
+            "replicas": self.replicas,
+            "bytes": self.nbytes,
+            "cycles": self.cycles,
+            "levels": [level.__dict__ for level in self.levels],
+        }
+
+
+def _ring(name, target, members, link_bytes, bytes_per_second):
+    """A ring reduce-scatter plus all-gather among ``members``: 2 (n - 1) steps, each moving 1/n of the data
+    (``link_bytes`` in all over the busiest link)."""
+    steps = 2 * (members - 1)
+    carried = math.ceil(link_bytes * steps / members)
+    seconds = carried / bytes_per_second
+    latency = steps * (target.sync_cycles_across_ipus + target.exchange_fixed_cycles)
+    return Level(name, members, carried, math.ceil(seconds * target.clock_hz) + latency)
+
+
+def all_reduce(target, nbytes, replicas, ipus_per_replica=1):
+    """The cost of an all-reduce of ``nbytes`` per replica over ``replicas`` replicas of
+    ``ipus_per_replica`` IPUs each (each IPU reduces its own part of the bytes)."""
+    if replicas < 1 or ipus_per_replica < 1:
+        raise Error(f"an all-reduce needs at least one replica and one IPU each, got {replicas} x {ipus_per_replica}")
+    if replicas == 1 or nbytes == 0:
+        return AllReduce(replicas, nbytes, ())
+    ipus = replicas * ipus_per_replica
+    # Replicas fill machines first; a replica's IPUs each carry their share of the bytes.
+    in_machine = max(1, min(replicas, IPUS_PER_MACHINE // ipus_per_replica))
+    machines = math.ceil(ipus / IPUS_PER_MACHINE)
+    in_pod = min(machines, MACHINES_PER_POD)
+    pods = math.ceil(machines / MACHINES_PER_POD)
+    per_ipu = math.ceil(nbytes / ipus_per_replica)
+    levels = []
+    if in_machine > 1:
+        levels.append(_ring("IPU-Links in an IPU-M2000", target, in_machine, per_ipu, IPU_LINK_BYTES_PER_SECOND))
+    # After the reduce-scatter inside a machine each IPU holds 1/in_machine of its bytes; all the machine's
+    # IPUs send their shards through the machine's links.
+    machine_bytes = per_ipu * min(ipus, IPUS_PER_MACHINE) // in_machine
+    if in_pod > 1:
+        levels.append(_ring("IPU-Links between machines", target, in_pod, machine_bytes, MACHINE_LINK_BYTES_PER_SECOND))
+    if pods > 1:
+        pod_bytes = math.ceil(machine_bytes / in_pod)
+        levels.append(_ring("GW-Links between PODs", target, pods, pod_bytes, GW_LINK_BYTES_PER_SECOND))
+    return AllReduce(replicas, nbytes, tuple(levels))

@@ -1,0 +1,50 @@
+"""The replicas' gradient all-reduce: its cost follows the IPU-POD's link hierarchy."""
+
+import pytest
+
+import popsim
+from popsim import collectives
+
+TARGET = popsim.Target.ipu2()
+MEGABYTES = 64 * 2**20
+
+
+def _level_names(replicas):
+    return [level.name for level in collectives.all_reduce(TARGET, MEGABYTES, replicas).levels]
+
+
+def test_one_replica_or_nothing_to_reduce_costs_nothing():
+    assert collectives.all_reduce(TARGET, MEGABYTES, 1).cycles == 0
+    assert collectives.all_reduce(TARGET, 0, 16).cycles == 0
+
+
+def test_the_levels_follow_machines_and_pods():
+    assert _level_names(2) == _level_names(4) == ["IPU-Links in an IPU-M2000"]
+    assert _level_names(16) == ["IPU-Links in an IPU-M2000", "IPU-Links between machines"]
+    assert _level_names(256)[-1] == "GW-Links between PODs"
+    assert [level.members for level in collectives.all_reduce(TARGET, MEGABYTES, 64).levels] == [4, 16]
+
+
+@pytest.mark.parametrize("replicas", [2, 4, 8, 16, 64, 128])
+def test_no_level_beats_its_links(replicas):
+    rates = {
+        "IPU-Links in an IPU-M2000": collectives.IPU_LINK_BYTES_PER_SECOND,
+        "IPU-Links between machines": collectives.MACHINE_LINK_BYTES_PER_SECOND,
+        "GW-Links between PODs": collectives.GW_LINK_BYTES_PER_SECOND,
+    }
+    for level in collectives.all_reduce(TARGET, MEGABYTES, replicas).levels:
+        # A ring moves 2 (n - 1) / n of the data over every link.
+        assert level.cycles >= level.link_bytes / rates[level.name] * TARGET.clock_hz
+
+
+def test_crossing_the_machine_boundary_costs_more_than_doubling_inside_it():
+    cost = {r: collectives.all_reduce(TARGET, MEGABYTES, r).cycles for r in (2, 4, 8)}
+    # Inside a machine a ring's bytes per link grow from 1 to 1.5 times the data; beyond it the slower
+    # machine links add a whole level.
+    assert cost[4] < 1.6 * cost[2]
+    assert cost[8] > 2 * cost[4]
+
+
+def test_bad_replica_counts_are_errors():
+    with pytest.raises(popsim.Error, match="at least one replica"):
+        collectives.all_reduce(TARGET, 4, 0)
