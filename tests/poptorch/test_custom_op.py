@@ -20,13 +20,20 @@ def _vjp(inputs, outputs, cotangents, scale):
     return [g * x * (2.0 * scale)]
 
 
-popir.defop(OP, infer=lambda x, scale: x, ref=lambda x, scale: (scale * x * x).astype(x.dtype), vjp=_vjp)
-
-
-@popsim.register_lowering(OP)
 def _lower(lw, node, x, scale):
     squares = lw.elementwise("mul", [x, x], x.shape, x.dtype)
     return lw.elementwise("mul", [squares, lw.constant(np.array(scale), x.dtype)], x.shape, x.dtype)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered_op():
+    """The user's op, registered for this module's tests only, so suites that walk popir's registry and
+    popsim's lowerings in the same session do not see it."""
+    popir.defop(OP, infer=lambda x, scale: x, ref=lambda x, scale: (scale * x * x).astype(x.dtype), vjp=_vjp)
+    popsim.register_lowering(OP)(_lower)
+    yield
+    popir.registry._REGISTRY.pop(OP)
+    popsim.lowerings.LOWERINGS.pop(OP)
 
 
 class _Model(torch.nn.Module):

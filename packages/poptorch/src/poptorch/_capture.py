@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
-from poptorch import _blocks
+from poptorch import _blocks, _fx_sources
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
@@ -90,6 +90,7 @@ def flatten_call(args, kwargs):
     return leaves
 
 
+@_fx_sources.forgotten_after()
 def capture(model, args, kwargs=None):
     """Export ``model(*args, **kwargs)`` and lower it to popir; raises poptorch.Error with the user's line."""
     args, kwargs = tuple(args), dict(kwargs or {})
