@@ -129,10 +129,12 @@ def test_blocks_are_the_default_pipeline_and_copy_pickle_and_print():
     assert {n.placement for n in graph.nodes if n.placement is not None} == {(0, 0), (1, 1)}
 
 
-class Wide(torch.nn.Module):
-    def __init__(self):
+class TanhStack(torch.nn.Module):
+    """``depth`` tanh layers of ``width`` features, trained to a target by MSE."""
+
+    def __init__(self, width, depth):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(4))
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
 
     def forward(self, x, target):
         for block in self.blocks:
@@ -150,7 +152,7 @@ def test_a_model_out_of_tile_memory_on_one_ipu_trains_on_two(monkeypatch):
 
     def train(ipus):
         torch.manual_seed(0)
-        model = Wide()
+        model = TanhStack(64, 4)
         if ipus > 1:
             for i, block in enumerate(model.blocks):
                 poptorch.BeginBlock(block, ipu_id=i * ipus // 4)
@@ -163,22 +165,9 @@ def test_a_model_out_of_tile_memory_on_one_ipu_trains_on_two(monkeypatch):
         train(1)
     trained, (out, loss) = train(2)
     torch.manual_seed(0)
-    eager = _eager(Wide(), x[None], y[None])
+    eager = _eager(TanhStack(64, 4), x[None], y[None])
     _assert_same([(out, loss, [p.detach().clone() for p in trained.parameters()])], eager)
     assert trained.profile.programs["accumulate"]["memory_max_tile_bytes"] <= small.tile_bytes
-
-
-class Narrow(torch.nn.Module):
-    """Eight narrow layers on a large micro-batch: activations dominate tile memory."""
-
-    def __init__(self):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(8))
-
-    def forward(self, x, target):
-        for block in self.blocks:
-            x = torch.tanh(block(x))
-        return x, torch.nn.functional.mse_loss(x, target)
 
 
 def test_a_pipeline_stashes_the_activations_of_micro_batches_in_flight(monkeypatch):
@@ -189,7 +178,7 @@ def test_a_pipeline_stashes_the_activations_of_micro_batches_in_flight(monkeypat
 
     def train(strategy, recomputation=0):
         torch.manual_seed(0)
-        model = Narrow()
+        model = TanhStack(32, 8)  # eight narrow layers on a large micro-batch: activations dominate
         for i in range(4):
             poptorch.BeginBlock(model.blocks[2 * i], ipu_id=i)
         opts = poptorch.Options().setExecutionStrategy(strategy)
