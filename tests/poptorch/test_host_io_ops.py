@@ -1,5 +1,5 @@
 """PopTorch's host-transfer and host-code ops: set_overlap_for_input / _output (OverlapMode), CPU host
-callbacks, MultiConv and ctc_beam_search_decoder. Each runs as PopTorch's does on the CPU; on the simulated
+callbacks and MultiConv. Each runs as PopTorch's does on the CPU; on the simulated
 IPU what is modelled works and the rest is refused as not modelled."""
 
 import copy
@@ -135,11 +135,3 @@ def test_multiconv_settings_are_validated_as_poptorch_does():
     ):
         with pytest.raises(poptorch.Error, match="MultiConv"):
             bad()
-
-
-def test_ctc_beam_search_decoder_is_refused_clearly():
-    probs, lengths = torch.randn(5, 2, 4).log_softmax(2), torch.tensor([5, 4])
-    with pytest.raises(poptorch.Error, match="ctc_beam_search_decoder is not modelled"):
-        poptorch.ctc_beam_search_decoder(probs, lengths, beam_width=3)
-    with pytest.raises(poptorch.Error, match="lengths must be a torch.tensor"):
-        poptorch.ctc_beam_search_decoder(probs, [5, 4])

@@ -1,5 +1,5 @@
 """PopTorch ops about host transfers and host code in the middle of a model: ``set_overlap_for_input`` /
-``set_overlap_for_output``, ``CPU`` host callbacks, ``MultiConv`` and ``ctc_beam_search_decoder``.
+``set_overlap_for_output``, ``CPU`` host callbacks and ``MultiConv``.
 
 Each runs as PopTorch's does on the CPU. Captured for the simulated IPU, what the simulator models is real
 (``OverlapMode.NoOverlap`` marks nothing; ``MultiConv``'s convolutions run as ordinary ones), and the rest
@@ -169,17 +169,3 @@ class MultiConv:
 
     def __exit__(self, *exc):
         return False
-
-
-def ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=100, top_paths=1):
-    """PopTorch's CTC beam search decoder. Refused: the simulator has no beam search (the beams' data-
-    dependent pruning), on the CPU as on the simulated IPU, where PopTorch has no CPU version either."""
-    for name, value in (("probs", probs), ("lengths", lengths)):
-        if not isinstance(value, torch.Tensor):
-            raise Error(
-                f"ctc_beam_search_decoder: {name} must be a torch.tensor argument. {type(value)} is not supported."
-            )
-    raise not_modelled(
-        "poptorch.ctc_beam_search_decoder",
-        "decode on the host from the model's log-probabilities (e.g. a greedy argmax decode, or a beam search library)",
-    )
