@@ -123,6 +123,14 @@ def test_multiconv_settings_the_simulator_cannot_honour_run_on_the_cpu_and_are_r
         poptorch.inferenceModel(model, _options())(x, u)
 
 
+def test_per_convolution_settings_must_match_the_scope_s_convolutions():
+    model, x, u = _Convs(_serial().enableConvDithering([False] * 3)), torch.randn(1, 1, 5, 5), torch.randn(1, 1, 6, 6)
+    with pytest.raises(poptorch.Error, match="enableConvDithering has 3 values but the scope holds 2 convolutions"):
+        model(x, u)
+    with pytest.raises(poptorch.Error, match="enableConvDithering has 3 values but the scope holds 2 convolutions"):
+        poptorch.inferenceModel(model, _options())(x, u)
+
+
 def test_multiconv_settings_are_validated_as_poptorch_does():
     for bad in (
         lambda: poptorch.MultiConv().planType("parallel"),

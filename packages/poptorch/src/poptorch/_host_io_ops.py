@@ -7,6 +7,7 @@ is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from poptorch._executor_api import isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
@@ -101,6 +102,23 @@ def _is_float(value):
     return isinstance(value, float)
 
 
+_CONVOLUTIONS = frozenset(
+    (torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d)
+)
+
+
+class _ConvolutionCount(TorchFunctionMode):
+    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in _CONVOLUTIONS
+        return func(*args, **(kwargs or {}))
+
+
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
@@ -110,6 +128,7 @@ class MultiConv:
 
     def __init__(self):
         self._settings = {}
+        self._counting = None
 
     def _set(self, name, value):
         if value is None:
@@ -165,7 +184,17 @@ class MultiConv:
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
                     raise not_modelled(f"poptorch.MultiConv().{name}({shown})", _REFUSAL_REASONS[name])
+        self._counting = _ConvolutionCount().__enter__()
         return self
 
     def __exit__(self, *exc):
+        counting, self._counting = self._counting, None
+        counting.__exit__(*exc)
+        if exc[0] is None:
+            for name, values in self._settings.items():
+                if len(values) not in (1, counting.count):
+                    raise Error(
+                        f"poptorch.MultiConv: {name} has {len(values)} values but the scope holds {counting.count} "
+                        "convolutions: give one value for all of them, or one per convolution"
+                    )
         return False
