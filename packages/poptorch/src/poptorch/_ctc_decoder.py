@@ -8,6 +8,7 @@ The search is data-dependent pruning, which the simulated IPU does not model: it
 """
 
 import collections
+import math
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from poptorch._executor_api import isRunningOnIpu
 from poptorch.errors import Error
 from poptorch.options import not_modelled
 
-_NEG_INF = -np.inf
+_NEG_INF = -math.inf
 
 
 def _check_int(name, value, low, high=None):
@@ -25,36 +26,44 @@ def _check_int(name, value, low, high=None):
         raise Error(f"ctc_beam_search_decoder: {name} must be an integer {bound}, got {value!r}")
 
 
+def _logaddexp(a, b):
+    """log(exp(a) + exp(b)) of two Python floats (NumPy's scalar call costs more than the search itself)."""
+    if a < b:
+        a, b = b, a
+    return a if b == _NEG_INF else a + math.log1p(math.exp(b - a))
+
+
 def _step(beams, log_probs, blank, beam_width):
     """Extend every beam by one time step's log-probabilities; keep the ``beam_width`` best prefixes."""
     grown = collections.defaultdict(lambda: [_NEG_INF, _NEG_INF])  # prefix -> [ends in blank, ends in label]
     for prefix, (p_blank, p_label) in beams.items():
-        total = np.logaddexp(p_blank, p_label)
+        total = _logaddexp(p_blank, p_label)
         stay = grown[prefix]
-        stay[0] = np.logaddexp(stay[0], total + log_probs[blank])
+        stay[0] = _logaddexp(stay[0], total + log_probs[blank])
+        last = prefix[-1] if prefix else None
         for label, log_p in enumerate(log_probs):
             if label == blank:
                 continue
             extended = grown[prefix + (label,)]
-            if prefix and prefix[-1] == label:
-                extended[1] = np.logaddexp(extended[1], p_blank + log_p)  # a repeat needs a blank between
-                stay[1] = np.logaddexp(stay[1], p_label + log_p)  # the repeat merges into the last label
+            if label == last:
+                extended[1] = _logaddexp(extended[1], p_blank + log_p)  # a repeat needs a blank between
+                stay[1] = _logaddexp(stay[1], p_label + log_p)  # the repeat merges into the last label
             else:
-                extended[1] = np.logaddexp(extended[1], total + log_p)
+                extended[1] = _logaddexp(extended[1], total + log_p)
     return dict(_best(grown, beam_width))
 
 
 def _best(beams, count):
     """The ``count`` most likely prefixes, most likely first (ties broken by the shorter, smaller prefix)."""
-    scored = sorted(beams.items(), key=lambda item: (-np.logaddexp(*item[1]), len(item[0]), item[0]))
+    scored = sorted(beams.items(), key=lambda item: (-_logaddexp(*item[1]), len(item[0]), item[0]))
     return scored[:count]
 
 
 def _decode(log_probs, blank, beam_width, top_paths):
     beams = {(): (0.0, _NEG_INF)}
-    for step in log_probs:
+    for step in log_probs.tolist():
         beams = _step(beams, step, blank, beam_width)
-    return [(float(np.logaddexp(*scores)), prefix) for prefix, scores in _best(beams, top_paths)]
+    return [(_logaddexp(*scores), prefix) for prefix, scores in _best(beams, top_paths)]
 
 
 def ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=100, top_paths=1):
