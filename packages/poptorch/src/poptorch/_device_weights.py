@@ -12,6 +12,7 @@ import torch
 
 from poptorch import _weights
 from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name
+from poptorch._replication import GroupedParameters
 from poptorch._training import ACCUMULATOR_PREFIX, RNG_SEED
 from poptorch.errors import Error
 
@@ -49,6 +50,8 @@ class DeviceWeights:
         self.seeded = False
         # Tensors written from the host since the replicas last took their values (see ReplicaBuffers).
         self.uploaded = set()
+        # Parameters with one value per group of replicas (replicaGrouping); set once compiled.
+        self.grouped = GroupedParameters({}, {})
 
     # -- attaching and running ------------------------------------------------------------------
     def attach(self):
@@ -98,6 +101,7 @@ class DeviceWeights:
         for name, value in self.initial.items():
             if name.startswith(ACCUMULATOR_PREFIX):
                 self.exe.write_variable(name, value)
+        self.grouped.reset_accumulators(self.exe)
 
     # -- host <-> device ------------------------------------------------------------------------
     def download(self):
@@ -106,7 +110,8 @@ class DeviceWeights:
             for name, tensor in self.tensors.items():
                 record = _weights.record(tensor)
                 if record.holder is self:
-                    value = torch.from_numpy(np.array(self.exe.read_variable(name)))
+                    value = self.grouped.read(self.exe, name) if name in self.grouped else self.exe.read_variable(name)
+                    value = torch.from_numpy(np.array(value))
                     tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
                     record.host_current(_weights.version_of(tensor))
         self.download_optimizer_state()
@@ -135,7 +140,11 @@ class DeviceWeights:
             self.generations[name] = record.generation
 
     def _write(self, name, tensor):
-        self.exe.write_variable(name, tensor.detach().cpu().numpy())
+        value = tensor.detach().cpu().numpy()
+        if name in self.grouped:
+            self.grouped.write(self.exe, name, value)
+        else:
+            self.exe.write_variable(name, value)
         self.uploaded.add(name)
 
     # -- optimizer ------------------------------------------------------------------------------
