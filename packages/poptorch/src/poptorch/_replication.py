@@ -203,25 +203,22 @@ class GroupedParameters:
             raise not_modelled("replicaGrouping with several processes", "group parameters in one process only")
         if groups and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
             raise not_modelled("replicaGrouping with MeanReductionStrategy.Running", "use MeanReductionStrategy.Post")
-        stateful = [name for name in groups if name in slots]
-        if stateful:
-            raise not_modelled(
-                f"replicaGrouping of {', '.join(stateful)} with an optimizer that keeps per-parameter state",
-                "use an optimizer without state for grouped parameters (SGD without momentum)",
-            )
         mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        of_replica, scale = {}, {}
+        graph = programs.graphs[programs.micro_batch]
+        of_replica, scale, initial = {}, {}, {}
         for name, groups_of_name in groups.items():
             of_replica[name] = groups_of_name
+            initial[name] = np.zeros(graph.input(name).shape, dtype=graph.input(name).dtype.numpy)
             if name in programs.trained:
                 accumulator = _training.accumulator_name(name)
-                of_replica[accumulator] = groups_of_name
                 # The step divides by every replica's micro-batches; a group's gradient comes from its own.
                 scale[accumulator] = max(groups_of_name) + 1 if mean else 1
+                for variable in [accumulator, *slots.get(name, {}).values()]:
+                    of_replica[variable] = groups_of_name
+                    initial[variable] = programs.initial[variable]
         grouped = cls(of_replica, scale, groupings)
-        for variable in scale:
-            count = max(of_replica[variable]) + 1
-            grouped.values[variable] = np.stack([programs.initial[variable]] * count)
+        for variable, value in initial.items():
+            grouped.values[variable] = np.stack([value] * (max(of_replica[variable]) + 1))
         return grouped
 
     def check_unchanged(self, groupings):
@@ -236,8 +233,10 @@ class GroupedParameters:
         return name in self.of_replica
 
     def write(self, exe, name, value):
-        """The host's value of every group (first dimension) of the grouped parameter ``name``."""
-        self.values[name] = np.array(value)
+        """The host's value of every group (first dimension) of the grouped variable ``name``, or one value
+        for every group."""
+        value = np.asarray(value)
+        self.values[name] = np.array(np.broadcast_to(value, self.values[name].shape), dtype=self.values[name].dtype)
         exe.write_variable(name, self.values[name][self.loaded[name]])
 
     def read(self, exe, name):
@@ -261,19 +260,31 @@ class GroupedParameters:
 
     def step(self, exe, run, updated):
         """Run the optimizer step ``run`` once per group of the grouped parameters, each time on that
-        group's values; the other variables in ``updated`` (the step's updates) keep their first run's."""
-        counts = {variable: max(of_replica) + 1 for variable, of_replica in self.of_replica.items()}
-        for group in range(max(counts.values(), default=1)):
-            stepped = [variable for variable, count in counts.items() if group < count]
-            kept = [name for name in updated if name not in stepped] if group else []
-            for variable in stepped:
-                self._load(exe, variable, group)
-                if self.scale.get(variable, 1) != 1:
-                    exe.write_variable(variable, np.array(exe.read_variable(variable)) * self.scale[variable])
-            before = {name: np.array(exe.read_variable(name)) for name in kept}
+        group's values and from the same state of the others; ``updated`` (the step's updates) that are not
+        grouped keep their first run's values."""
+        if not self.of_replica:
             run()
-            for name, value in before.items():
+            return
+        counts = {variable: max(of_replica) + 1 for variable, of_replica in self.of_replica.items()}
+        others = [name for name in updated if name not in counts]
+        before = {name: np.array(exe.read_variable(name)) for name in others}
+        after = None
+        for group in range(max(counts.values())):
+            for variable, count in counts.items():
+                if group < count:
+                    self._load(exe, variable, group)
+                    if self.scale.get(variable, 1) != 1:
+                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * self.scale[variable])
+            done = {v: np.array(exe.read_variable(v)) for v, count in counts.items() if group >= count and v in updated}
+            for name, value in before.items() if after is not None else ():
                 exe.write_variable(name, value)
+            run()
+            for variable, value in done.items():
+                exe.write_variable(variable, value)
+            if after is None:
+                after = {name: np.array(exe.read_variable(name)) for name in others}
+        for name, value in after.items():
+            exe.write_variable(name, value)
 
     def reset_accumulators(self, exe):
         """A step cut short: every group's accumulated gradients restart from zero."""
