@@ -112,7 +112,13 @@ def test_each_replica_runs_with_its_groups_parameter_value(kind, shards, group):
     torch.manual_seed(0)
     net = GroupedLinear(max(group) + 1)
     x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
-    out, _ = _grouped(poptorch.inferenceModel(net, _opts(4)), kind, shards)(x.reshape(8, 3), y.reshape(8))
+    model = _grouped(poptorch.inferenceModel(net, _opts(4)), kind, shards)
+    out, _ = model(x.reshape(8, 3), y.reshape(8))
+    expected = torch.stack([x[r] @ net.w[group[r]] + net.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)
+    with torch.no_grad():
+        net.w[-1] += 1.0  # a host edit of one group's value reaches that group's replicas
+    out, _ = model(x.reshape(8, 3), y.reshape(8))
     expected = torch.stack([x[r] @ net.w[group[r]] + net.b for r in range(4)]).detach()
     torch.testing.assert_close(out.reshape(4, 2), expected)
 
@@ -198,3 +204,25 @@ def test_per_replica_params_groups_a_nested_parameter_by_its_name():
     model.per_replica_params["inner.w"] = (poptorch.CommGroupType.Consecutive, 2, settings[2])
     with pytest.raises(poptorch.Error, match="per_replica_params changed after the model was compiled"):
         model(x.reshape(8, 3), torch.zeros(8))
+
+
+def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    opts = _opts(4)
+    opts.Training.gradientAccumulation(2)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Orthogonal,
+        2,
+    )
+    x, y = torch.randn(2, 4, 2, 3), torch.randn(2, 4, 2)  # [accumulation step, replica, sample]
+    training(x.reshape(16, 3), y.reshape(16))
+    eager = torch.stack(
+        [torch.nn.functional.mse_loss(x[a, r] @ w[r % 2] + b, y[a, r]) for a in range(2) for r in range(4)]
+    )
+    (grad_w,) = torch.autograd.grad(eager.sum() * 2 / 8, w, retain_graph=True)
+    (grad_b,) = torch.autograd.grad(eager.mean(), b)
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
