@@ -2,6 +2,7 @@
 replicaGrouping (only PopTorch's default, every replica sharing the parameter, is modelled)."""
 
 import copy
+import io
 
 import pytest
 import torch
@@ -226,3 +227,17 @@ def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batche
     (grad_b,) = torch.autograd.grad(eager.mean(), b)
     torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_saved_wrapper_keeps_its_parameter_grouping():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    model = _grouped(poptorch.inferenceModel(net, _opts(4)), poptorch.CommGroupType.Consecutive, 2)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    x = torch.randn(4, 2, 3)
+    out, _ = loaded(x.reshape(8, 3), torch.zeros(8))
+    expected = torch.stack([x[r] @ net.w[r // 2] + net.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)

@@ -658,14 +658,15 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         and optimizer state; the loaded wrapper compiles on its first call."""
         self.copyWeightsToHost()
         optimizer = self._optimizer if self._training else None
-        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
+        args = (self._model, self._user_options.clone(), self._training, optimizer)
+        return PoplarExecutor, args, {"per_replica_params": dict(self.per_replica_params)}
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
         value = getattr(self._model, name)
         if isinstance(value, torch.nn.Parameter):
-            return _replication.grouping_methods(value, name, self.per_replica_params, self.isCompiled)
+            return _replication.GroupingView(value, name, self.per_replica_params, self.isCompiled)
         return value
 
     def __repr__(self):

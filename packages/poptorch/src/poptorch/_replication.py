@@ -97,25 +97,29 @@ class ReplicaBuffers:
         self.copies[replica] = {name: np.array(exe.read_variable(name)) for name in self.names}
 
 
-def grouping_methods(parameter, name, groupings, compiled):
-    """Give the model's ``parameter`` (reached through a wrapper) PopTorch's ``replicaGrouping`` method (and
-    its older name ``perReplica``), recording each call in ``groupings`` (the wrapper's
-    ``per_replica_params``: name -> (type, shards, mode)); ``compiled()`` says whether it is too late."""
+class GroupingView:
+    """What a wrapper gives for one of its model's parameters (``model.w``), as in PopTorch: the parameter's
+    attributes plus ``replicaGrouping`` (and its older name ``perReplica``), which records the grouping in
+    the wrapper's ``per_replica_params``. The parameter itself is left untouched, so it still pickles."""
 
-    def replicaGrouping(comm_group_type, shards, variable_retrieval_mode):
+    def __init__(self, parameter, name, groupings, compiled):
+        self._parameter, self._name, self._groupings, self._compiled = parameter, name, groupings, compiled
+
+    def replicaGrouping(self, comm_group_type, shards, variable_retrieval_mode):
         """Give this parameter one value per group of replicas (``comm_group_type`` with groups of
         ``shards`` replicas for Consecutive and Orthogonal): its host tensor holds the groups' values along
         a new first dimension (none when there is one group), the model sees one group's value, and gradients
         are reduced within a group."""
         settings = (comm_group_type, shards, variable_retrieval_mode)
-        _check_grouping(name, settings)
-        if compiled():
-            raise Error(f"{_describe(name, settings)} must be called before the model is compiled or first run")
-        groupings[name] = settings
+        _check_grouping(self._name, settings)
+        if self._compiled():
+            raise Error(f"{_describe(self._name, settings)} must be called before the model is compiled or first run")
+        self._groupings[self._name] = settings
 
-    parameter.replicaGrouping = replicaGrouping
-    parameter.perReplica = replicaGrouping
-    return parameter
+    perReplica = replicaGrouping
+
+    def __getattr__(self, attr):
+        return getattr(self._parameter, attr)
 
 
 def _describe(name, settings):
