@@ -174,6 +174,8 @@ def test_grouping_unmodelled_cases_are_refused():
     training = poptorch.trainingModel(net, opts)
     with pytest.raises(poptorch.Error, match="AllReplicas.*is not modelled"):
         _grouped(training, poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.AllReplicas)
+    with pytest.raises(poptorch.Error, match="shards \\(the group size\\) must be a positive int, got 0"):
+        _grouped(training, poptorch.CommGroupType.Orthogonal, 0)
     _grouped(training, poptorch.CommGroupType.Consecutive, 2)
     with pytest.raises(poptorch.Error, match="MeanReductionStrategy.Running is not modelled"):
         training(torch.ones(4, 3), torch.ones(4))

@@ -139,7 +139,10 @@ def _check_grouping(name, settings):
             "the host parameter holds one value per group (VariableRetrievalMode.OnePerGroup); the replicas "
             "of a group always hold the same value, so read it once per group",
         )
-    return CommGroupType(kind), shards
+    kind = CommGroupType(kind)
+    if kind in (CommGroupType.Consecutive, CommGroupType.Orthogonal) and not (isinstance(shards, int) and shards > 0):
+        raise Error(f"{_describe(name, settings)}: shards (the group size) must be a positive int, got {shards!r}")
+    return kind, shards
 
 
 def _groups_of(groupings, replicas):
@@ -183,10 +186,11 @@ def per_replica_parameters(model, groupings, replicas):
 class GroupedParameters:
     """The per-group device values of parameters with a ``replicaGrouping``.
 
-    The replicas of a process share one simulated device, so each grouped variable (the parameter and its
-    gradient accumulator) keeps every group's value on the host and the device holds the value of the group
-    ``loaded`` last: a replica's run first loads its group's values. The optimizer step runs once per group
-    on that group's values and gradients; everything else it updates keeps the first run's result.
+    The replicas of a process share one simulated device, so each grouped variable (the parameter, its
+    gradient accumulator and its optimizer state) keeps every group's value on the host and the device holds
+    the value of the group ``loaded`` last: a replica's run first loads its group's values. The optimizer step
+    runs once per group on that group's values and gradients; everything else it updates keeps the first
+    run's result.
     """
 
     def __init__(self, of_replica, scale, settings=None):
