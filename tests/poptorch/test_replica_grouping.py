@@ -243,3 +243,22 @@ def test_a_saved_wrapper_keeps_its_parameter_grouping():
     out, _ = loaded(x.reshape(8, 3), torch.zeros(8))
     expected = torch.stack([x[r] @ net.w[r // 2] + net.b for r in range(4)]).detach()
     torch.testing.assert_close(out.reshape(4, 2), expected)
+
+
+def test_a_sum_reduction_sums_a_grouped_parameters_gradients_over_its_group():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    opts = _opts(4)
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Consecutive,
+        2,
+    )
+    x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+    training(x.reshape(8, 3), y.reshape(8))
+    eager = torch.stack([torch.nn.functional.mse_loss(x[r] @ w[r // 2] + b, y[r]) for r in range(4)]).sum()
+    grad_w, grad_b = torch.autograd.grad(eager, [w, b])
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
