@@ -2,6 +2,7 @@
 replicaGrouping (only PopTorch's default, every replica sharing the parameter, is modelled)."""
 
 import copy
+import io
 
 import pytest
 import torch
@@ -82,13 +83,182 @@ def test_input_groups_must_divide_the_replicas():
         poptorch.inferenceModel(Scale(), _opts(4).inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive))(x)
 
 
-def test_parameter_replica_grouping_accepts_the_default_and_refuses_the_rest():
-    training = poptorch.trainingModel(Scale(), _opts(2))
-    training.w.replicaGrouping(poptorch.CommGroupType.All, 0, poptorch.VariableRetrievalMode.OnePerGroup)
-    for args in (
-        (poptorch.CommGroupType.NoGrouping, 0, poptorch.VariableRetrievalMode.OnePerGroup),
-        (poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.OnePerGroup),
-        (poptorch.CommGroupType.All, 0, poptorch.VariableRetrievalMode.AllReplicas),
-    ):
-        with pytest.raises(poptorch.Error, match="replicaGrouping.*of parameter 'w' is not modelled"):
-            training.w.perReplica(*args)
+GROUPINGS = [
+    (poptorch.CommGroupType.Consecutive, 2, [0, 0, 1, 1]),
+    (poptorch.CommGroupType.Orthogonal, 2, [0, 1, 0, 1]),
+    (poptorch.CommGroupType.NoGrouping, 0, [0, 1, 2, 3]),
+]
+
+
+class GroupedLinear(torch.nn.Module):
+    """A weight with one value per group of replicas (first dimension) and a bias every replica shares."""
+
+    def __init__(self, groups):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(groups, 3))
+        self.b = torch.nn.Parameter(torch.randn(()))
+
+    def forward(self, x, y):
+        out = x @ self.w + self.b  # the model sees one group's weight, of shape [3]
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def _grouped(model, kind, shards, mode=poptorch.VariableRetrievalMode.OnePerGroup):
+    model.w.replicaGrouping(kind, shards, mode)
+    return model
+
+
+@pytest.mark.parametrize(("kind", "shards", "group"), GROUPINGS)
+def test_each_replica_runs_with_its_groups_parameter_value(kind, shards, group):
+    torch.manual_seed(0)
+    net = GroupedLinear(max(group) + 1)
+    x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+    model = _grouped(poptorch.inferenceModel(net, _opts(4)), kind, shards)
+    out, _ = model(x.reshape(8, 3), y.reshape(8))
+    expected = torch.stack([x[r] @ net.w[group[r]] + net.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)
+    with torch.no_grad():
+        net.w[-1] += 1.0  # a host edit of one group's value reaches that group's replicas
+    out, _ = model(x.reshape(8, 3), y.reshape(8))
+    expected = torch.stack([x[r] @ net.w[group[r]] + net.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)
+
+
+OPTIMIZERS = [
+    lambda params: torch.optim.SGD(params, lr=0.1),
+    lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
+    lambda params: torch.optim.Adam(params, lr=0.05),
+]
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS, ids=["sgd", "momentum", "adam"])
+@pytest.mark.parametrize(("kind", "shards", "group"), GROUPINGS)
+def test_training_reduces_a_grouped_parameters_gradients_within_its_group(kind, shards, group, make_optimizer):
+    torch.manual_seed(0)
+    groups = max(group) + 1
+    net = GroupedLinear(groups)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    # The per-group update is elementwise, so eager's optimizer over the whole [groups, 3] weight is the
+    # reference once the weight's gradient is reduced per group.
+    reference = make_optimizer([w, b])
+    optimizer = make_optimizer(net.parameters())
+    training = _grouped(poptorch.trainingModel(net, _opts(4), optimizer), kind, shards)
+    for _ in range(3):
+        x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+        _, losses = training(x.reshape(8, 3), y.reshape(8))
+        # Eager: replica r trains its group's weight; the weight's gradient is the mean over its group's
+        # replicas, the shared bias's the mean over all of them.
+        eager = torch.stack([torch.nn.functional.mse_loss(x[r] @ w[group[r]] + b, y[r]) for r in range(4)])
+        (w.grad,) = torch.autograd.grad(eager.sum() * groups / 4, w, retain_graph=True)
+        (b.grad,) = torch.autograd.grad(eager.mean(), b)
+        reference.step()
+        torch.testing.assert_close(losses, eager.detach())
+    training.copyWeightsToHost()
+    assert net.w.shape == (groups, 3)
+    torch.testing.assert_close(net.w, w.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net.b, b.detach(), rtol=1e-4, atol=1e-5)
+    for slot, value in reference.state[w].items():  # each group's optimizer state, read back per group
+        torch.testing.assert_close(optimizer.state[net.w][slot], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_grouped_parameter_needs_one_value_per_group():
+    model = _grouped(poptorch.inferenceModel(GroupedLinear(3), _opts(4)), poptorch.CommGroupType.Consecutive, 2)
+    with pytest.raises(poptorch.Error, match=r"first dimension must hold one value per group: expected shape \[2"):
+        model(torch.ones(4, 3), torch.ones(4))
+
+
+def test_grouping_unmodelled_cases_are_refused():
+    net = GroupedLinear(2)
+    opts = _opts(4)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    training = poptorch.trainingModel(net, opts)
+    with pytest.raises(poptorch.Error, match="AllReplicas.*is not modelled"):
+        _grouped(training, poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.AllReplicas)
+    with pytest.raises(poptorch.Error, match="shards \\(the group size\\) must be a positive int, got 0"):
+        _grouped(training, poptorch.CommGroupType.Orthogonal, 0)
+    _grouped(training, poptorch.CommGroupType.Consecutive, 2)
+    with pytest.raises(poptorch.Error, match="MeanReductionStrategy.Running is not modelled"):
+        training(torch.ones(4, 3), torch.ones(4))
+    inference = poptorch.inferenceModel(Scale(), _opts(1))
+    inference(torch.ones(2))
+    with pytest.raises(poptorch.Error, match="before the model is compiled"):
+        _grouped(inference, poptorch.CommGroupType.All, 0)
+
+
+def test_per_replica_params_groups_a_nested_parameter_by_its_name():
+    torch.manual_seed(0)
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = GroupedLinear(2)
+
+        def forward(self, x, y):
+            return self.inner(x, y)
+
+    net = Outer()
+    model = poptorch.inferenceModel(net, _opts(4))
+    settings = (poptorch.CommGroupType.Orthogonal, 2, poptorch.VariableRetrievalMode.OnePerGroup)
+    model.per_replica_params["inner.w"] = settings
+    x = torch.randn(4, 2, 3)
+    out, _ = model(x.reshape(8, 3), torch.zeros(8))
+    expected = torch.stack([x[r] @ net.inner.w[r % 2] + net.inner.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)
+    model.per_replica_params["inner.w"] = (poptorch.CommGroupType.Consecutive, 2, settings[2])
+    with pytest.raises(poptorch.Error, match="per_replica_params changed after the model was compiled"):
+        model(x.reshape(8, 3), torch.zeros(8))
+
+
+def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    opts = _opts(4)
+    opts.Training.gradientAccumulation(2)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Orthogonal,
+        2,
+    )
+    x, y = torch.randn(2, 4, 2, 3), torch.randn(2, 4, 2)  # [accumulation step, replica, sample]
+    training(x.reshape(16, 3), y.reshape(16))
+    eager = torch.stack(
+        [torch.nn.functional.mse_loss(x[a, r] @ w[r % 2] + b, y[a, r]) for a in range(2) for r in range(4)]
+    )
+    (grad_w,) = torch.autograd.grad(eager.sum() * 2 / 8, w, retain_graph=True)
+    (grad_b,) = torch.autograd.grad(eager.mean(), b)
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_saved_wrapper_keeps_its_parameter_grouping():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    model = _grouped(poptorch.inferenceModel(net, _opts(4)), poptorch.CommGroupType.Consecutive, 2)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    x = torch.randn(4, 2, 3)
+    out, _ = loaded(x.reshape(8, 3), torch.zeros(8))
+    expected = torch.stack([x[r] @ net.w[r // 2] + net.b for r in range(4)]).detach()
+    torch.testing.assert_close(out.reshape(4, 2), expected)
+
+
+def test_a_sum_reduction_sums_a_grouped_parameters_gradients_over_its_group():
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    opts = _opts(4)
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Consecutive,
+        2,
+    )
+    x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+    training(x.reshape(8, 3), y.reshape(8))
+    eager = torch.stack([torch.nn.functional.mse_loss(x[r] @ w[r // 2] + b, y[r]) for r in range(4)]).sum()
+    grad_w, grad_b = torch.autograd.grad(eager, [w, b])
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)

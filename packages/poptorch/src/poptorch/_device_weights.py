@@ -12,6 +12,7 @@ import torch
 
 from poptorch import _weights
 from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name
+from poptorch._replication import GroupedParameters
 from poptorch._training import ACCUMULATOR_PREFIX, RNG_SEED
 from poptorch.errors import Error
 
@@ -49,6 +50,8 @@ class DeviceWeights:
         self.seeded = False
         # Tensors written from the host since the replicas last took their values (see ReplicaBuffers).
         self.uploaded = set()
+        # Parameters with one value per group of replicas (replicaGrouping); set once compiled.
+        self.grouped = GroupedParameters({}, {})
 
     # -- attaching and running ------------------------------------------------------------------
     def attach(self):
@@ -98,6 +101,7 @@ class DeviceWeights:
         for name, value in self.initial.items():
             if name.startswith(ACCUMULATOR_PREFIX):
                 self.exe.write_variable(name, value)
+        self.grouped.reset_accumulators(self.exe)
 
     # -- host <-> device ------------------------------------------------------------------------
     def download(self):
@@ -106,7 +110,7 @@ class DeviceWeights:
             for name, tensor in self.tensors.items():
                 record = _weights.record(tensor)
                 if record.holder is self:
-                    value = torch.from_numpy(np.array(self.exe.read_variable(name)))
+                    value = torch.from_numpy(self._read_value(name))
                     tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
                     record.host_current(_weights.version_of(tensor))
         self.download_optimizer_state()
@@ -135,8 +139,19 @@ class DeviceWeights:
             self.generations[name] = record.generation
 
     def _write(self, name, tensor):
-        self.exe.write_variable(name, tensor.detach().cpu().numpy())
+        self._write_value(name, tensor.detach().cpu().numpy())
         self.uploaded.add(name)
+
+    def _write_value(self, name, value):
+        """Write a device variable; a grouped one (replicaGrouping) takes every group's value."""
+        if name in self.grouped:
+            self.grouped.write(self.exe, name, value)
+        else:
+            self.exe.write_variable(name, value)
+
+    def _read_value(self, name):
+        """A device variable's value; a grouped one's holds every group's along its first dimension."""
+        return self.grouped.read(self.exe, name) if name in self.grouped else np.array(self.exe.read_variable(name))
 
     # -- optimizer ------------------------------------------------------------------------------
     def set_optimizer(self, optimizer, spec):
@@ -183,10 +198,10 @@ class DeviceWeights:
             for slot, variable in slots.items():
                 value = state.get(slot)
                 if value is None:
-                    self.exe.write_variable(variable, self.initial[variable])
+                    self._write_value(variable, self.initial[variable])
                     continue
                 _weights.check_state_value(value, param, f"parameter '{name}'", slot)
-                self.exe.write_variable(variable, value.detach().cpu().numpy())
+                self._write_value(variable, value.detach().cpu().numpy())
             if _STEP_SLOT in state:
                 steps[name] = float(state[_STEP_SLOT])
         if self.has_step:
@@ -208,8 +223,7 @@ class DeviceWeights:
         for name, slots in self.slots.items():
             param = self.tensors[name]
             values = {
-                slot: torch.from_numpy(np.array(self.exe.read_variable(variable))).to(param.dtype)
-                for slot, variable in slots.items()
+                slot: torch.from_numpy(self._read_value(variable)).to(param.dtype) for slot, variable in slots.items()
             }
             if step is not None:
                 values[_STEP_SLOT] = torch.tensor(step)

@@ -166,6 +166,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._training = training
         self._user_options = options._freeze()
         self._options = options._for_model(training)
+        # Parameter FQN -> (CommGroupType, shards, VariableRetrievalMode), as PopTorch's: set by each
+        # parameter's replicaGrouping() or directly, before compiling.
+        self.per_replica_params = {}
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
         self._layout = Layout(self._options, training)
@@ -251,7 +254,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     _executor_api.running_on_ipu(self._training),
                     _blocks.recording(self._options.execution_strategy),
                 ):
-                    captured = capture(self._model, mb_args, mb_kwargs)
+                    with _replication.per_replica_parameters(
+                        self._model, self.per_replica_params, self._options.replication_factor
+                    ) as stand_ins:
+                        captured = capture(self._model, mb_args, mb_kwargs)
+                    captured.tensors = {name: stand_ins.get(t, t) for name, t in captured.tensors.items()}
             finally:
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
@@ -291,6 +298,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
         self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
+        self._device.grouped = _replication.GroupedParameters.of(
+            self.per_replica_params, captured, programs, self._options, self._device.slots
+        )
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
@@ -448,6 +458,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     def _run(self, leaves):
         captured, layout = self._captured, self._layout
+        self._device.grouped.check_unchanged(self.per_replica_params)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
         for name, tensor in zip(captured.input_names, tensors):
@@ -497,7 +508,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
-                    with self._replica_buffers.replica(exe, r):
+                    with self._replica_buffers.replica(exe, r), self._device.grouped.replica(exe, r):
                         result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
@@ -511,7 +522,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients)
                         if programs.step:
-                            _run_on_device(exe, {}, programs.step)
+                            step = programs.graphs[programs.step]
+                            self._device.grouped.step(
+                                exe, lambda: _run_on_device(exe, {}, programs.step), [s.name for s in step.updates]
+                            )
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
                             cycles += step_cycles
                             run_cycles[-1] += step_cycles
@@ -644,14 +658,15 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         and optimizer state; the loaded wrapper compiles on its first call."""
         self.copyWeightsToHost()
         optimizer = self._optimizer if self._training else None
-        return PoplarExecutor, (self._model, self._user_options.clone(), self._training, optimizer)
+        args = (self._model, self._user_options.clone(), self._training, optimizer)
+        return PoplarExecutor, args, {"per_replica_params": dict(self.per_replica_params)}
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_model":
             raise AttributeError(name)
         value = getattr(self._model, name)
         if isinstance(value, torch.nn.Parameter):
-            return _replication.grouping_methods(value, name)
+            return _replication.GroupingView(value, name, self.per_replica_params, self.isCompiled)
         return value
 
     def __repr__(self):

@@ -8,12 +8,13 @@ step costs one replica's micro-batches, the gradient all-reduce (``popsim.collec
 import contextlib
 
 import numpy as np
+import torch
 
 from popsim import collectives
 from poptorch import _training
-from poptorch.enums import CommGroupType, VariableRetrievalMode
+from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
-from poptorch.options import not_modelled
+from poptorch.options import not_modelled, replica_groups
 
 
 def all_reduce_cycles(exe, programs, options):
@@ -96,23 +97,205 @@ class ReplicaBuffers:
         self.copies[replica] = {name: np.array(exe.read_variable(name)) for name in self.names}
 
 
-def grouping_methods(parameter, name):
-    """Give the model's ``parameter`` (reached through a wrapper) PopTorch's ``replicaGrouping`` method (and
-    its older name ``perReplica``)."""
+class GroupingView:
+    """What a wrapper gives for one of its model's parameters (``model.w``), as in PopTorch: the parameter's
+    attributes plus ``replicaGrouping`` (and its older name ``perReplica``), which records the grouping in
+    the wrapper's ``per_replica_params``. The parameter itself is left untouched, so it still pickles."""
 
-    def replicaGrouping(comm_group_type, shards, variable_retrieval_mode):
-        """Share this parameter within groups of replicas. Only one group of every replica (All, with
-        OnePerGroup retrieval: PopTorch's default) is modelled."""
-        comm_group_type = CommGroupType(comm_group_type)
-        variable_retrieval_mode = VariableRetrievalMode(variable_retrieval_mode)
-        if comm_group_type != CommGroupType.All or variable_retrieval_mode != VariableRetrievalMode.OnePerGroup:
-            raise not_modelled(
-                f"replicaGrouping(CommGroupType.{comm_group_type.name}, {shards}, "
-                f"VariableRetrievalMode.{variable_retrieval_mode.name}) of parameter '{name}'",
-                "replicas always share every parameter (CommGroupType.All, VariableRetrievalMode.OnePerGroup); "
-                "split the parameter into per-group modules yourself",
+    def __init__(self, parameter, name, groupings, compiled):
+        self._parameter, self._name, self._groupings, self._compiled = parameter, name, groupings, compiled
+
+    def replicaGrouping(self, comm_group_type, shards, variable_retrieval_mode):
+        """Give this parameter one value per group of replicas (``comm_group_type`` with groups of
+        ``shards`` replicas for Consecutive and Orthogonal): its host tensor holds the groups' values along
+        a new first dimension (none when there is one group), the model sees one group's value, and gradients
+        are reduced within a group."""
+        settings = (comm_group_type, shards, variable_retrieval_mode)
+        _check_grouping(self._name, settings)
+        if self._compiled():
+            raise Error(f"{_describe(self._name, settings)} must be called before the model is compiled or first run")
+        self._groupings[self._name] = settings
+
+    perReplica = replicaGrouping
+
+    def __getattr__(self, attr):
+        return getattr(self._parameter, attr)
+
+
+def _describe(name, settings):
+    kind, shards, mode = settings
+    return (
+        f"replicaGrouping(CommGroupType.{CommGroupType(kind).name}, {shards}, "
+        f"VariableRetrievalMode.{VariableRetrievalMode(mode).name}) of parameter '{name}'"
+    )
+
+
+def _check_grouping(name, settings):
+    """The (CommGroupType, shards) of a parameter's (type, shards, retrieval mode) settings."""
+    kind, shards, mode = settings
+    if VariableRetrievalMode(mode) != VariableRetrievalMode.OnePerGroup:
+        raise not_modelled(
+            _describe(name, settings),
+            "the host parameter holds one value per group (VariableRetrievalMode.OnePerGroup); the replicas "
+            "of a group always hold the same value, so read it once per group",
+        )
+    kind = CommGroupType(kind)
+    if kind in (CommGroupType.Consecutive, CommGroupType.Orthogonal) and not (isinstance(shards, int) and shards > 0):
+        raise Error(f"{_describe(name, settings)}: shards (the group size) must be a positive int, got {shards!r}")
+    return kind, shards
+
+
+def _groups_of(groupings, replicas):
+    """Parameter name -> the group index of each replica, for the parameters not shared by every replica."""
+    groups = {}
+    for name, settings in groupings.items():
+        kind, shards = _check_grouping(name, settings)
+        of_replica = replica_groups(f"parameter '{name}' replicaGrouping", kind, shards, replicas)
+        if max(of_replica) > 0:
+            groups[name] = of_replica
+    return groups
+
+
+@contextlib.contextmanager
+def per_replica_parameters(model, groupings, replicas):
+    """While capturing ``model``: each grouped parameter (host shape ``[groups, *shape]``) is seen as one
+    group's value; yields {stand-in: host parameter} so the capture's tensors can be mapped back."""
+    stand_ins = {}
+    restore = []
+    try:
+        for name, of_replica in _groups_of(groupings, replicas).items():
+            owner_name, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(owner_name)
+            host = owner._parameters[leaf]
+            count = max(of_replica) + 1
+            if host.dim() == 0 or host.shape[0] != count:
+                raise Error(
+                    f"Parameter '{name}' has replicaGrouping with {count} groups, so its first dimension must hold "
+                    f"one value per group: expected shape [{count}, ...], got {list(host.shape)}"
+                )
+            stand_in = torch.nn.Parameter(host.detach()[0].clone(), requires_grad=host.requires_grad)
+            owner._parameters[leaf] = stand_in
+            restore.append((owner, leaf, host))
+            stand_ins[stand_in] = host
+        yield stand_ins
+    finally:
+        for owner, leaf, host in restore:
+            owner._parameters[leaf] = host
+
+
+class GroupedParameters:
+    """The per-group device values of parameters with a ``replicaGrouping``.
+
+    The replicas of a process share one simulated device, so each grouped variable (the parameter, its
+    gradient accumulator and its optimizer state) keeps every group's value on the host and the device holds
+    the value of the group ``loaded`` last: a replica's run first loads its group's values. The optimizer step
+    runs once per group on that group's values and gradients; everything else it updates keeps the first
+    run's result.
+    """
+
+    def __init__(self, of_replica, scale, settings=None):
+        self.of_replica = of_replica  # device variable -> group index of each replica
+        self.settings = dict(settings or {})  # the per_replica_params compiled with
+        self.scale = scale  # device variable -> factor turning a group's summed gradient into the step's
+        self.values = {}
+        self.loaded = dict.fromkeys(of_replica, 0)
+
+    @classmethod
+    def of(cls, groupings, captured, programs, options, slots):
+        """The grouped parameters of a compiled model; raises for what the simulator does not model."""
+        groups = _groups_of(groupings, options.replication_factor)
+        for name in groups:
+            if name not in captured.parameters:
+                raise Error(f"replicaGrouping was called on '{name}', which the compiled model does not use")
+        if groups and options.Distributed.numProcesses > 1:
+            raise not_modelled("replicaGrouping with several processes", "group parameters in one process only")
+        if groups and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
+            raise not_modelled("replicaGrouping with MeanReductionStrategy.Running", "use MeanReductionStrategy.Post")
+        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+        graph = programs.graphs[programs.micro_batch]
+        of_replica, scale, initial = {}, {}, {}
+        for name, groups_of_name in groups.items():
+            of_replica[name] = groups_of_name
+            initial[name] = np.zeros(graph.input(name).shape, dtype=graph.input(name).dtype.numpy)
+            if name in programs.trained:
+                accumulator = _training.accumulator_name(name)
+                # The step divides by every replica's micro-batches; a group's gradient comes from its own.
+                scale[accumulator] = max(groups_of_name) + 1 if mean else 1
+                for variable in [accumulator, *slots.get(name, {}).values()]:
+                    of_replica[variable] = groups_of_name
+                    initial[variable] = programs.initial[variable]
+        grouped = cls(of_replica, scale, groupings)
+        for variable, value in initial.items():
+            grouped.values[variable] = np.stack([value] * (max(of_replica[variable]) + 1))
+        return grouped
+
+    def check_unchanged(self, groupings):
+        """Refuse a run after ``per_replica_params`` changed since compiling (it would be ignored)."""
+        if groupings != self.settings:
+            raise Error(
+                f"per_replica_params changed after the model was compiled (from {self.settings} to {groupings}): "
+                "set parameters' replicaGrouping before the first run, or destroy() the model to compile it again"
             )
 
-    parameter.replicaGrouping = replicaGrouping
-    parameter.perReplica = replicaGrouping
-    return parameter
+    def __contains__(self, name):
+        return name in self.of_replica
+
+    def write(self, exe, name, value):
+        """The host's value of every group (first dimension) of the grouped variable ``name``, or one value
+        for every group."""
+        value = np.asarray(value)
+        self.values[name] = np.array(np.broadcast_to(value, self.values[name].shape), dtype=self.values[name].dtype)
+        exe.write_variable(name, self.values[name][self.loaded[name]])
+
+    def read(self, exe, name):
+        """Every group's current value of the grouped parameter ``name``, stacked."""
+        self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
+        return self.values[name].copy()
+
+    def _load(self, exe, variable, group):
+        current = self.loaded[variable]
+        if current != group:
+            self.values[variable][current] = np.array(exe.read_variable(variable))
+            exe.write_variable(variable, self.values[variable][group])
+            self.loaded[variable] = group
+
+    @contextlib.contextmanager
+    def replica(self, exe, replica):
+        """A run of ``replica``: its group's values are on the device."""
+        for variable, of_replica in self.of_replica.items():
+            self._load(exe, variable, of_replica[replica])
+        yield
+
+    def step(self, exe, run, updated):
+        """Run the optimizer step ``run`` once per group of the grouped parameters, each time on that
+        group's values and from the same state of the others; ``updated`` (the step's updates) that are not
+        grouped keep their first run's values."""
+        if not self.of_replica:
+            run()
+            return
+        counts = {variable: max(of_replica) + 1 for variable, of_replica in self.of_replica.items()}
+        others = [name for name in updated if name not in counts]
+        before = {name: np.array(exe.read_variable(name)) for name in others}
+        after = None
+        for group in range(max(counts.values())):
+            for variable, count in counts.items():
+                if group < count:
+                    self._load(exe, variable, group)
+                    if self.scale.get(variable, 1) != 1:
+                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * self.scale[variable])
+            done = {v: np.array(exe.read_variable(v)) for v, count in counts.items() if group >= count and v in updated}
+            for name, value in before.items() if after is not None else ():
+                exe.write_variable(name, value)
+            run()
+            for variable, value in done.items():
+                exe.write_variable(variable, value)
+            if after is None:
+                after = {name: np.array(exe.read_variable(name)) for name in others}
+        for name, value in after.items():
+            exe.write_variable(name, value)
+
+    def reset_accumulators(self, exe):
+        """A step cut short: every group's accumulated gradients restart from zero."""
+        for variable in self.scale:
+            self.values[variable][:] = 0
+            exe.write_variable(variable, self.values[variable][self.loaded[variable]])

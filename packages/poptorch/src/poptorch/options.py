@@ -150,6 +150,19 @@ def not_modelled(option, instead):
     return Error(f"{option} is not modelled by the simulated IPU: {instead}")
 
 
+def replica_groups(api, kind, size, replicas):
+    """The group index of each of ``replicas`` replicas under a ``CommGroupType`` ``kind`` with groups of
+    ``size`` (used by Consecutive and Orthogonal only); ``api`` names the call in the error."""
+    size = {CommGroupType.All: replicas, CommGroupType.NoGrouping: 1}.get(kind, size)
+    if replicas % size:
+        raise Error(
+            f"{api}({size}, CommGroupType.{kind.name}) needs a group size dividing replicationFactor({replicas})"
+        )
+    if kind == CommGroupType.Orthogonal:
+        return [r % (replicas // size) for r in range(replicas)]
+    return [r // size for r in range(replicas)]
+
+
 class _NoAssignment:
     """Refuses ``opts.deviceIterations = 4``, which would shadow the setter and change nothing."""
 
@@ -812,16 +825,12 @@ class Options(_NoAssignment):
     @property
     def input_replica_groups(self):
         """The input group of each replica (``inputReplicaGrouping``), as a list of group indices."""
-        replicas, kind = self.replication_factor, self._values["inputGroupType"]
-        size = {CommGroupType.All: replicas, CommGroupType.NoGrouping: 1}.get(kind, self._values["inputGroupSize"])
-        if replicas % size:
-            raise Error(
-                f"inputReplicaGrouping({size}, CommGroupType.{kind.name}) needs a group size dividing "
-                f"replicationFactor({replicas})"
-            )
-        if kind == CommGroupType.Orthogonal:
-            return [r % (replicas // size) for r in range(replicas)]
-        return [r // size for r in range(replicas)]
+        return replica_groups(
+            "inputReplicaGrouping",
+            self._values["inputGroupType"],
+            self._values["inputGroupSize"],
+            self.replication_factor,
+        )
 
     @property
     def input_replication_factor(self):
