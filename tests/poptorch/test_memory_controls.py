@@ -102,10 +102,14 @@ def _budgeted_run(monkeypatch, model, x, opts=None):
     return program["memory_max_tile_bytes"], program["total_cycles"]
 
 
-@pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv"])
-def test_set_available_memory_replans_the_op_for_less_temporary_memory(monkeypatch, conv):
+@pytest.mark.parametrize(
+    "conv, shape",
+    [(False, (WIDTH, WIDTH)), (False, (2, WIDTH // 2, WIDTH)), (True, (1, WIDTH, 8, 8))],
+    ids=["linear", "linear-3d", "conv"],
+)
+def test_set_available_memory_replans_the_op_for_less_temporary_memory(monkeypatch, conv, shape):
     torch.manual_seed(0)
-    x = torch.randn(1, WIDTH, 8, 8) if conv else torch.randn(WIDTH, WIDTH)
+    x = torch.randn(shape)
     roomy, tight = Budgeted(1.0, conv), Budgeted(0.1, conv)
     tight.load_state_dict(roomy.state_dict())
     roomy_peak, roomy_cycles = _budgeted_run(monkeypatch, roomy, x)

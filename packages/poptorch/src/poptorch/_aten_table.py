@@ -475,7 +475,7 @@ def _recomputation_checkpoint(ctx, x):
 @lowers(torch.ops.poptorch.set_available_memory.default)
 def _set_available_memory(ctx, x, proportion):
     # The value itself: the matmul or convolution that produced it plans within ``proportion`` of a tile.
-    _memory.mark_available_memory(x, proportion, str(ctx.node.args[0].target))
+    _memory.mark_available_memory(x, proportion)
     return x
 
 

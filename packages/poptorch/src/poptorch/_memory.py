@@ -78,13 +78,14 @@ def set_available_memory(tensor, available_memory_proportion):
     return tensor
 
 
-def mark_available_memory(value, proportion, aten):
-    """Annotate the planned ops (matmul, convolution) that produced popir ``value`` within the ATen op
-    ``aten`` that produced it (through its bias add or reshape) with ``proportion``."""
-    pending = [value.producer] if value.producer is not None and value.producer.aten == aten else []
+def mark_available_memory(value, proportion):
+    """Annotate the planned ops (matmul, convolution) that produced popir ``value`` with ``proportion``:
+    those of the ATen op that produced it (through its bias add), or of the op before a reshape (a linear
+    layer on a 3-D input is a matmul between two views)."""
+    pending = [(value.producer, value.producer.aten)] if value.producer is not None else []
     seen, marked = set(), 0
     while pending:
-        node = pending.pop()
+        node, aten = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
@@ -92,7 +93,9 @@ def mark_available_memory(value, proportion, aten):
             node.available_memory = proportion
             marked += 1
             continue
-        pending += [v.producer for v in node.inputs if v.producer is not None and v.producer.aten == aten]
+        for v in node.inputs:
+            if v.producer is not None and (v.producer.aten == aten or node.op == "reshape"):
+                pending.append((v.producer, v.producer.aten))
     if not marked:
         _logging.logger.warning(
             "set_available_memory(%s) at %s: the tensor is not the output of a matmul or convolution, so it has "
