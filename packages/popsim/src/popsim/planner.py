@@ -312,8 +312,10 @@ class Lowerer:
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced.
 
-        A plan depends only on the index maps, the dtype and the sizes and tile mappings of the sources, so
-        a repeated layer (same shapes, dtypes and placements) reuses the plan of its first instance."""
+        The plan keeps its temporary memory within ``available_memory`` (the node's proportion of a tile).
+        A plan depends only on the index maps, the dtype, that proportion and the sizes and tile mappings of
+        the sources, so a repeated layer (same shapes, dtypes and placements) reuses the plan of its first
+        instance."""
         # The IPU whose tiles the plan uses, and the share of their memory it may take.
         where = (self.target.first_tile, self.target.num_tiles, self.available_memory)
         key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
