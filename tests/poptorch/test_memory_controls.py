@@ -147,6 +147,8 @@ def test_set_available_memory_proportion_checks_its_keys_values_and_ipus(monkeyp
         opts.setAvailableMemoryProportion({0: 0.5})
     with pytest.raises(poptorch.Error, match="must be a number from 0 to 1, got -0.1"):
         opts.setAvailableMemoryProportion({"IPU0": -0.1})
+    with pytest.raises(poptorch.Error, match="takes a dictionary"):
+        opts.setAvailableMemoryProportion(0.5)
     opts.setAvailableMemoryProportion({"IPU1": 0.3})
     assert opts.available_memory_proportion == {1: 0.3}
     with pytest.raises(poptorch.Error, match="names IPU1, but the model runs on 1 IPU"):

@@ -783,6 +783,11 @@ class Options(_NoAssignment):
         temporary data, per IPU, e.g. ``{"IPU0": 0.5}`` (default 0.6; ``poptorch.set_available_memory``
         overrides it for one op). A lower proportion gives plans with less temporary memory and usually
         more cycles."""
+        if not isinstance(available_memory_proportion, dict):
+            raise Error(
+                'setAvailableMemoryProportion takes a dictionary such as {"IPU0": 0.5}, '
+                f"got {available_memory_proportion!r}"
+            )
         proportions = {}
         for key, proportion in available_memory_proportion.items():
             if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
