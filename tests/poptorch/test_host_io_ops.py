@@ -1,6 +1,8 @@
 """PopTorch's host-transfer and host-code ops: set_overlap_for_input / _output (OverlapMode), CPU host
-callbacks, MultiConv and ctc_beam_search_decoder. Each runs as PopTorch's does on the CPU; on the simulated
+callbacks and MultiConv. Each runs as PopTorch's does on the CPU; on the simulated
 IPU what is modelled works and the rest is refused as not modelled."""
+
+import copy
 
 import pytest
 import torch
@@ -69,27 +71,75 @@ def test_a_host_callback_runs_on_the_cpu_and_is_refused_on_the_ipu():
 
 
 class _Convs(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, multi_conv):
         super().__init__()
-        self.a, self.b = torch.nn.Conv2d(1, 2, 3), torch.nn.Conv2d(1, 2, 3)
+        self.multi_conv = multi_conv
+        self.a, self.b = torch.nn.Conv2d(1, 2, 3), torch.nn.Conv2d(1, 2, 3, padding=1, stride=2)
 
-    def forward(self, x):
-        with poptorch.MultiConv().planType(poptorch.MultiConvPlanType.Parallel).availableMemoryProportions(0.5):
-            return self.a(x) + self.b(x)
-
-
-def test_multiconv_is_a_no_op_on_the_cpu_and_refused_on_the_ipu():
-    model, x = _Convs(), torch.randn(1, 1, 5, 5)
-    torch.testing.assert_close(model(x), model.a(x) + model.b(x))
-    with pytest.raises(poptorch.Error, match="poptorch.MultiConv is not modelled"):
-        poptorch.inferenceModel(model, _options())(x)
-    with pytest.raises(poptorch.Error, match="MultiConvPlanType"):
-        poptorch.MultiConv().planType("parallel")
+    def forward(self, x, u):
+        with self.multi_conv:
+            y, v = self.a(x), self.b(u)
+        return poptorch.identity_loss(y.sum() + (v * v).sum(), reduction="none")
 
 
-def test_ctc_beam_search_decoder_is_refused_clearly():
-    probs, lengths = torch.randn(5, 2, 4).log_softmax(2), torch.tensor([5, 4])
-    with pytest.raises(poptorch.Error, match="ctc_beam_search_decoder is not modelled"):
-        poptorch.ctc_beam_search_decoder(probs, lengths, beam_width=3)
-    with pytest.raises(poptorch.Error, match="lengths must be a torch.tensor"):
-        poptorch.ctc_beam_search_decoder(probs, [5, 4])
+def _serial():
+    return poptorch.MultiConv().planType(poptorch.MultiConvPlanType.Serial).partialsTypes(torch.float)
+
+
+def test_multiconv_runs_its_convolutions_on_the_ipu_as_eager():
+    model = _Convs(_serial().enableConvDithering([False, False]))
+    x, u = torch.randn(2, 1, 5, 5), torch.randn(2, 1, 6, 6)
+    torch.testing.assert_close(poptorch.inferenceModel(model, _options())(x, u), model(x, u), rtol=1e-5, atol=1e-5)
+
+
+def test_training_through_a_multiconv_matches_eager():
+    model, x, u = _Convs(poptorch.MultiConv()), torch.randn(2, 1, 5, 5), torch.randn(2, 1, 6, 6)
+    eager = copy.deepcopy(model)
+    training = poptorch.trainingModel(model, _options(), torch.optim.SGD(model.parameters(), lr=0.01))
+    training(x, u)
+    training.copyWeightsToHost()
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.01)
+    eager(x, u).backward()
+    optimizer.step()
+    for ours, theirs in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("setting", "refused"),
+    [
+        (lambda m: m.planType(poptorch.MultiConvPlanType.Parallel), r"planType\(MultiConvPlanType.Parallel\)"),
+        (lambda m: m.availableMemoryProportions([0.5, 0.2]), r"availableMemoryProportions\(\[0.5, 0.2\]\)"),
+        (lambda m: m.partialsTypes(torch.half), r"partialsTypes\(torch.float16\)"),
+        (lambda m: m.enableConvDithering(True), r"enableConvDithering\(True\)"),
+        (lambda m: m.perConvReservedTiles(4), r"perConvReservedTiles\(4\)"),
+        (lambda m: m.cycleBackOff(0.3), r"cycleBackOff\(0.3\)"),
+    ],
+)
+def test_multiconv_settings_the_simulator_cannot_honour_run_on_the_cpu_and_are_refused_on_the_ipu(setting, refused):
+    model, x, u = _Convs(setting(poptorch.MultiConv())), torch.randn(1, 1, 5, 5), torch.randn(1, 1, 6, 6)
+    assert model(x, u).shape == ()
+    with pytest.raises(poptorch.Error, match=rf"poptorch.MultiConv\(\).{refused} is not modelled"):
+        poptorch.inferenceModel(model, _options())(x, u)
+
+
+def test_per_convolution_settings_must_match_the_scope_s_convolutions():
+    model, x, u = _Convs(_serial().enableConvDithering([False] * 3)), torch.randn(1, 1, 5, 5), torch.randn(1, 1, 6, 6)
+    with pytest.raises(poptorch.Error, match="enableConvDithering has 3 values but the scope holds 2 convolutions"):
+        model(x, u)
+    with pytest.raises(poptorch.Error, match="enableConvDithering has 3 values but the scope holds 2 convolutions"):
+        poptorch.inferenceModel(model, _options())(x, u)
+
+
+def test_multiconv_settings_are_validated_as_poptorch_does():
+    for bad in (
+        lambda: poptorch.MultiConv().planType("parallel"),
+        lambda: poptorch.MultiConv().availableMemoryProportions(1.5),
+        lambda: poptorch.MultiConv().availableMemoryProportions([]),
+        lambda: poptorch.MultiConv().partialsTypes(torch.int32),
+        lambda: poptorch.MultiConv().enableConvDithering([True, 1]),
+        lambda: poptorch.MultiConv().perConvReservedTiles(2.0),
+        lambda: poptorch.MultiConv().cycleBackOff(1),
+    ):
+        with pytest.raises(poptorch.Error, match="MultiConv"):
+            bad()

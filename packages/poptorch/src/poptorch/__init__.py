@@ -23,6 +23,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._ctc_decoder import ctc_beam_search_decoder
 from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
@@ -34,7 +35,7 @@ from poptorch._executor_api import (
     registerPostCompileHook,
     registerPreCompileHook,
 )
-from poptorch._host_io_ops import CPU, MultiConv, ctc_beam_search_decoder, set_overlap_for_input, set_overlap_for_output
+from poptorch._host_io_ops import CPU, MultiConv, set_overlap_for_input, set_overlap_for_output
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory

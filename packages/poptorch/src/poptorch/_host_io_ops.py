@@ -1,12 +1,13 @@
 """PopTorch ops about host transfers and host code in the middle of a model: ``set_overlap_for_input`` /
-``set_overlap_for_output``, ``CPU`` host callbacks, ``MultiConv`` and ``ctc_beam_search_decoder``.
+``set_overlap_for_output``, ``CPU`` host callbacks and ``MultiConv``.
 
 Each runs as PopTorch's does on the CPU. Captured for the simulated IPU, what the simulator models is real
-(``OverlapMode.NoOverlap`` marks nothing), and the rest is refused with an error saying it is not modelled,
-never accepted and ignored.
+(``OverlapMode.NoOverlap`` marks nothing; ``MultiConv``'s convolutions run as ordinary ones), and the rest
+is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from poptorch._executor_api import isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
@@ -65,66 +66,135 @@ class CPU:
         return self._layer_to_call(*args, **kwargs)
 
 
+# MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
+# runs them one after another (a serial plan), without dithering, accumulating in float32.
+_MODELLED_SETTINGS = {
+    "planType": (MultiConvPlanType.Serial,),
+    "partialsTypes": (torch.float32,),
+    "enableConvDithering": (False,),
+}
+_REFUSAL_REASONS = {
+    "planType": "the simulator plans each convolution alone and runs them one after another; use "
+    "MultiConvPlanType.Serial or leave the plan type unset",
+    "partialsTypes": "convolutions accumulate in float32 on the simulated IPU; use torch.float",
+    "enableConvDithering": "the simulator places convolutions without dithering; use False",
+    "availableMemoryProportions": "the simulator's convolution planner takes no temporary-memory budget; "
+    "remove the setting",
+    "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
+    "reserving none per convolution; remove the setting",
+    "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
+}
+
+
+def _per_conv(name, value, accepts, what):
+    """One value for every convolution, or a non-empty list / tuple of one per convolution."""
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    if not values or not all(accepts(v) for v in values):
+        raise Error(f"MultiConv.{name} takes {what} or a non-empty list of them (one per convolution), got {value!r}")
+    return tuple(values)
+
+
+def _shown(value):
+    return f"{type(value).__name__}.{value.name}" if isinstance(value, MultiConvPlanType) else repr(value)
+
+
+def _is_float(value):
+    return isinstance(value, float)
+
+
+_CONVOLUTIONS = frozenset(
+    (torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d)
+)
+
+
+class _ConvolutionCount(TorchFunctionMode):
+    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in _CONVOLUTIONS
+        return func(*args, **(kwargs or {}))
+
+
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
-    parallel. On the CPU the scope changes nothing; captured for the simulated IPU it is refused, as the
-    simulator's convolution planner plans each convolution alone."""
+    parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
+    convolutions (forward and backward), planned one by one: the settings matching that plan are accepted
+    (``MultiConvPlanType.Serial``, float32 partials, no dithering) and any other is refused as not modelled
+    when the model is captured."""
 
     def __init__(self):
         self._settings = {}
+        self._counting = None
 
     def _set(self, name, value):
-        self._settings[name] = value
+        if value is None:
+            self._settings.pop(name, None)
+        else:
+            self._settings[name] = value
         return self
 
     def availableMemoryProportions(self, value):  # noqa: N802 - PopTorch's names below
-        """The temporary-memory share of each convolution (one float, or one per convolution)."""
+        """The temporary-memory share of each convolution, each in [0, 1) (one float, or one per convolution)."""
+        if value is not None:
+            value = _per_conv("availableMemoryProportions", value, _is_float, "a float")
+            if not all(0.0 <= v < 1.0 for v in value):
+                raise Error(f"MultiConv.availableMemoryProportions: each value must be in [0, 1), got {value!r}")
         return self._set("availableMemoryProportions", value)
 
     def partialsTypes(self, value):  # noqa: N802
-        """The partials type of each convolution."""
+        """The partials type of each convolution: ``torch.float`` or ``torch.half`` (one, or one per convolution)."""
+        if value is not None:
+            value = _per_conv(
+                "partialsTypes", value, lambda v: v in (torch.float32, torch.float16), "torch.float or torch.half"
+            )
         return self._set("partialsTypes", value)
 
     def planType(self, value):  # noqa: N802
         """A ``poptorch.MultiConvPlanType``."""
-        if not isinstance(value, MultiConvPlanType):
+        if value is not None and not isinstance(value, MultiConvPlanType):
             raise Error(f"MultiConv.planType takes a poptorch.MultiConvPlanType, got {value!r}")
-        return self._set("planType", value)
+        return self._set("planType", None if value is None else (value,))
 
     def perConvReservedTiles(self, value):  # noqa: N802
         """Tiles reserved for each convolution."""
-        return self._set("perConvReservedTiles", value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Error(f"MultiConv.perConvReservedTiles takes a non-negative integer, got {value!r}")
+        return self._set("perConvReservedTiles", (value,))
 
     def cycleBackOff(self, value):  # noqa: N802
-        """The planner's cycle back-off."""
-        return self._set("cycleBackOff", value)
+        """The planner's cycle back-off proportion, in [0, 1]."""
+        if not isinstance(value, float) or not 0.0 <= value <= 1.0:
+            raise Error(f"MultiConv.cycleBackOff takes a float in [0, 1], got {value!r}")
+        return self._set("cycleBackOff", (value,))
 
     def enableConvDithering(self, value):  # noqa: N802
-        """Dither the tile placement of each convolution."""
+        """Dither the tile placement of each convolution (one bool, or one per convolution)."""
+        if value is not None:
+            value = _per_conv("enableConvDithering", value, lambda v: isinstance(v, bool), "a bool")
         return self._set("enableConvDithering", value)
 
     def __enter__(self):
         if isRunningOnIpu():
-            raise not_modelled(
-                "poptorch.MultiConv",
-                "the simulator plans every convolution alone; remove the MultiConv scope (the convolutions "
-                "compute the same values without it)",
-            )
+            for name, values in self._settings.items():
+                if not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
+                    shown = ", ".join(_shown(v) for v in values)
+                    shown = shown if len(values) == 1 else f"[{shown}]"
+                    raise not_modelled(f"poptorch.MultiConv().{name}({shown})", _REFUSAL_REASONS[name])
+        self._counting = _ConvolutionCount().__enter__()
         return self
 
     def __exit__(self, *exc):
+        counting, self._counting = self._counting, None
+        counting.__exit__(*exc)
+        if exc[0] is None:
+            for name, values in self._settings.items():
+                if len(values) not in (1, counting.count):
+                    raise Error(
+                        f"poptorch.MultiConv: {name} has {len(values)} values but the scope holds {counting.count} "
+                        "convolutions: give one value for all of them, or one per convolution"
+                    )
         return False
-
-
-def ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=100, top_paths=1):
-    """PopTorch's CTC beam search decoder. Refused: the simulator has no beam search (the beams' data-
-    dependent pruning), on the CPU as on the simulated IPU, where PopTorch has no CPU version either."""
-    for name, value in (("probs", probs), ("lengths", lengths)):
-        if not isinstance(value, torch.Tensor):
-            raise Error(
-                f"ctc_beam_search_decoder: {name} must be a torch.tensor argument. {type(value)} is not supported."
-            )
-    raise not_modelled(
-        "poptorch.ctc_beam_search_decoder",
-        "decode on the host from the model's log-probabilities (e.g. a greedy argmax decode, or a beam search library)",
-    )
