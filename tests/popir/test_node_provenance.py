@@ -34,6 +34,7 @@ def test_nodes_record_the_annotations_of_every_enclosing_scope():
         "role": "forward",
         "placement": None,
         "checkpoint": None,
+        "available_memory": None,
     }
     assert (outer.module, outer.aten) == ("outer", None)
     assert after.annotations() == dict.fromkeys(popir.graph.ANNOTATIONS)

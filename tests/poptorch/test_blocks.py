@@ -221,6 +221,38 @@ def test_pipeline_errors_at_compile_time():
         _compile(_staged(0), poptorch.Options().setExecutionStrategy(separate))
 
 
+class _OpAfterBlock(torch.nn.Module):
+    """PopTorch's missing-block case: an op after a ``with Block`` ended, before any other block (or, with
+    ``Block.start``, an op in the block begun last)."""
+
+    def __init__(self, scoped):
+        super().__init__()
+        self.scoped = scoped
+
+    def forward(self, x):
+        poptorch.Block.useAutoId()
+        if self.scoped:
+            with poptorch.Block(ipu_id=0):
+                x = x * 4
+        else:
+            poptorch.Block.start(ipu_id=0)
+            x = x * 4
+        return x * 4
+
+
+def test_an_op_after_a_with_block_ended_has_no_active_block():
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    with pytest.raises(poptorch.Error, match="No active Block for aten.mul.Tensor.*block '0' ended") as info:
+        _compile(_OpAfterBlock(scoped=True), opts)
+    assert "return x * 4" in info.value.location
+    # Block.start (like BeginBlock) lasts until the next block begins: the same op runs in block "0".
+    started, x = _OpAfterBlock(scoped=False), torch.rand(4, 4)
+    executor, out = _infer(started, x, poptorch.Options().deviceIterations(2))
+    torch.testing.assert_close(out, x * 16)
+    assert set(_placements(executor, "inference")) == {(0, 0)}
+
+
 def test_auto_stages_and_auto_rounding():
     # Example 3 of the user guide: non-consecutive stages on one IPU, numbered in order by AutoIncrement.
     opts = poptorch.Options().deviceIterations(4)

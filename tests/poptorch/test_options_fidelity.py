@@ -120,7 +120,6 @@ def test_ipu_model_environment(monkeypatch):
         lambda o: o._Popart.set("autoRecomputation", 1),
         lambda o: o._Popart.setPatterns({"PadSum": True}, 0),
         lambda o: o.useIpuId(1),
-        lambda o: o.setAvailableMemoryProportion({"IPU0": 0.5}),
         lambda o: o.anchorTensor("grad", "Gradient___fc.weight"),
         lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
             poptorch.MeanReductionStrategy.PostAndLoss

@@ -13,7 +13,7 @@ INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
 # Where a node came from, for errors and profiles: the user's source line, the module path
 # (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
 # (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
-ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint")
+ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint", "available_memory")
 ROLES = ("forward", "backward", "optimizer")
 
 
@@ -118,6 +118,7 @@ class Node:
         role=None,
         placement=None,
         checkpoint=None,
+        available_memory=None,
     ):
         self.op = op
         self.inputs = inputs
@@ -129,6 +130,7 @@ class Node:
         self.role = role
         self.placement = placement  # (pipeline stage, IPU) in a multi-IPU model; None runs on IPU 0
         self.checkpoint = checkpoint  # True: recomputation keeps its outputs for the backward pass
+        self.available_memory = available_memory  # proportion of a tile its matmul/conv plan may use
 
     def annotations(self):
         """{annotation: value} of this node (see ``ANNOTATIONS``)."""

@@ -66,8 +66,14 @@ def _check_fits(graphs, target, relax_memory):
     )
 
 
-def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True):  # noqa: A001
+def compile(  # noqa: A001
+    graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True, available_memory=None
+):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
+
+    ``available_memory`` ({IPU index: proportion from 0 to 1}) bounds the temporary tile memory of each IPU's
+    matmul and convolution plans (Poplar's availableMemoryProportion; a node's own ``available_memory``
+    annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
     Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
@@ -82,6 +88,7 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     target = target.graph_target if isinstance(target, Device) else Target.named(target)
     if str(partials_type) not in ("float32", "float16"):
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
+    _check_available_memory(available_memory, target.num_ipus)
     _check_supported(graphs)
     _check_fits(graphs, target, relax_memory)
     placement = Placement(graphs, target.num_ipus)
@@ -110,10 +117,23 @@ def compile(graphs, target="ipu2", *, relax_memory=False, partials_type="float32
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
-        lw = Lowerer(dg, popir.as_dtype(partials_type))
+        lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
         inputs, outputs = lower_graph(lw, g, variables, placement, name)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
+
+
+def _check_available_memory(available_memory, num_ipus):
+    for ipu, proportion in (available_memory or {}).items():
+        if isinstance(ipu, bool) or not isinstance(ipu, int) or not 0 <= ipu < num_ipus:
+            raise Error(f"available_memory: IPU {ipu!r} is not an IPU of this {num_ipus}-IPU target")
+        _check_proportion(proportion, f"available_memory of IPU {ipu}")
+
+
+def _check_proportion(proportion, what):
+    """Raise unless ``proportion`` is a number from 0 to 1 (an available-memory proportion)."""
+    if isinstance(proportion, bool) or not isinstance(proportion, (int, float)) or not 0 <= proportion <= 1:
+        raise Error(f"{what} must be a proportion of tile memory from 0 to 1, got {proportion!r}")
 
 
 def compile_device_graph(dg, inputs=None, outputs=None, name="main", *, relax_memory=False):

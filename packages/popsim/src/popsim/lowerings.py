@@ -75,6 +75,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
         lw.dg.origin = node
+        lw.budget_node(node, placement.ipu_of(node) if placement is not None else 0)
         if ipus:
             ipu = placement.ipu_of(node)
             lw.target = device_target.ipu_view(ipu)

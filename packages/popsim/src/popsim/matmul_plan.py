@@ -7,6 +7,10 @@ from typing import NamedTuple
 from popir import DType
 from popsim import cost
 
+# Poplar's default availableMemoryProportion: the share of a tile's memory a matmul or convolution plan may
+# use for its temporary operand blocks and partials.
+DEFAULT_AVAILABLE_MEMORY = 0.6
+
 
 class MatmulPlan(NamedTuple):
     gm: int
@@ -16,6 +20,7 @@ class MatmulPlan(NamedTuple):
     nb: int
     kb: int
     cycles: int
+    memory: int  # temporary bytes (operand blocks and partials) on the busiest tile
 
 
 def _splits(size):
@@ -48,14 +53,17 @@ def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partia
 
 
 @functools.lru_cache(maxsize=512)
-def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32):
-    """The split with the fewest estimated cycles whose per-tile operands fit in half a tile (else the
-    smallest split by memory). ``partials`` is the dtype the AMP accumulates in and the K-split reduces.
+def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32, available_memory=DEFAULT_AVAILABLE_MEMORY):
+    """The split with the fewest estimated cycles whose per-tile operands and partials fit in the
+    ``available_memory`` proportion of a tile (else the smallest split by memory, as Poplar replans for the
+    least memory when the proportion is too low). ``partials`` is the dtype the AMP accumulates in and the
+    K-split reduces.
 
     Each task (b, i, j, kk) computes an (mb x kb) @ (kb x nb) partial on one tile; tasks beyond the tile
     count share tiles round-robin.
     """
     tiles = target.num_tiles
+    budget = int(target.tile_bytes * available_memory)
     best = smallest = None
     for gm in _splits(m):
         for gn in _splits(n):
@@ -66,17 +74,13 @@ def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32):
                 mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
                 per_tile = math.ceil(tasks / tiles)
                 memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * partials.itemsize)
-                split = (gm, gn, gk, mb, nb, kb, per_tile)
-                if smallest is None or memory < smallest[0]:
-                    smallest = (memory, split)
-                if memory > target.tile_bytes // 2:
+                if memory > budget and smallest is not None and memory > smallest.memory:
                     continue
                 cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials)
-                if best is None or cycles < best.cycles:
-                    best = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)
-    if best is not None:
-        return best
-    # Nothing fits: take the plan needing the least memory and let the allocator report the overflow.
-    gm, gn, gk, mb, nb, kb, per_tile = smallest[1]
-    cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials)
-    return MatmulPlan(gm, gn, gk, mb, nb, kb, cycles)
+                plan = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles, memory)
+                if smallest is None or (memory, cycles) < (smallest.memory, smallest.cycles):
+                    smallest = plan
+                if memory <= budget and (best is None or cycles < best.cycles):
+                    best = plan
+    # Nothing fits: the fastest of the plans needing the least memory (the allocator reports any overflow).
+    return best if best is not None else smallest

@@ -15,7 +15,7 @@ from popir import DType
 from popsim import _opcodes as oc
 from popsim import cost
 from popsim.mapping import TileMapping
-from popsim.matmul_plan import plan_matmul
+from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
 
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
 
@@ -55,13 +55,21 @@ class Lowerer:
     told otherwise, and inserts the exchanges its operands need.
     """
 
-    def __init__(self, dg, partials_type=DType.float32):
+    def __init__(self, dg, partials_type=DType.float32, available_memory=None):
         self.dg = dg
         self.target = dg.target
         self.partials_type = partials_type
+        self.ipu_available_memory = dict(available_memory or {})  # IPU index -> proportion of a tile
+        self.available_memory = DEFAULT_AVAILABLE_MEMORY  # the proportion the node being lowered may use
         self._constants = {}
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
         self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
+
+    def budget_node(self, node, ipu):
+        """Plan ``node``'s matmuls within its own available-memory proportion, else its IPU's, else Poplar's
+        default."""
+        own = node.available_memory
+        self.available_memory = own if own is not None else self.ipu_available_memory.get(ipu, DEFAULT_AVAILABLE_MEMORY)
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
@@ -304,9 +312,12 @@ class Lowerer:
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced.
 
-        A plan depends only on the index maps, the dtype and the sizes and tile mappings of the sources, so
-        a repeated layer (same shapes, dtypes and placements) reuses the plan of its first instance."""
-        where = (self.target.first_tile, self.target.num_tiles)  # the IPU whose tiles the plan uses
+        The plan keeps its temporary memory within ``available_memory`` (the node's proportion of a tile).
+        A plan depends only on the index maps, the dtype, that proportion and the sizes and tile mappings of
+        the sources, so a repeated layer (same shapes, dtypes and placements) reuses the plan of its first
+        instance."""
+        # The IPU whose tiles the plan uses, and the share of their memory it may take.
+        where = (self.target.first_tile, self.target.num_tiles, self.available_memory)
         key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
         if key not in self._matmul_plans:
             self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
@@ -326,7 +337,7 @@ class Lowerer:
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
         partial = self.partials_type if dtype == DType.float16 else DType.float32
-        split = plan_matmul(self.target, nb_, m, n, k, dtype, partial)
+        split = plan_matmul(self.target, nb_, m, n, k, dtype, partial, self.available_memory)
         gm, gn, gk, mb, nb, kb = split.gm, split.gn, split.gk, split.mb, split.nb, split.kb
         tasks = nb_ * gm * gn * gk
         pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)

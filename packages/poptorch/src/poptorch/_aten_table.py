@@ -19,6 +19,7 @@ from poptorch import (
     _blocks,  # noqa: F401  (registers poptorch::recomputation_checkpoint)
     _custom_op,
     _host_print,
+    _memory,
 )
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
@@ -468,6 +469,13 @@ def _recomputation_checkpoint(ctx, x):
     # The value itself: its producer is marked so recomputation keeps it (see poptorch._recompute).
     if x.producer is not None:
         x.producer.checkpoint = True
+    return x
+
+
+@lowers(torch.ops.poptorch.set_available_memory.default)
+def _set_available_memory(ctx, x, proportion):
+    # The value itself: the matmul or convolution that produced it plans within ``proportion`` of a tile.
+    _memory.mark_available_memory(x, proportion)
     return x
 
 

@@ -274,6 +274,7 @@ class _Recorder:
     def __init__(self, strategy):
         self.strategy = strategy
         self.manager = strategy._manager()
+        self.current = None  # the user_id of the block begun last
 
     def begin(self, user_id, ipu_id):
         user_id = user_id or self.manager.next_auto_id()
@@ -288,10 +289,26 @@ class _Recorder:
                 )
             ipu = stage._stage_id
         _check_ipu_id(ipu)
+        self.current = user_id
+        self._tag((stage._phase_id if phased else stage._stage_id, ipu))
+
+    def end(self):
+        """A ``with Block`` ended: ops recorded before the next block begins have no block."""
+        self._tag(_Ended(self.current))
+
+    @staticmethod
+    def _tag(placement):
         # A fresh dict each time: nodes recorded earlier keep the placement they were made under.
         custom = dict(fx_traceback.current_meta.get("custom", {}))
-        custom[PLACEMENT_KEY] = (stage._phase_id if phased else stage._stage_id, ipu)
+        custom[PLACEMENT_KEY] = placement
         fx_traceback.current_meta["custom"] = custom
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """The placement of ops recorded after a ``with Block`` ended and before another block began."""
+
+    user_id: object
 
 
 _ACTIVE = []  # the recorder of the capture under way (at most one)
@@ -314,8 +331,16 @@ def recording(strategy):
 
 
 def placement_of(fx_node):
-    """The (stage, IPU) an exported fx node was tagged with, or None."""
-    return (fx_node.meta.get("custom") or {}).get(PLACEMENT_KEY)
+    """The (stage, IPU) an exported fx node was tagged with, or None; raises for an op recorded between the
+    end of a ``with Block`` and the start of the next block."""
+    placement = (fx_node.meta.get("custom") or {}).get(PLACEMENT_KEY)
+    if isinstance(placement, _Ended):
+        raise Error(
+            f"No active Block for {fx_node.target}: it runs after the `with poptorch.Block(...)` of block "
+            f"{placement.user_id!r} ended and before another block begins. Move it into a block, or begin blocks "
+            "with poptorch.Block.start or poptorch.BeginBlock, which last until the next block begins"
+        )
+    return placement
 
 
 def fill_placements(graph):
@@ -360,6 +385,9 @@ class Block:
         return self
 
     def __exit__(self, *exc):
+        recorder = _recorder()
+        if recorder is not None:
+            recorder.end()
         return False
 
     def __repr__(self):

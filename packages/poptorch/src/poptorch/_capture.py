@@ -482,7 +482,10 @@ class _Lowering:
             return None
         args, kwargs = pytree.tree_map_only(torch.fx.Node, self._read, (node.args, node.kwargs))
         kwargs = {k: v for k, v in kwargs.items() if k not in _PLACEMENT_KWARGS}
-        self._placement = _blocks.placement_of(node) or self._placement
+        try:
+            self._placement = _blocks.placement_of(node) or self._placement
+        except Error as exc:
+            raise type(exc)(f"{exc} (at {where or 'an unknown line'})", location=where) from None
         annotations = {"module": module_path(node), "aten": str(node.target), "role": "forward"}
         with self.graph.annotate(source=where, placement=self._placement, **annotations):
             try:

@@ -22,12 +22,20 @@ def target_of(options):
 def compile_programs(graphs, options, num_ipus=1):
     """Compile ``{program: popir.Graph}`` for a device of ``num_ipus`` of the simulated IPUs chosen by
     ``options``; returns the executable."""
+    available_memory = options.available_memory_proportion
+    beyond = sorted(ipu for ipu in available_memory if ipu >= num_ipus)
+    if beyond:
+        raise Error(
+            f"setAvailableMemoryProportion names IPU{beyond[0]}, but the model runs on {num_ipus} IPU(s) "
+            f"(IPU0 to IPU{num_ipus - 1}): remove that key or place a block on that IPU"
+        )
     try:
         return popsim.compile(
             graphs,
             target=popsim.Device(target_of(options), num_ipus),
             partials_type=options.Precision.partials_type,
             relax_memory=options.allow_out_of_memory,
+            available_memory=available_memory,
             optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:

@@ -1,13 +1,17 @@
 """Memory controls of large models: ``serializedMatMul`` splits a matrix product into smaller ones run one
 after another, so each needs less temporary tile memory (at the cost of cycles). ``set_available_memory``
-is refused on the device: the simulator's planners take no temporary-memory budget."""
+bounds the share of tile memory the plans of the matmuls and convolutions producing a tensor may use."""
 
 import torch
 
+from poptorch import _logging
 from poptorch._executor_api import isRunningOnIpu
 from poptorch.enums import MatMulSerializationMode
 from poptorch.errors import Error
-from poptorch.options import not_modelled
+from poptorch.options import check_proportion
+
+# popir ops whose popsim plan takes an available-memory proportion (their gradients inherit it).
+PLANNED_OPS = frozenset({"matmul", "conv2d", "conv2d_grad_input", "conv2d_grad_weight"})
 
 # The dimension each mode splits: of lhs (dim -2, m), of both (lhs -1 / rhs -2, n), of rhs (dim -1, p).
 _SPLIT = {
@@ -48,16 +52,54 @@ def serializedMatMul(lhs, rhs, mode, factor=0, keep_precision=False):
     return total.to(partials[0].dtype)
 
 
+@torch.library.custom_op("poptorch::set_available_memory", mutates_args=())
+def _set_available_memory(x: torch.Tensor, proportion: float) -> torch.Tensor:
+    return x.clone()
+
+
+@_set_available_memory.register_fake
+def _set_available_memory_fake(x, proportion):
+    return torch.empty_like(x)
+
+
+_set_available_memory.register_autograd(lambda ctx, grad: (grad, None))
+
+
 def set_available_memory(tensor, available_memory_proportion):
-    """PopTorch bounds the temporary memory of the op producing ``tensor`` to this share of a tile. The
-    simulator's matmul and convolution planners take no such budget, so capturing a model that calls it
-    raises; on the CPU it returns ``tensor`` unchanged."""
+    """Let the matmul or convolution producing ``tensor`` (and its gradients) plan with at most
+    ``available_memory_proportion`` (0 to 1) of each tile's memory for temporary data, instead of the
+    per-IPU or default 0.6: a lower proportion gives a plan with less temporary memory and usually more
+    cycles. On another op it is an identity, as in PopTorch. Returns ``tensor``."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"You may only set available memory for torch.tensor values. {type(tensor)} is not supported.")
+    check_proportion(available_memory_proportion, "set_available_memory")
     if isRunningOnIpu():
-        raise not_modelled(
-            "set_available_memory",
-            "the simulator's planners take no temporary-memory budget; remove the call (serializedMatMul "
-            "lowers a matmul's peak memory)",
-        )
+        return _set_available_memory(tensor, float(available_memory_proportion))
     return tensor
+
+
+def mark_available_memory(value, proportion):
+    """Annotate the planned ops (matmul, convolution) that produced popir ``value`` with ``proportion``:
+    those of the ATen op that produced it (through its bias add), or of the op before a reshape (a linear
+    layer on a 3-D input is a matmul between two views)."""
+    pending = [(value.producer, value.producer.aten)] if value.producer is not None else []
+    seen, marked = set(), 0
+    while pending:
+        node, aten = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op in PLANNED_OPS:
+            node.available_memory = proportion
+            marked += 1
+            continue
+        for v in node.inputs:
+            if v.producer is not None and (v.producer.aten == aten or node.op == "reshape"):
+                pending.append((v.producer, v.producer.aten))
+    if not marked:
+        _logging.logger.warning(
+            "set_available_memory(%s) at %s: the tensor is not the output of a matmul or convolution, so it has "
+            "no effect (apply it to the op's output)",
+            proportion,
+            value.producer.source if value.producer is not None else "an input",
+        )

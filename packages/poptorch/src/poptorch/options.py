@@ -73,6 +73,7 @@ _DEFAULTS = {
     "Distributed.numProcesses": 1,
     "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
+    "availableMemoryProportion": (),  # (IPU index, proportion) pairs
 }
 
 # Options that change the compiled program; they (with the graphs) key the executable cache.
@@ -92,6 +93,7 @@ COMPILE_KEYS = (
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
     "Distributed.numProcesses",
+    "availableMemoryProportion",
 )
 
 # popart.RecomputationType values the simulator models -> what they recompute.
@@ -143,6 +145,12 @@ def _path(name, value):
     if not isinstance(value, str | os.PathLike) or not os.fspath(value):
         raise Error(f"{name} takes a directory path (str or os.PathLike), got {value!r}")
     return os.fspath(value)
+
+
+def check_proportion(proportion, what):
+    """Raise unless ``proportion`` is a number from 0 to 1, as Poplar's availableMemoryProportion must be."""
+    if isinstance(proportion, bool) or not isinstance(proportion, (int, float)) or not 0 <= proportion <= 1:
+        raise Error(f"{what}: the available memory proportion must be a number from 0 to 1, got {proportion!r}")
 
 
 def not_modelled(option, instead):
@@ -784,10 +792,25 @@ class Options(_NoAssignment):
         raise not_modelled(f"useIpuId({ipu_id!r})", "there are no physical IPUs; remove the call")
 
     def setAvailableMemoryProportion(self, available_memory_proportion):
-        """Refused: the simulator's matmul and convolution planners do not take a temporary-memory budget."""
-        raise not_modelled(
-            "setAvailableMemoryProportion", "the planners size temporary memory themselves; remove the call"
-        )
+        """The share (0 to 1) of each tile's memory the matmul and convolution plans of an IPU may use for
+        temporary data, per IPU, e.g. ``{"IPU0": 0.5}`` (default 0.6; ``poptorch.set_available_memory``
+        overrides it for one op). A lower proportion gives plans with less temporary memory and usually
+        more cycles."""
+        if not isinstance(available_memory_proportion, dict):
+            raise Error(
+                'setAvailableMemoryProportion takes a dictionary such as {"IPU0": 0.5}, '
+                f"got {available_memory_proportion!r}"
+            )
+        proportions = {}
+        for key, proportion in available_memory_proportion.items():
+            if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
+                raise Error(
+                    'Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} where the 0 '
+                    f"in IPU is the index of the IPU. Invalid key: {key}"
+                )
+            check_proportion(proportion, f"setAvailableMemoryProportion({key!r})")
+            proportions[int(key[3:])] = float(proportion)
+        return self._set("availableMemoryProportion", tuple(sorted(proportions.items())))
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
         """Refused: tensors inside the graph have no PopART names to anchor; return the value from forward."""
@@ -860,6 +883,11 @@ class Options(_NoAssignment):
     @property
     def log_dir(self):
         return self._values["logDir"]
+
+    @property
+    def available_memory_proportion(self):
+        """{IPU index: proportion} set by ``setAvailableMemoryProportion``."""
+        return dict(self._values["availableMemoryProportion"])
 
     @property
     def allow_out_of_memory(self):
