@@ -1311,24 +1311,22 @@ def _kernel_first_torch(s):
     return [s.inputs["x"], s.attrs["kernel"]], {k: v for k, v in s.attrs.items() if k != "kernel"}
 
 
-entry(
-    "max_pool1d",
-    lambda d: _pool1d(d, True),
-    ops.max_pool1d,
-    "torch.nn.functional.max_pool1d",
-    torch_args=_kernel_first_torch,
-    primitive=False,
-    grad=("x",),
-)
-entry(
-    "avg_pool1d",
-    lambda d: _pool1d(d, False),
-    ops.avg_pool1d,
-    "torch.nn.functional.avg_pool1d",
-    torch_args=_kernel_first_torch,
-    primitive=False,
-    grad=("x",),
-)
+def _pool_pair(rank, sample):
+    """The max and average pooling entries of one rank; ``sample(d, with_dilation)`` draws a case."""
+    for kind, with_dilation in (("max", True), ("avg", False)):
+        name = f"{kind}_pool{rank}d"
+        entry(
+            name,
+            lambda d, w=with_dilation: sample(d, w),
+            getattr(ops, name),
+            f"torch.nn.functional.{name}",
+            torch_args=_kernel_first_torch,
+            primitive=False,
+            grad=("x",),
+        )
+
+
+_pool_pair(1, _pool1d)
 
 
 def _adaptive(d):
@@ -1855,24 +1853,7 @@ def _pool3d(d, with_dilation):
     return Sample({"x": d.floats(shape)}, attrs)
 
 
-entry(
-    "max_pool3d",
-    lambda d: _pool3d(d, True),
-    ops.max_pool3d,
-    "torch.nn.functional.max_pool3d",
-    torch_args=_kernel_first_torch,
-    primitive=False,
-    grad=("x",),
-)
-entry(
-    "avg_pool3d",
-    lambda d: _pool3d(d, False),
-    ops.avg_pool3d,
-    "torch.nn.functional.avg_pool3d",
-    torch_args=_kernel_first_torch,
-    primitive=False,
-    grad=("x",),
-)
+_pool_pair(3, _pool3d)
 entry(
     "adaptive_avg_pool3d",
     lambda d: Sample({"x": d.floats(_volume(d))}, {"output_size": tuple(d.int(1, 3) for _ in range(3))}),

@@ -61,9 +61,14 @@ def _padding_mask():
     return mask
 
 
+def _text_kwargs(labels):
+    """The keyword call of a Hugging Face text model: token ids, a padding mask and the labels."""
+    return {"input_ids": _ids(), "attention_mask": _padding_mask(), "labels": labels}
+
+
 def bert():
     model = _transformers().BertForSequenceClassification(_transformers().BertConfig(**BERT_LIKE, num_labels=CLASSES))
-    kwargs = {"input_ids": _ids(), "attention_mask": _padding_mask(), "labels": torch.tensor([0, 2])}
+    kwargs = _text_kwargs(torch.tensor([0, 2]))
     return Case(model, kwargs=kwargs, inference_drops=("labels",))
 
 
@@ -99,22 +104,14 @@ def distilbert():
     )
     labels = _ids(1)
     labels[:, ::2] = -100  # only some positions are masked-LM targets
-    kwargs = {
-        "input_ids": _ids(),
-        "attention_mask": _padding_mask(),
-        "labels": labels,
-    }
+    kwargs = _text_kwargs(labels)
     return Case(_transformers().DistilBertForMaskedLM(config), kwargs=kwargs, inference_drops=("labels",))
 
 
 def roberta():
     config = _transformers().RobertaConfig(**BERT_LIKE, num_labels=CLASSES, pad_token_id=1)
     labels = torch.randint(0, 3, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
-    kwargs = {
-        "input_ids": _ids(),
-        "attention_mask": _padding_mask(),
-        "labels": labels,
-    }
+    kwargs = _text_kwargs(labels)
     return Case(_transformers().RobertaForTokenClassification(config), kwargs=kwargs, inference_drops=("labels",))
 
 
@@ -131,11 +128,7 @@ def t5():
         pad_token_id=0,
     )
     labels = torch.randint(1, VOCAB, (BATCH, SEQ - 2), generator=torch.Generator().manual_seed(3))
-    kwargs = {
-        "input_ids": _ids(),
-        "attention_mask": _padding_mask(),
-        "labels": labels,
-    }
+    kwargs = _text_kwargs(labels)
     # The decoder reads its inputs from the labels, so inference keeps them.
     return Case(_transformers().T5ForConditionalGeneration(config), kwargs=kwargs)
 
