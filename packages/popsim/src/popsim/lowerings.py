@@ -8,7 +8,7 @@ import numpy as np
 
 from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
-from popsim import cost, window
+from popsim import cost, remote, window
 from popsim.errors import Error
 from popsim.mapping import TileMapping
 
@@ -58,7 +58,11 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
-    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
+    lw.in_place = {
+        value: variables[name]
+        for value, name in _in_place_updates(graph, at).items()
+        if variables[name] not in lw.dg.remote  # a streamed variable is updated by a store, never in place
+    }
     device_target = lw.target
     ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
@@ -71,6 +75,11 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     crossings = {}
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
+        if lw.dg.remote:
+            lw.dg.origin = node
+            where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
+            args = remote.load_operands(lw.dg, args, where)
+            lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
@@ -96,6 +105,8 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         # Outputs of device variables are read after the updates: snapshot them first (on their IPU).
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
@@ -105,11 +116,16 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         t = env[v.id]
         if t.storage is variables[state.name].storage:
             continue
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"stage {state.name}")
         staged[state.name] = t
     for name, t in staged.items():
         var = variables[name]
+        if var in lw.dg.remote:
+            remote.store(lw.dg, var, t)
+            continue
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
     return inputs, outputs
 

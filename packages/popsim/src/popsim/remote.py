@@ -1,0 +1,83 @@
+"""Streaming memory (Poplar's remote buffers): device variables that live off chip and reach the tiles only
+through explicit loads and stores.
+
+A remote variable holds no tile memory. Its bytes sit in a region of the simulator's arena beyond the last
+tile (the host-side buffer standing for the IPU-Machine's DDR), laid out densely in element order. A node
+that reads it reads a fresh tile buffer that a ``RemoteCopy`` load fills just before the node, so the buffer
+is live only from that load to its last reader; a state update writes its new value back by a store. Each
+transfer is charged at the streaming-memory bandwidth, which is far below the exchange's: cycles go up,
+peak tile memory goes down.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from popsim.device_graph import Copy
+from popsim.mapping import TileMapping
+
+# Streaming memory is the IPU-Machine's DDR4 behind its gateway (IPU-M2000 datasheet: up to 448 GB per
+# machine). Per IPU we take 20 GB/s, the order Graphcore quotes for an IPU-M2000's streaming memory; an
+# *estimate* (no exact per-IPU figure is published in the datasheet), used for every target.
+STREAMING_BYTES_PER_SECOND = 20e9
+
+
+@dataclass
+class RemoteCopy(Copy):
+    """A transfer between streaming memory and tile memory: ``load`` (remote variable -> tile buffer) or a
+    store (tile tensor -> remote variable). The engine runs it as byte copies; it is costed as one
+    streaming-memory transfer (see ``transfer``)."""
+
+    load: bool = True
+
+
+def is_remote(dg, tensor):
+    """Whether ``tensor`` is (an alias of) a variable ``dg`` keeps in streaming memory."""
+    return tensor.storage in dg.remote
+
+
+def load(dg, var, where, name):
+    """A fresh tile buffer (linear on ``where``, a Target view) that a load fills from remote ``var`` now."""
+    buffer = dg.add_tensor(var.shape, var.dtype, TileMapping.linear(var.size, var.itemsize, where), name)
+    dg.program.append(RemoteCopy(name, buffer, [var], np.arange(var.size), dg.origin, load=True))
+    return buffer
+
+
+def store(dg, var, value):
+    """Write tile tensor ``value`` back to remote variable ``var``."""
+    dg.program.append(RemoteCopy(f"remote store {var.name}", var, [value], np.arange(var.size), dg.origin, load=False))
+
+
+def load_operands(dg, args, where):
+    """``args`` with each remote variable among them replaced by one freshly loaded tile buffer."""
+    loaded = {}
+    out = []
+    for a in args:
+        if getattr(a, "storage", None) is not None and is_remote(dg, a):
+            key = id(a)
+            if key not in loaded:
+                buffer = load(dg, a.storage, where, f"remote load {a.storage.name}")
+                loaded[key] = buffer if a is a.storage else dg.alias(buffer, a.shape)
+            a = loaded[key]
+        out.append(a)
+    return out
+
+
+def region_bytes(storages):
+    """{storage: byte offset} of each remote storage in the streaming-memory region, and the region's size."""
+    offsets, at = {}, 0
+    for s in storages:
+        offsets[s] = at
+        at += -(-s.size * s.itemsize // 8) * 8
+    return offsets, at
+
+
+def block_base(storage, region_start):
+    """Arena byte offset of each tile-mapping block of remote ``storage`` (dense, in element order)."""
+    return region_start + storage.mapping.starts * storage.itemsize
+
+
+def transfer_cycles(target, nbytes):
+    """Cycles to move ``nbytes`` between streaming memory and the tiles at ``STREAMING_BYTES_PER_SECOND``."""
+    return math.ceil(nbytes / STREAMING_BYTES_PER_SECOND * target.clock_hz)
