@@ -60,14 +60,14 @@ def test_serialized_matmul_checks_its_arguments_and_keeps_precision():
     torch.testing.assert_close(kept.float(), half_a.float() @ half_b.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_tensor_locations_keep_tile_memory_and_refuse_streaming_memory():
+def test_tensor_locations_take_settings_and_refuse_what_is_not_modelled():
     opts = poptorch.Options()
     on_chip = poptorch.TensorLocationSettings().useOnChipStorage(True).minElementsForOffChip(16)
     for setter in ("setWeightLocation", "setActivationLocation", "setOptimizerLocation", "setAccumulatorLocation"):
         assert getattr(opts.TensorLocations, setter)(on_chip) is opts.TensorLocations
     off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False)
-    with pytest.raises(poptorch.Error, match=r"setWeightLocation with useOnChipStorage\(False\) is not modelled"):
-        opts.TensorLocations.setWeightLocation(off_chip)
+    opts.TensorLocations.setWeightLocation(off_chip)
+    assert opts.TensorLocations.streamed == {"Weight": 2}
     sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
     with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
         opts.TensorLocations.setOptimizerLocation(sharded)

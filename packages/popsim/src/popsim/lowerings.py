@@ -73,7 +73,9 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         else:
             env[v.id] = variables[v.name]
     crossings = {}
-    for node in graph.nodes:
+    stores = remote.store_points(graph, {t.name for t in lw.dg.remote})
+    stored = set()
+    for index, node in enumerate(graph.nodes):
         args = [env[v.id] for v in node.inputs]
         if lw.dg.remote:
             lw.dg.origin = node
@@ -102,6 +104,11 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
             lw.dg.node_outputs.add(t.storage.id)
+        for state, value in stores.get(index, ()):
+            lw.dg.origin = node
+            remote.store(lw.dg, variables[state.name], env[value.id])
+            lw.dg.origin = None
+            stored.add(state.name)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
@@ -114,7 +121,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     staged = {}
     for state, v in graph.updates.items():
         t = env[v.id]
-        if t.storage is variables[state.name].storage:
+        if state.name in stored or t.storage is variables[state.name].storage:
             continue
         if remote.is_remote(lw.dg, t):
             t = remote.load_operands(lw.dg, [t], device_target)[0]

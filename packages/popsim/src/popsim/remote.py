@@ -64,6 +64,25 @@ def load_operands(dg, args, where):
     return out
 
 
+def store_points(graph, streamed):
+    """{node index: [(state, new value)]}: where each update of a variable named in ``streamed`` is stored, just
+    after the later of its new value's producer and the last node reading the old value, so the new value
+    need not stay on the tiles until the end of the program. Old values read by outputs or other updates
+    (read at the end) keep their update at the end (absent here)."""
+    produced, last_read = {}, {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_read[v.id] = i
+        for v in node.outputs:
+            produced[v.id] = i
+    at_end = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    points = {}
+    for state, value in graph.updates.items():
+        if state.name in streamed and value.id in produced and state.id not in at_end:
+            points.setdefault(max(produced[value.id], last_read.get(state.id, -1)), []).append((state, value))
+    return points
+
+
 def region_bytes(storages):
     """{storage: byte offset} of each remote storage in the streaming-memory region, and the region's size."""
     offsets, at = {}, 0
