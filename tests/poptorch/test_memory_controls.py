@@ -216,6 +216,17 @@ def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatc
     torch.testing.assert_close(piped[2], piped_kept[2])
 
 
+def test_recompute_all_without_checkpoints_lowers_peak_tile_memory(monkeypatch):
+    roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *kept, kept_program = _train(0, 0)
+    *again, again_program = _train(4, 0)  # every forward activation is recomputed for each backward reader
+    torch.testing.assert_close(again[:2], kept[:2])
+    torch.testing.assert_close(again[2], kept[2])
+    assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
+    assert again_program["total_cycles"] > kept_program["total_cycles"]
+
+
 def test_recomputation_settings_poptorch_cannot_model_are_refused():
     opts = poptorch.Options()
     with pytest.raises(poptorch.Error, match=r"autoRecomputation 1 \(Standard\) is not modelled"):
