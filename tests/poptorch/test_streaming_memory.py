@@ -134,3 +134,8 @@ def test_tensor_location_settings_the_simulator_does_not_model_are_refused():
     # A later on-chip setting brings the kind back to tile memory.
     opts.TensorLocations.setWeightLocation(_off_chip()).setWeightLocation(poptorch.TensorLocationSettings())
     assert opts.TensorLocations.streamed == {}
+
+
+def test_tensor_locations_key_the_executable_cache():
+    keys = {poptorch._cache.key({}, _options(*kinds)) for kinds in [(), ("Weight",), ("Optimizer",)]}
+    assert len(keys) == 3

@@ -77,6 +77,7 @@ def compile(  # noqa: A001
     optimize=True,
     available_memory=None,
     remote=(),
+    spill=None,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -86,7 +87,8 @@ def compile(  # noqa: A001
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
     Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
-    loaded just before it, and each update is stored back (see ``popsim.remote``).
+    loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
+    "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
     Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
     an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
@@ -132,7 +134,7 @@ def compile(  # noqa: A001
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
-        inputs, outputs = lower_graph(lw, g, variables, placement, name)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 

@@ -50,11 +50,13 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables, placement=None, name=None):
+def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
 
     On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
     vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
+    ``spill`` ("backward" or "phase") moves activations to streaming memory between passes or phases (see
+    ``remote.Spiller``).
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
@@ -75,12 +77,14 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     crossings = {}
     stores = remote.store_points(graph, {t.name for t in lw.dg.remote})
     stored = set()
+    spiller = remote.Spiller(lw.dg, graph, spill)
     for index, node in enumerate(graph.nodes):
+        spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]
         if lw.dg.remote:
             lw.dg.origin = node
             where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
-            args = remote.load_operands(lw.dg, args, where)
+            args = remote.load_operands(lw.dg, spiller.operands(node, args, where), where)
             lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
@@ -109,6 +113,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
             remote.store(lw.dg, variables[state.name], env[value.id])
             lw.dg.origin = None
             stored.add(state.name)
+    spiller.store_due(len(graph.nodes) - 1, env)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from popsim.device_graph import Copy
+from popsim.errors import Error
 from popsim.mapping import TileMapping
 
 # Streaming memory is the IPU-Machine's DDR4 behind its gateway (IPU-M2000 datasheet: up to 448 GB per
@@ -100,3 +101,68 @@ def block_base(storage, region_start):
 def transfer_cycles(target, nbytes):
     """Cycles to move ``nbytes`` between streaming memory and the tiles at ``STREAMING_BYTES_PER_SECOND``."""
     return math.ceil(nbytes / STREAMING_BYTES_PER_SECOND * target.clock_hz)
+
+
+SPILL_MODES = ("backward", "phase")
+
+
+class Spiller:
+    """Activations moved to streaming memory between the parts of a program (PopTorch's phased ``Liveness``).
+
+    With ``mode`` "backward", a forward value that a later pass (backward, optimizer) reads is stored off chip
+    after its last forward reader and loaded afresh before each later reader; with "phase", so is every value
+    read outside its own segment, a segment being the nodes of one pipeline stage or phase
+    (``placement[0]``) in one pass. Values computed inside their reader's fused vertex, variables, inputs and
+    constants never move. With ``mode`` None nothing moves.
+    """
+
+    def __init__(self, dg, graph, mode):
+        if mode not in (None, *SPILL_MODES):
+            raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {mode!r}")
+        self.dg = dg
+        self.due = {}  # node index -> values to store once that node has been lowered
+        self.spilled = {}  # popir value id -> its storage in streaming memory
+        if mode is None:
+            return
+        nodes = graph.nodes
+
+        def segment(node):
+            later = node.role not in (None, "forward")
+            return later if mode == "backward" else (later, node.placement[0] if node.placement else None)
+
+        readers = {}
+        for i, node in enumerate(nodes):
+            for v in node.inputs:
+                readers.setdefault(v.id, []).append(i)
+        for i, node in enumerate(nodes):
+            home = segment(node)
+            for v in node.outputs:
+                uses = readers.get(v.id, [])
+                away = [r for r in uses if segment(nodes[r]) != home]
+                if node.op == "constant" or not away:
+                    continue
+                at = max([i] + [r for r in uses if r < away[0]])
+                self.due.setdefault(at, []).append(v)
+
+    def store_due(self, index, env):
+        """Store the values due after node ``index`` whose tile tensors are in ``env`` (popir value id ->)."""
+        for v in self.due.get(index, ()):
+            t = env[v.id]
+            if getattr(t, "storage", None) is None or t.storage.category != "temporary":
+                continue  # fused into its reader's vertex, or a variable / input that lives elsewhere already
+            storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, f"spill {t.name}", "variable")
+            self.dg.remote.add(storage)
+            self.dg.program.append(RemoteCopy(f"remote store {t.name}", storage, [t], np.arange(t.size), load=False))
+            self.spilled[v.id] = storage
+
+    def operands(self, node, args, where):
+        """``args`` of ``node`` with each stored value loaded afresh into a tile buffer on ``where``."""
+        loaded = {}
+        out = []
+        for v, a in zip(node.inputs, args):
+            if v.id in self.spilled:
+                if v.id not in loaded:
+                    loaded[v.id] = load(self.dg, self.spilled[v.id], where, f"remote load {a.name}")
+                a = loaded[v.id]
+            out.append(a)
+        return out

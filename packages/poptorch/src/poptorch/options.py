@@ -972,7 +972,10 @@ class Options(_NoAssignment):
 
     def _compile_key(self):
         """The options that change the compiled program, for the executable cache."""
-        return {k: str(self._values[k]) for k in COMPILE_KEYS}
+        key = {k: str(self._values[k]) for k in COMPILE_KEYS}
+        # Phased Liveness moves activations to streaming memory without changing the graphs.
+        key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        return key
 
 
 def _env_flag(variable):
