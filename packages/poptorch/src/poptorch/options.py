@@ -737,7 +737,8 @@ class Options(_NoAssignment):
         """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
         0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
         activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
-        4 (RecomputeAll) does the same with no stage boundaries. Standard (1) and NormOnly (2) choose their
+        4 (RecomputeAll) recomputes every forward activation from the inputs and checkpoints afresh for each
+        backward op that reads it, with no stage boundaries. Standard (1) and NormOnly (2) choose their
         checkpoints by PopART heuristics the simulator does not model."""
         if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
             raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
