@@ -150,9 +150,11 @@ class Spiller:
             t = env[v.id]
             if getattr(t, "storage", None) is None or t.storage.category != "temporary":
                 continue  # fused into its reader's vertex, or a variable / input that lives elsewhere already
-            storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, f"spill {t.name}", "variable")
+            label = v.name or f"{v.producer.op} %{v.id}"  # the popir value, as profiles name it
+            storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, label, "variable")
             self.dg.remote.add(storage)
-            self.dg.program.append(RemoteCopy(f"remote store {t.name}", storage, [t], np.arange(t.size), load=False))
+            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), v.producer, load=False)
+            self.dg.program.append(step)
             self.spilled[v.id] = storage
 
     def operands(self, node, args, where):
@@ -162,7 +164,8 @@ class Spiller:
         for v, a in zip(node.inputs, args):
             if v.id in self.spilled:
                 if v.id not in loaded:
-                    loaded[v.id] = load(self.dg, self.spilled[v.id], where, f"remote load {a.name}")
+                    storage = self.spilled[v.id]
+                    loaded[v.id] = load(self.dg, storage, where, f"remote load {storage.name}")
                 a = loaded[v.id]
             out.append(a)
         return out
