@@ -75,7 +75,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
         else:
             env[v.id] = variables[v.name]
     crossings = {}
-    stores = remote.store_points(graph, {t.name for t in lw.dg.remote})
+    stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
     stored = set()
     spiller = remote.Spiller(lw.dg, graph, spill)
     for index, node in enumerate(graph.nodes):
