@@ -53,6 +53,8 @@ def test_streamed_variables_give_the_same_numbers_with_less_tile_memory_and_more
     assert streamed["total_cycles"] > on_chip["total_cycles"]
     names = [s["name"] for s in streamed["steps"]]
     assert "remote load w0" in names and "remote store w0" in names
+    assert streamed["streaming_memory_bytes"] == LAYERS * SIZE * SIZE * 4
+    assert on_chip["streaming_memory_bytes"] == 0
 
 
 def test_streamed_variables_fit_where_tile_memory_does_not():

@@ -282,6 +282,8 @@ class Executable:
                 relax_memory,
                 *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
+            # Bytes of the program set's variables and activations in streaming memory (popsim.remote).
+            self.profile.programs[name]["streaming_memory_bytes"] = remote_bytes
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]
