@@ -27,13 +27,23 @@ class Phased(torch.nn.Module):
         return x, torch.nn.functional.mse_loss(x, y)
 
 
-def _train(liveness):
+def _strategy(liveness, parallel=False):
+    """Serial phases on IPU 0, or parallel ones alternating between IPUs 0 and 1."""
+    phases = [poptorch.Phase(str(p)) for p in range(PHASES)]
+    if not parallel:
+        strategy = poptorch.SerialPhasedExecution(*phases).setTensorsLiveness(liveness)
+    else:
+        off_chip = liveness == poptorch.Liveness.OffChipAfterFwd
+        strategy = poptorch.ParallelPhasedExecution(*phases).sendTensorsOffChipAfterFwd(off_chip)
+    for p in range(PHASES):
+        strategy.phase(p).ipus(p % 2 if parallel else 0)
+    return strategy
+
+
+def _train(liveness, parallel=False):
     torch.manual_seed(0)
     model = Phased()
-    strategy = poptorch.SerialPhasedExecution(*(poptorch.Phase(str(p)) for p in range(PHASES)))
-    for p in range(PHASES):
-        strategy.phase(p).ipus(0)
-    strategy.setTensorsLiveness(liveness)
+    strategy = _strategy(liveness, parallel)
     opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
     trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     g = torch.Generator().manual_seed(3)
@@ -85,3 +95,12 @@ def test_liveness_keys_the_executable_cache():
 
     assert key(poptorch.Liveness.AlwaysLive) != key(poptorch.Liveness.OffChipAfterFwd)
     assert key(poptorch.Liveness.OffChipAfterFwd) != key(poptorch.Liveness.OffChipAfterEachPhase)
+
+
+def test_parallel_phases_send_tensors_off_chip_after_the_forward_pass(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    live = _train(poptorch.Liveness.AlwaysLive, parallel=True)
+    off = _train(poptorch.Liveness.OffChipAfterFwd, parallel=True)
+    torch.testing.assert_close(off[:2], live[:2])
+    assert off[2]["memory_max_tile_bytes"] < live[2]["memory_max_tile_bytes"]
+    assert _stores(off[2]) > 0 == _stores(live[2])
