@@ -139,3 +139,18 @@ def test_tensor_location_settings_the_simulator_does_not_model_are_refused():
 def test_tensor_locations_key_the_executable_cache():
     keys = {poptorch._cache.key({}, _options(*kinds)) for kinds in [(), ("Weight",), ("Optimizer",)]}
     assert len(keys) == 3
+
+
+def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Wide()
+    x, y = _data(1)
+    executor = poptorch.inferenceModel(model, _options("Weight"))
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    with torch.no_grad():
+        model.layers[0].weight.mul_(2)
+    executor.copyWeightsToDevice()
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    profile = executor.profile.programs["inference"]
+    assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
