@@ -48,3 +48,23 @@ def test_crossing_the_machine_boundary_costs_more_than_doubling_inside_it():
 def test_bad_replica_counts_are_errors():
     with pytest.raises(popsim.Error, match="at least one replica"):
         collectives.all_reduce(TARGET, 4, 0)
+
+
+def test_a_group_reduces_over_its_own_replicas_links():
+    # 16 replicas in groups of 4: consecutive groups stay inside their machine, orthogonal ones (members 4
+    # replicas apart) have one member per machine and cross the machine links.
+    consecutive = collectives.all_reduce(TARGET, MEGABYTES, 4, stride=1)
+    orthogonal = collectives.all_reduce(TARGET, MEGABYTES, 4, stride=4)
+    assert [level.name for level in consecutive.levels] == ["IPU-Links in an IPU-M2000"]
+    assert [level.name for level in orthogonal.levels] == ["IPU-Links between machines"]
+    # A group inside a machine beats reducing all 16 replicas; the orthogonal groups' full-size shards
+    # share each machine's links.
+    assert consecutive.cycles < collectives.all_reduce(TARGET, MEGABYTES, 16).cycles < orthogonal.cycles
+
+
+def test_grouped_sets_are_reduced_one_after_another():
+    parts = [(MEGABYTES, 16, 1), (MEGABYTES, 4, 4)]
+    reduce = collectives.grouped_all_reduce(TARGET, parts, 16)
+    alone = [collectives.all_reduce(TARGET, MEGABYTES, size, stride=stride).cycles for _, size, stride in parts]
+    assert reduce.cycles == sum(alone) and reduce.nbytes == 2 * MEGABYTES
+    assert reduce.levels[-1].name == "groups of 4: IPU-Links between machines"

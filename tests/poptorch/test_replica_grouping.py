@@ -262,3 +262,27 @@ def test_a_sum_reduction_sums_a_grouped_parameters_gradients_over_its_group():
     grad_w, grad_b = torch.autograd.grad(eager, [w, b])
     torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
+
+
+class Weight(torch.nn.Module):
+    def __init__(self, *shape):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(*shape))
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(x @ self.w, y)
+
+
+@pytest.mark.parametrize("kind", [poptorch.CommGroupType.Consecutive, poptorch.CommGroupType.Orthogonal])
+def test_a_grouped_gradient_is_costed_over_its_groups_links_only(kind):
+    reduces = []
+    for net in (Weight(3), Weight(2, 3)):  # shared by the 4 replicas, then one value per group of 2
+        training = poptorch.trainingModel(net, _opts(4), torch.optim.SGD(net.parameters(), lr=0.1))
+        if net.w.dim() == 2:
+            _grouped(training, kind, 2)
+        training(torch.ones(8, 3), torch.ones(8))
+        reduces.append(training.profile.replication["all_reduce"])
+    shared, grouped = reduces
+    assert shared["bytes"] == grouped["bytes"]
+    assert 0 < grouped["cycles"] < shared["cycles"]
+    assert [level["name"] for level in grouped["levels"]] == ["groups of 2: IPU-Links in an IPU-M2000"]

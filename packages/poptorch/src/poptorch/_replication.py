@@ -17,20 +17,38 @@ from poptorch.errors import Error
 from poptorch.options import not_modelled, replica_groups
 
 
-def all_reduce_cycles(exe, programs, options):
+def global_replicas(options):
+    """The replicas of every process: ``replicationFactor`` is the replicas of one process."""
+    return options.replication_factor * options.Distributed.numProcesses
+
+
+def all_reduce_cycles(exe, programs, options, groupings):
     """Cycles of the gradient all-reduce of each training step (0 without one), recorded in the profile
-    with one replica's work per step."""
-    replicas = options.replication_factor * options.Distributed.numProcesses
+    with one replica's work per step. A parameter grouped by ``groupings`` (its ``replicaGrouping``) is
+    reduced within its groups only, over the links between its group's replicas."""
+    replicas = global_replicas(options)
     if programs.step is None or replicas == 1:
         return 0
-    nbytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in programs.trained)
+    grouped = _groups_of(groupings, replicas)
+    parts = {}  # (group size, stride) -> gradient bytes
+    for name in programs.trained:
+        nbytes = programs.initial[_training.accumulator_name(name)].nbytes
+        key = _group_shape(grouped[name]) if name in grouped else (replicas, 1)
+        parts[key] = parts.get(key, 0) + nbytes
     # A pipelined or sharded replica spans several IPUs, each reducing the gradients of its own stages.
     target = exe.profile.target
-    reduce = collectives.all_reduce(target, nbytes, replicas, ipus_per_replica=target.num_ipus)
+    parts = [(nbytes, size, stride) for (size, stride), nbytes in parts.items()]
+    reduce = collectives.grouped_all_reduce(target, parts, replicas, ipus_per_replica=target.num_ipus)
     per_program = exe.profile.programs
     replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
     exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
     return reduce.cycles
+
+
+def _group_shape(of_replica):
+    """(replicas per group, distance between a group's consecutive replicas) of a grouping."""
+    members = [replica for replica, group in enumerate(of_replica) if group == 0]
+    return len(members), members[1] - members[0] if len(members) > 1 else 1
 
 
 BROADCAST_BUFFERS = (
