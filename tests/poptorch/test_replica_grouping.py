@@ -172,8 +172,6 @@ def test_grouping_unmodelled_cases_are_refused():
     opts = _opts(4)
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
     training = poptorch.trainingModel(net, opts)
-    with pytest.raises(poptorch.Error, match="AllReplicas.*is not modelled"):
-        _grouped(training, poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.AllReplicas)
     with pytest.raises(poptorch.Error, match="shards \\(the group size\\) must be a positive int, got 0"):
         _grouped(training, poptorch.CommGroupType.Orthogonal, 0)
     _grouped(training, poptorch.CommGroupType.Consecutive, 2)
@@ -286,3 +284,28 @@ def test_a_grouped_gradient_is_costed_over_its_groups_links_only(kind):
     assert shared["bytes"] == grouped["bytes"]
     assert 0 < grouped["cycles"] < shared["cycles"]
     assert [level["name"] for level in grouped["levels"]] == ["groups of 2: IPU-Links in an IPU-M2000"]
+
+
+@pytest.mark.parametrize(("kind", "shards", "group"), GROUPINGS[:2])
+def test_all_replicas_retrieval_reads_every_replicas_value(kind, shards, group):
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    training = _grouped(
+        poptorch.trainingModel(net, _opts(4), optimizer), kind, shards, poptorch.VariableRetrievalMode.AllReplicas
+    )
+    x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+    training(x.reshape(8, 3), y.reshape(8))
+    eager = torch.stack([torch.nn.functional.mse_loss(x[r] @ w[group[r]] + b, y[r]) for r in range(4)])
+    (grad_w,) = torch.autograd.grad(eager.sum() * 2 / 4, w)
+    # Replica r's row is its group's value; the optimizer state is read the same way.
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w)[group].detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(optimizer.state[net.w]["momentum_buffer"], grad_w[group], rtol=1e-4, atol=1e-5)
+    # The per-replica host value goes back to the device as it is, and trains on from there.
+    training(x.reshape(8, 3), y.reshape(8))
+    assert net.w.shape == (4, 3)
+    with torch.no_grad():
+        net.w[group.index(1)] += 1.0  # one replica of group 1 only: the replicas of a group share a value
+    with pytest.raises(poptorch.Error, match="the replicas of a group hold different values"):
+        training(x.reshape(8, 3), y.reshape(8))

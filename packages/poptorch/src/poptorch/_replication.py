@@ -127,7 +127,8 @@ class GroupingView:
         """Give this parameter one value per group of replicas (``comm_group_type`` with groups of
         ``shards`` replicas for Consecutive and Orthogonal): its host tensor holds the groups' values along
         a new first dimension (none when there is one group), the model sees one group's value, and gradients
-        are reduced within a group."""
+        are reduced within a group. With ``VariableRetrievalMode.AllReplicas`` the host reads every replica's
+        value instead (first dimension ``replicas``) and may write either form back."""
         settings = (comm_group_type, shards, variable_retrieval_mode)
         _check_grouping(self._name, settings)
         if self._compiled():
@@ -151,16 +152,15 @@ def _describe(name, settings):
 def _check_grouping(name, settings):
     """The (CommGroupType, shards) of a parameter's (type, shards, retrieval mode) settings."""
     kind, shards, mode = settings
-    if VariableRetrievalMode(mode) != VariableRetrievalMode.OnePerGroup:
-        raise not_modelled(
-            _describe(name, settings),
-            "the host parameter holds one value per group (VariableRetrievalMode.OnePerGroup); the replicas "
-            "of a group always hold the same value, so read it once per group",
-        )
+    VariableRetrievalMode(mode)  # a ValueError names an unknown mode
     kind = CommGroupType(kind)
     if kind in (CommGroupType.Consecutive, CommGroupType.Orthogonal) and not (isinstance(shards, int) and shards > 0):
         raise Error(f"{_describe(name, settings)}: shards (the group size) must be a positive int, got {shards!r}")
     return kind, shards
+
+
+def _all_replicas(settings):
+    return VariableRetrievalMode(settings[2]) == VariableRetrievalMode.AllReplicas
 
 
 def _groups_of(groupings, replicas):
@@ -186,7 +186,9 @@ def per_replica_parameters(model, groupings, replicas):
             owner = model.get_submodule(owner_name)
             host = owner._parameters[leaf]
             count = max(of_replica) + 1
-            if host.dim() == 0 or host.shape[0] != count:
+            # AllReplicas: a tensor read back from the device holds every replica's value.
+            rows = {count, len(of_replica)} if _all_replicas(groupings[name]) else {count}
+            if host.dim() == 0 or host.shape[0] not in rows:
                 raise Error(
                     f"Parameter '{name}' has replicaGrouping with {count} groups, so its first dimension must hold "
                     f"one value per group: expected shape [{count}, ...], got {list(host.shape)}"
@@ -217,6 +219,8 @@ class GroupedParameters:
         self.scale = scale  # device variable -> factor turning a group's summed gradient into the step's
         self.values = {}
         self.loaded = dict.fromkeys(of_replica, 0)
+        # Variables the host reads per replica (VariableRetrievalMode.AllReplicas), not per group.
+        self.all_replicas = set()
 
     @classmethod
     def of(cls, groupings, captured, programs, options, slots):
@@ -243,6 +247,9 @@ class GroupedParameters:
                     of_replica[variable] = groups_of_name
                     initial[variable] = programs.initial[variable]
         grouped = cls(of_replica, scale, groupings)
+        for name in groups:
+            if _all_replicas(groupings[name]):
+                grouped.all_replicas.update([name, *slots.get(name, {}).values()])
         for variable, value in initial.items():
             grouped.values[variable] = np.stack([value] * (max(of_replica[variable]) + 1))
         return grouped
@@ -260,14 +267,34 @@ class GroupedParameters:
 
     def write(self, exe, name, value):
         """The host's value of every group (first dimension) of the grouped variable ``name``, or one value
-        for every group."""
+        for every group; with AllReplicas retrieval also every replica's value (the replicas of a group
+        must agree)."""
         value = np.asarray(value)
-        self.values[name] = np.array(np.broadcast_to(value, self.values[name].shape), dtype=self.values[name].dtype)
+        of_replica = np.asarray(self.of_replica[name])
+        shape = self.values[name].shape
+        if name in self.all_replicas and value.ndim == len(shape) and value.shape[0] == len(of_replica) != shape[0]:
+            value = self._one_per_group(name, value, of_replica)
+        self.values[name] = np.array(np.broadcast_to(value, shape), dtype=self.values[name].dtype)
         exe.write_variable(name, self.values[name][self.loaded[name]])
 
+    @staticmethod
+    def _one_per_group(name, value, of_replica):
+        """Each group's value from a tensor of every replica's values."""
+        first = [int(np.argmax(of_replica == group)) for group in range(of_replica.max() + 1)]
+        if not np.array_equal(value, value[first][of_replica]):
+            raise Error(
+                f"'{name}' holds one value per replica (VariableRetrievalMode.AllReplicas), but the replicas of a "
+                "group hold different values: the replicas of a group share one value, so give each group's "
+                f"replicas the same value, or one value per group (first dimension {len(first)})"
+            )
+        return value[first]
+
     def read(self, exe, name):
-        """Every group's current value of the grouped parameter ``name``, stacked."""
+        """Every group's current value of the grouped variable ``name``, stacked (every replica's with
+        AllReplicas retrieval)."""
         self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
+        if name in self.all_replicas:
+            return self.values[name][np.asarray(self.of_replica[name])]
         return self.values[name].copy()
 
     def _load(self, exe, variable, group):
