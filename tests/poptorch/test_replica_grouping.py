@@ -167,16 +167,10 @@ def test_a_grouped_parameter_needs_one_value_per_group():
         model(torch.ones(4, 3), torch.ones(4))
 
 
-def test_grouping_unmodelled_cases_are_refused():
-    net = GroupedLinear(2)
-    opts = _opts(4)
-    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
-    training = poptorch.trainingModel(net, opts)
+def test_bad_or_late_groupings_are_refused():
+    training = poptorch.trainingModel(GroupedLinear(2), _opts(4))
     with pytest.raises(poptorch.Error, match="shards \\(the group size\\) must be a positive int, got 0"):
         _grouped(training, poptorch.CommGroupType.Orthogonal, 0)
-    _grouped(training, poptorch.CommGroupType.Consecutive, 2)
-    with pytest.raises(poptorch.Error, match="MeanReductionStrategy.Running is not modelled"):
-        training(torch.ones(4, 3), torch.ones(4))
     inference = poptorch.inferenceModel(Scale(), _opts(1))
     inference(torch.ones(2))
     with pytest.raises(poptorch.Error, match="before the model is compiled"):
@@ -207,12 +201,14 @@ def test_per_replica_params_groups_a_nested_parameter_by_its_name():
         model(x.reshape(8, 3), torch.zeros(8))
 
 
-def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches():
+@pytest.mark.parametrize("strategy", [poptorch.MeanReductionStrategy.Post, poptorch.MeanReductionStrategy.Running])
+def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches(strategy):
     torch.manual_seed(0)
     net = GroupedLinear(2)
     w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
     opts = _opts(4)
     opts.Training.gradientAccumulation(2)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
     training = _grouped(
         poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
         poptorch.CommGroupType.Orthogonal,

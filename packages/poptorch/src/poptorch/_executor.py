@@ -255,7 +255,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     _blocks.recording(self._options.execution_strategy),
                 ):
                     with _replication.per_replica_parameters(
-                        self._model, self.per_replica_params, self._options.replication_factor
+                        self._model, self.per_replica_params, _replication.global_replicas(self._options)
                     ) as stand_ins:
                         captured = capture(self._model, mb_args, mb_kwargs)
                     captured.tensors = {name: stand_ins.get(t, t) for name, t in captured.tensors.items()}
@@ -264,7 +264,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
-                programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
+                own_counts = _replication.grouped_names(self.per_replica_params, self._options)
+                programs = _training.build_training(captured, self._spec, group_of, self._options, phase, own_counts)
             else:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
@@ -520,7 +521,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         cycles += int(replica_cycles.max())
                         replica_cycles[:] = 0
                         if self._shared_gradients:
-                            _distributed.all_reduce_sum(exe, self._shared_gradients)
+                            _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
                             step = programs.graphs[programs.step]
                             self._device.grouped.step(

@@ -14,7 +14,7 @@ from popsim import collectives
 from poptorch import _training
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
-from poptorch.options import not_modelled, replica_groups
+from poptorch.options import replica_groups
 
 
 def global_replicas(options):
@@ -163,6 +163,29 @@ def _all_replicas(settings):
     return VariableRetrievalMode(settings[2]) == VariableRetrievalMode.AllReplicas
 
 
+def grouped_names(groupings, options):
+    """The parameters ``groupings`` gives more than one group over every process's replicas."""
+    return set(_groups_of(groupings, global_replicas(options)))
+
+
+def _gradient_scale(of_replica, options):
+    """The factor turning a grouped parameter's reduced accumulator into its group's gradient.
+
+    The step treats an accumulator as every replica's: with Post it divides the sum by every replica's
+    micro-batches, where a group's sum comes from its own (a factor of the group count); with Running each
+    process's accumulator is the mean over its micro-batches of the group (the group's own count) and the
+    step divides their sum by the process count, of which only the processes running the group's replicas
+    contribute (the groups are alike, so group 0 tells).
+    """
+    if options.Training.accumulation_and_replication_reduction_type != ReductionType.Mean:
+        return 1
+    if options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
+        local = options.replication_factor
+        owners = {replica // local for replica, group in enumerate(of_replica) if group == 0}
+        return options.Distributed.numProcesses / len(owners)
+    return max(of_replica) + 1
+
+
 def _groups_of(groupings, replicas):
     """Parameter name -> the group index of each replica, for the parameters not shared by every replica."""
     groups = {}
@@ -213,10 +236,11 @@ class GroupedParameters:
     run's result.
     """
 
-    def __init__(self, of_replica, scale, settings=None):
-        self.of_replica = of_replica  # device variable -> group index of each replica
+    def __init__(self, of_replica, scale, settings=None, first_replica=0):
+        self.of_replica = of_replica  # device variable -> group index of each replica of every process
         self.settings = dict(settings or {})  # the per_replica_params compiled with
-        self.scale = scale  # device variable -> factor turning a group's summed gradient into the step's
+        self.scale = scale  # device variable -> factor turning a group's reduced gradient into the step's
+        self.first_replica = first_replica  # this process's replica 0 among every process's replicas
         self.values = {}
         self.loaded = dict.fromkeys(of_replica, 0)
         # Variables the host reads per replica (VariableRetrievalMode.AllReplicas), not per group.
@@ -224,16 +248,11 @@ class GroupedParameters:
 
     @classmethod
     def of(cls, groupings, captured, programs, options, slots):
-        """The grouped parameters of a compiled model; raises for what the simulator does not model."""
-        groups = _groups_of(groupings, options.replication_factor)
+        """The grouped parameters of a compiled model (groups span the replicas of every process)."""
+        groups = _groups_of(groupings, global_replicas(options))
         for name in groups:
             if name not in captured.parameters:
                 raise Error(f"replicaGrouping was called on '{name}', which the compiled model does not use")
-        if groups and options.Distributed.numProcesses > 1:
-            raise not_modelled("replicaGrouping with several processes", "group parameters in one process only")
-        if groups and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
-            raise not_modelled("replicaGrouping with MeanReductionStrategy.Running", "use MeanReductionStrategy.Post")
-        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         graph = programs.graphs[programs.micro_batch]
         of_replica, scale, initial = {}, {}, {}
         for name, groups_of_name in groups.items():
@@ -241,12 +260,16 @@ class GroupedParameters:
             initial[name] = np.zeros(graph.input(name).shape, dtype=graph.input(name).dtype.numpy)
             if name in programs.trained:
                 accumulator = _training.accumulator_name(name)
-                # The step divides by every replica's micro-batches; a group's gradient comes from its own.
-                scale[accumulator] = max(groups_of_name) + 1 if mean else 1
-                for variable in [accumulator, *slots.get(name, {}).values()]:
+                scale[accumulator] = _gradient_scale(groups_of_name, options)
+                count = _training.running_count_name(name)
+                variables = [accumulator, *slots.get(name, {}).values()]
+                if count in programs.initial:  # MeanReductionStrategy.Running: the group counts its micro-batches
+                    variables.append(count)
+                for variable in variables:
                     of_replica[variable] = groups_of_name
                     initial[variable] = programs.initial[variable]
-        grouped = cls(of_replica, scale, groupings)
+        first = options.Distributed.processId * options.replication_factor
+        grouped = cls(of_replica, scale, groupings, first)
         for name in groups:
             if _all_replicas(groupings[name]):
                 grouped.all_replicas.update([name, *slots.get(name, {}).values()])
@@ -292,10 +315,8 @@ class GroupedParameters:
     def read(self, exe, name):
         """Every group's current value of the grouped variable ``name``, stacked (every replica's with
         AllReplicas retrieval)."""
-        self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
-        if name in self.all_replicas:
-            return self.values[name][np.asarray(self.of_replica[name])]
-        return self.values[name].copy()
+        values = self.stacked(exe, name)
+        return values[np.asarray(self.of_replica[name])] if name in self.all_replicas else values.copy()
 
     def _load(self, exe, variable, group):
         current = self.loaded[variable]
@@ -308,7 +329,7 @@ class GroupedParameters:
     def replica(self, exe, replica):
         """A run of ``replica``: its group's values are on the device."""
         for variable, of_replica in self.of_replica.items():
-            self._load(exe, variable, of_replica[replica])
+            self._load(exe, variable, of_replica[self.first_replica + replica])
         yield
 
     def step(self, exe, run, updated):
@@ -340,7 +361,18 @@ class GroupedParameters:
             exe.write_variable(name, value)
 
     def reset_accumulators(self, exe):
-        """A step cut short: every group's accumulated gradients restart from zero."""
-        for variable in self.scale:
-            self.values[variable][:] = 0
-            exe.write_variable(variable, self.values[variable][self.loaded[variable]])
+        """A step cut short: every group's accumulated gradients (and micro-batch counts) restart from zero."""
+        for variable in self.of_replica:
+            if variable.startswith(_training.ACCUMULATOR_PREFIX):
+                self.values[variable][:] = 0
+                exe.write_variable(variable, self.values[variable][self.loaded[variable]])
+
+    def stacked(self, exe, name):
+        """Every group's current value of the grouped variable ``name``, as the host keeps it."""
+        self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
+        return self.values[name]
+
+    def replace(self, exe, name, value):
+        """Set every group's value of the grouped variable ``name`` (shaped as ``stacked`` gives it)."""
+        self.values[name] = np.array(value, dtype=self.values[name].dtype).reshape(self.values[name].shape)
+        exe.write_variable(name, self.values[name][self.loaded[name]])
