@@ -128,6 +128,30 @@ def broadcast_host_tensors(tensors):
             tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
 
 
+def broadcast_optimizer_state(optimizer):
+    """Give every process process 0's optimizer state (momentum, Adam moments, step; e.g. loaded from a
+    checkpoint on process 0 only), matched by the parameters' order in the optimizer's groups."""
+    if optimizer is None:
+        return
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    state = [dict(optimizer.state.get(param, {})) for param in params]
+    shared = [state if dist.get_rank() == 0 else None]
+    try:
+        dist.broadcast_object_list(shared, src=0)
+    except (RuntimeError, ValueError) as exc:
+        raise _collective_failed("Broadcasting the optimizer state", exc) from exc
+    if len(shared[0]) != len(params):
+        raise Error(
+            f"Process 0's optimizer has {len(shared[0])} parameters, this process's has {len(params)}: every "
+            "process must build the same model and optimizer"
+        )
+    for param, values in zip(params, shared[0]):
+        if values:
+            optimizer.state[param] = values
+        else:
+            optimizer.state.pop(param, None)
+
+
 def all_reduce_sum(exe, names, grouped):
     """Sum the device variables ``names`` over every process (one gloo all-reduce), in place. A variable
     in ``grouped`` (a ``GroupedParameters``) is summed group by group: a process holds zeros for the groups

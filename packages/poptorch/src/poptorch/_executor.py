@@ -242,10 +242,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 bar.set_postfix_str(name)
 
             phase("capture")
-            if self._training and self._options.Distributed.numProcesses > 1:
-                # Every process starts from process 0's weights and buffers.
+            if self._options.Distributed.numProcesses > 1:
+                # Every process starts from process 0's weights, buffers and optimizer state.
                 _distributed.join(self._options)
                 _distributed.broadcast_host_tensors([*self._model.parameters(), *self._model.buffers()])
+                _distributed.broadcast_optimizer_state(self._optimizer if self._training else None)
             mode = self._model.training
             self._model.train(self._training)
             try:
