@@ -68,3 +68,16 @@ def test_grouped_sets_are_reduced_one_after_another():
     alone = [collectives.all_reduce(TARGET, MEGABYTES, size, stride=stride).cycles for _, size, stride in parts]
     assert reduce.cycles == sum(alone) and reduce.nbytes == 2 * MEGABYTES
     assert reduce.levels[-1].name == "groups of 4: IPU-Links between machines"
+
+
+def test_the_timeline_shows_each_replica_then_the_collective():
+    reduce = collectives.all_reduce(TARGET, MEGABYTES, 8)
+    entries = collectives.replica_timeline(8, [("accumulate", 100)] * 2, reduce, ("apply", 30), 4, ipus_per_replica=2)
+    lanes = {}
+    for entry in entries:
+        lanes.setdefault(entry["lane"], []).append(entry)
+    assert len(lanes) == 9 and [e["start"] for e in lanes["replica 5"]] == [0, 100, 200 + reduce.cycles]
+    assert lanes["replica 5"][0]["process"] == 1 and lanes["replica 5"][0]["ipus"] == [10, 11]
+    collective = lanes["all-reduce"]
+    assert [e["collective"] for e in collective] == [level.name for level in reduce.levels]
+    assert collective[0]["start"] == 200 and sum(e["cycles"] for e in collective) == reduce.cycles

@@ -3,6 +3,7 @@ replicaGrouping (only PopTorch's default, every replica sharing the parameter, i
 
 import copy
 import io
+import json
 
 import pytest
 import torch
@@ -305,3 +306,25 @@ def test_all_replicas_retrieval_reads_every_replicas_value(kind, shards, group):
         net.w[group.index(1)] += 1.0  # one replica of group 1 only: the replicas of a group share a value
     with pytest.raises(poptorch.Error, match="the replicas of a group hold different values"):
         training(x.reshape(8, 3), y.reshape(8))
+
+
+def test_the_profile_records_which_replica_ran_what():
+    net = GroupedLinear(2)
+    opts = _opts(4)
+    opts.Training.gradientAccumulation(2)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Consecutive,
+        2,
+    )
+    training(torch.ones(16, 3), torch.ones(16))
+    replication = json.loads(training.profile.to_json())["replication"]
+    timeline = replication["timeline"]
+    runs = [(e["replica"], e["program"], e.get("micro_batch")) for e in timeline if e["lane"] != "all-reduce"]
+    expected = [
+        (r, program, a) for r in range(4) for program, a in [("accumulate", 0), ("accumulate", 1), ("apply", None)]
+    ]
+    assert runs == expected
+    collective = [e for e in timeline if e["lane"] == "all-reduce"]
+    assert [e["collective"] for e in collective] == [level["name"] for level in replication["all_reduce"]["levels"]]
+    assert collective[0]["start"] == replication["replica_step_cycles"]

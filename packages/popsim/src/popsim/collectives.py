@@ -116,3 +116,39 @@ def grouped_all_reduce(target, parts, replicas, ipus_per_replica=1):
         prefix = "" if size == replicas else f"groups of {size}: "
         levels.extend(Level(prefix + level.name, *astuple(level)[1:]) for level in reduce.levels)
     return AllReduce(replicas, sum(part[0] for part in parts), tuple(levels))
+
+
+def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process, ipus_per_replica=1):
+    """Who ran what in one training step of ``replicas`` replicas working at once, as timeline entries
+    (``start`` and ``cycles`` from the step's start): every replica's ``runs`` (a list of (program, cycles),
+    one per micro-batch) one after another, then the levels of the ``all_reduce`` over every replica, then
+    each replica's ``optimizer`` (program, cycles). A replica entry names its process (``replicas_per_process``
+    replicas each) and the IPUs it occupies."""
+    entries = []
+    replica_cycles = sum(cycles for _, cycles in runs)
+    ends_at = replica_cycles + all_reduce.cycles
+    for replica in range(replicas):
+        place = {
+            "lane": f"replica {replica}",
+            "replica": replica,
+            "process": replica // replicas_per_process,
+            "ipus": list(range(replica * ipus_per_replica, (replica + 1) * ipus_per_replica)),
+        }
+        start = 0
+        for micro_batch, (program, cycles) in enumerate(runs):
+            entries.append({**place, "program": program, "micro_batch": micro_batch, "start": start, "cycles": cycles})
+            start += cycles
+        entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
+    start = replica_cycles
+    for level in all_reduce.levels:
+        entries.append(
+            {
+                "lane": "all-reduce",
+                "collective": level.name,
+                "members": level.members,
+                "start": start,
+                "cycles": level.cycles,
+            }
+        )
+        start += level.cycles
+    return entries

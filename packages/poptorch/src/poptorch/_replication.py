@@ -40,8 +40,14 @@ def all_reduce_cycles(exe, programs, options, groupings):
     parts = [(nbytes, size, stride) for (size, stride), nbytes in parts.items()]
     reduce = collectives.grouped_all_reduce(target, parts, replicas, ipus_per_replica=target.num_ipus)
     per_program = exe.profile.programs
-    replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
-    exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
+    micro_batch = (programs.micro_batch, per_program[programs.micro_batch]["total_cycles"])
+    runs = [micro_batch] * options.Training.gradient_accumulation
+    optimizer = (programs.step, per_program[programs.step]["total_cycles"])
+    exe.profile.add_replication(replicas, sum(cycles for _, cycles in runs), reduce, optimizer[1])
+    # Which replica (of which process, on which IPUs) ran what, and the collectives between them.
+    exe.profile.replication["timeline"] = collectives.replica_timeline(
+        replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
+    )
     return reduce.cycles
 
 
