@@ -112,8 +112,9 @@ def _eager_grouped():
     return torch.stack(losses), model, optimizer
 
 
-def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_process(tmp_path):
-    results = _launch(tmp_path, "grouped", timeout_seconds=120)
+@pytest.mark.parametrize("reduction", ["post", "running"])
+def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_process(tmp_path, reduction):
+    results = _launch(tmp_path, "grouped", timeout_seconds=120, reduction=reduction)
     for code, _, err in results:
         assert code == 0, err[-3000:]
     runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
