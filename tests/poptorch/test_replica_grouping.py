@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import poptorch
+from poptorch import _replication
+from poptorch.options import replica_groups
 
 
 class Scale(torch.nn.Module):
@@ -328,3 +330,22 @@ def test_the_profile_records_which_replica_ran_what():
     collective = [e for e in timeline if e["lane"] == "all-reduce"]
     assert [e["collective"] for e in collective] == [level["name"] for level in replication["all_reduce"]["levels"]]
     assert collective[0]["start"] == replication["replica_step_cycles"]
+
+
+def test_running_means_of_a_group_spread_unevenly_over_processes_are_refused():
+    opts = _opts(3)
+    opts.Distributed.configureProcessId(0, 2)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    # 6 replicas in groups of 2: group 1 (replicas 2, 3) has one replica on each process, group 0 both on
+    # process 0: their running means are averaged over 2 and 1 processes.
+    groups = replica_groups("test", poptorch.CommGroupType.Consecutive, 2, 6)
+    assert _replication._gradient_scale("w", groups, opts).tolist() == [2.0, 1.0, 2.0]
+    # Groups of 4: group 0 has 3 replicas on process 0 and 1 on process 1.
+    groups = replica_groups("test", poptorch.CommGroupType.Consecutive, 4, 12)
+    opts = _opts(3)
+    opts.Distributed.configureProcessId(0, 4)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    with pytest.raises(
+        poptorch.Error, match=r"group 0 spreads unevenly over the processes \(replicas per process: \{0: 3, 1: 1\}"
+    ):
+        _replication._gradient_scale("w", groups, opts)

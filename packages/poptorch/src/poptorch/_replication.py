@@ -5,6 +5,7 @@ the cycle figures treat them as ``replicationFactor x numProcesses`` sets of IPU
 step costs one replica's micro-batches, the gradient all-reduce (``popsim.collectives``) and the optimizer.
 """
 
+import collections
 import contextlib
 
 import numpy as np
@@ -174,22 +175,35 @@ def grouped_names(groupings, options):
     return set(_groups_of(groupings, global_replicas(options)))
 
 
-def _gradient_scale(of_replica, options):
-    """The factor turning a grouped parameter's reduced accumulator into its group's gradient.
+def _gradient_scale(name, of_replica, options):
+    """Per group, the factor turning grouped parameter ``name``'s reduced accumulator into its group's
+    gradient.
 
     The step treats an accumulator as every replica's: with Post it divides the sum by every replica's
     micro-batches, where a group's sum comes from its own (a factor of the group count); with Running each
     process's accumulator is the mean over its micro-batches of the group (the group's own count) and the
     step divides their sum by the process count, of which only the processes running the group's replicas
-    contribute (the groups are alike, so group 0 tells).
+    contribute.
     """
+    groups = max(of_replica) + 1
     if options.Training.accumulation_and_replication_reduction_type != ReductionType.Mean:
-        return 1
-    if options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
-        local = options.replication_factor
-        owners = {replica // local for replica, group in enumerate(of_replica) if group == 0}
-        return options.Distributed.numProcesses / len(owners)
-    return max(of_replica) + 1
+        return np.ones(groups)
+    if options.Training.mean_reduction_strategy != MeanReductionStrategy.Running:
+        return np.full(groups, float(groups))
+    local = options.replication_factor
+    scale = np.empty(groups)
+    for group in range(groups):
+        per_process = collections.Counter(r // local for r, g in enumerate(of_replica) if g == group)
+        if len(set(per_process.values())) > 1:
+            # Averaging the processes' running means would weigh their replicas unequally.
+            raise Error(
+                f"Parameter '{name}' has a replicaGrouping whose group {group} spreads unevenly over the "
+                f"processes (replicas per process: {dict(per_process)}): with MeanReductionStrategy.Running "
+                "every process running a group's replicas must run as many of them as the others. Choose a "
+                "group size and replicationFactor that divide evenly, or use MeanReductionStrategy.Post"
+            )
+        scale[group] = options.Distributed.numProcesses / len(per_process)
+    return scale
 
 
 def _groups_of(groupings, replicas):
@@ -245,7 +259,7 @@ class GroupedParameters:
     def __init__(self, of_replica, scale, settings=None, first_replica=0):
         self.of_replica = of_replica  # device variable -> group index of each replica of every process
         self.settings = dict(settings or {})  # the per_replica_params compiled with
-        self.scale = scale  # device variable -> factor turning a group's reduced gradient into the step's
+        self.scale = scale  # accumulator -> per group, the factor turning its reduced value into the step's
         self.first_replica = first_replica  # this process's replica 0 among every process's replicas
         self.values = {}
         self.loaded = dict.fromkeys(of_replica, 0)
@@ -266,7 +280,7 @@ class GroupedParameters:
             initial[name] = np.zeros(graph.input(name).shape, dtype=graph.input(name).dtype.numpy)
             if name in programs.trained:
                 accumulator = _training.accumulator_name(name)
-                scale[accumulator] = _gradient_scale(groups_of_name, options)
+                scale[accumulator] = _gradient_scale(name, groups_of_name, options)
                 count = _training.running_count_name(name)
                 variables = [accumulator, *slots.get(name, {}).values()]
                 if count in programs.initial:  # MeanReductionStrategy.Running: the group counts its micro-batches
@@ -353,8 +367,9 @@ class GroupedParameters:
             for variable, count in counts.items():
                 if group < count:
                     self._load(exe, variable, group)
-                    if self.scale.get(variable, 1) != 1:
-                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * self.scale[variable])
+                    factor = self.scale[variable][group] if variable in self.scale else 1
+                    if factor != 1:
+                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * factor)
             done = {v: np.array(exe.read_variable(v)) for v, count in counts.items() if group >= count and v in updated}
             for name, value in before.items() if after is not None else ():
                 exe.write_variable(name, value)
