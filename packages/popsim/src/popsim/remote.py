@@ -10,7 +10,6 @@ peak tile memory goes down.
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,13 +23,10 @@ from popsim.mapping import TileMapping
 STREAMING_BYTES_PER_SECOND = 20e9
 
 
-@dataclass
 class RemoteCopy(Copy):
-    """A transfer between streaming memory and tile memory: ``load`` (remote variable -> tile buffer) or a
-    store (tile tensor -> remote variable). The engine runs it as byte copies; it is costed as one
-    streaming-memory transfer (see ``transfer``)."""
-
-    load: bool = True
+    """A transfer between streaming memory and tile memory: a load (remote storage -> tile buffer) or a store
+    (tile tensor -> remote storage). The engine runs it as byte copies; it is costed as one streaming-memory
+    transfer (see ``transfer_cycles``)."""
 
 
 def is_remote(dg, tensor):
@@ -41,26 +37,24 @@ def is_remote(dg, tensor):
 def load(dg, var, where, name):
     """A fresh tile buffer (linear on ``where``, a Target view) that a load fills from remote ``var`` now."""
     buffer = dg.add_tensor(var.shape, var.dtype, TileMapping.linear(var.size, var.itemsize, where), name)
-    dg.program.append(RemoteCopy(name, buffer, [var], np.arange(var.size), dg.origin, load=True))
+    dg.program.append(RemoteCopy(name, buffer, [var], np.arange(var.size), dg.origin))
     return buffer
 
 
 def store(dg, var, value):
     """Write tile tensor ``value`` back to remote variable ``var``."""
-    dg.program.append(RemoteCopy(f"remote store {var.name}", var, [value], np.arange(var.size), dg.origin, load=False))
+    dg.program.append(RemoteCopy(f"remote store {var.name}", var, [value], np.arange(var.size), dg.origin))
 
 
 def load_operands(dg, args, where):
     """``args`` with each remote variable among them replaced by one freshly loaded tile buffer."""
-    loaded = {}
+    buffers = {}  # remote storage -> its buffer: one load per storage, whatever aliases read it
     out = []
     for a in args:
         if getattr(a, "storage", None) is not None and is_remote(dg, a):
-            key = id(a)
-            if key not in loaded:
-                buffer = load(dg, a.storage, where, f"remote load {a.storage.name}")
-                loaded[key] = buffer if a is a.storage else dg.alias(buffer, a.shape)
-            a = loaded[key]
+            if a.storage not in buffers:
+                buffers[a.storage] = load(dg, a.storage, where, f"remote load {a.storage.name}")
+            a = buffers[a.storage] if a is a.storage else dg.alias(buffers[a.storage], a.shape)
         out.append(a)
     return out
 
@@ -153,7 +147,7 @@ class Spiller:
             label = v.name or f"{v.producer.op} %{v.id}"  # the popir value, as profiles name it
             storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, label, "variable")
             self.dg.remote.add(storage)
-            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), v.producer, load=False)
+            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), v.producer)
             self.dg.program.append(step)
             self.spilled[v.id] = storage
 
