@@ -44,7 +44,8 @@ def _check_supported(graphs):
 def _check_fits(graphs, target, relax_memory, remote=()):
     """Refuse, from sizes alone and before any planning, a program set whose variables plus one program's
     streamed inputs exceed the tile memory of ``target`` (with ``relax_memory``, what the simulator can
-    address). Both are always resident at once; intermediates are not counted (fusion and aliasing may keep
+    address); variables named in ``remote`` live in streaming memory and do not count. Both are always resident
+    at once; intermediates are not counted (fusion and aliasing may keep
     them off the tiles), so this is a lower bound and the allocator still has the last word."""
     variables = {
         v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input" and v.name not in remote
