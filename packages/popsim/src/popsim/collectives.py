@@ -123,10 +123,11 @@ def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process
     (``start`` and ``cycles`` from the step's start): every replica's ``runs`` (a list of (program, cycles),
     one per micro-batch) one after another, then the levels of the ``all_reduce`` over every replica, then
     each replica's ``optimizer`` (program, cycles). A replica entry names its process (``replicas_per_process``
-    replicas each) and the IPUs it occupies."""
+    replicas each) and the IPUs it occupies. Inference has no ``all_reduce`` nor ``optimizer`` (None)."""
     entries = []
     replica_cycles = sum(cycles for _, cycles in runs)
-    ends_at = replica_cycles + all_reduce.cycles
+    levels = all_reduce.levels if all_reduce is not None else ()
+    ends_at = replica_cycles + sum(level.cycles for level in levels)
     for replica in range(replicas):
         place = {
             "lane": f"replica {replica}",
@@ -138,9 +139,10 @@ def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process
         for micro_batch, (program, cycles) in enumerate(runs):
             entries.append({**place, "program": program, "micro_batch": micro_batch, "start": start, "cycles": cycles})
             start += cycles
-        entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
+        if optimizer is not None:
+            entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
     start = replica_cycles
-    for level in all_reduce.levels:
+    for level in levels:
         entries.append(
             {
                 "lane": "all-reduce",

@@ -25,10 +25,14 @@ def global_replicas(options):
 
 def all_reduce_cycles(exe, programs, options, groupings):
     """Cycles of the gradient all-reduce of each training step (0 without one), recorded in the profile
-    with one replica's work per step. A parameter grouped by ``groupings`` (its ``replicaGrouping``) is
-    reduced within its groups only, over the links between its group's replicas."""
+    with one replica's work per step (inference: the replicas' runs of a call, no collective). A parameter
+    grouped by ``groupings`` (its ``replicaGrouping``) is reduced within its groups only, over the links
+    between its group's replicas."""
     replicas = global_replicas(options)
-    if programs.step is None or replicas == 1:
+    if replicas == 1:
+        return 0
+    if programs.step is None:
+        _profile_inference(exe, programs, options, replicas)
         return 0
     grouped = _groups_of(groupings, replicas)
     parts = {}  # (group size, stride) -> gradient bytes
@@ -50,6 +54,17 @@ def all_reduce_cycles(exe, programs, options, groupings):
         replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
     )
     return reduce.cycles
+
+
+def _profile_inference(exe, programs, options, replicas):
+    """The profile's replication section of an inference call: every replica runs its ``deviceIterations``
+    micro-batches at the same time as the others; no collective joins them."""
+    cycles = exe.profile.programs[programs.micro_batch]["total_cycles"]
+    runs = [(programs.micro_batch, cycles)] * options.device_iterations
+    exe.profile.add_replication(replicas, cycles * len(runs))
+    exe.profile.replication["timeline"] = collectives.replica_timeline(
+        replicas, runs, None, None, options.replication_factor, exe.profile.target.num_ipus
+    )
 
 
 def _group_shape(of_replica):
