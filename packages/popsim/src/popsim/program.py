@@ -276,7 +276,7 @@ class _Flattener:
         rows = _exchange.copy_runs(src_addr, dst_addr, step.dst.itemsize)
         if not len(rows):
             return _totals()
-        nbytes = step.dst.size * step.dst.itemsize
+        nbytes = -(-step.dst.size * step.dst.itemsize // step.shards)  # a sharded storage: one replica's shard
         cycles = remote.transfer_cycles(self.target, nbytes)
         sync = self.target.bsp_sync_cycles
         self.phase(EXCHANGE, self.ncopies, self.ncopies + len(rows), cycles=cycles + sync)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from popsim import collectives
-from poptorch import _training
+from poptorch import _streaming, _training
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
 from poptorch.options import replica_groups
@@ -35,8 +35,11 @@ def all_reduce_cycles(exe, programs, options, groupings):
         _profile_inference(exe, programs, options, replicas)
         return 0
     grouped = _groups_of(groupings, replicas)
+    sharded = _sharded_parameters(programs, options, replicas, grouped)
     parts = {}  # (group size, stride) -> gradient bytes
     for name in programs.trained:
+        if name in sharded:
+            continue
         nbytes = programs.initial[_training.accumulator_name(name)].nbytes
         key = _group_shape(grouped[name]) if name in grouped else (replicas, 1)
         parts[key] = parts.get(key, 0) + nbytes
@@ -44,6 +47,11 @@ def all_reduce_cycles(exe, programs, options, groupings):
     target = exe.profile.target
     parts = [(nbytes, size, stride) for (size, stride), nbytes in parts.items()]
     reduce = collectives.grouped_all_reduce(target, parts, replicas, ipus_per_replica=target.num_ipus)
+    if sharded:
+        grad_bytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in sharded)
+        weight_bytes = sum(sharded.values())
+        update = collectives.sharded_update(target, grad_bytes, weight_bytes, replicas, target.num_ipus)
+        reduce = collectives.AllReduce(replicas, reduce.nbytes + grad_bytes, reduce.levels + update.levels)
     per_program = exe.profile.programs
     micro_batch = (programs.micro_batch, per_program[programs.micro_batch]["total_cycles"])
     runs = [micro_batch] * options.Training.gradient_accumulation
@@ -54,6 +62,21 @@ def all_reduce_cycles(exe, programs, options, groupings):
         replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
     )
     return reduce.cycles
+
+
+def _sharded_parameters(programs, options, replicas, grouped):
+    """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas."""
+    variables = {v.name: v for g in programs.graphs.values() for v in g.inputs}
+    shards = _streaming.sharded_variables(programs.graphs, options, replicas)
+    names = _streaming.sharded_parameters(programs.trained, shards)
+    both = sorted(set(names) & set(grouped))
+    if both:
+        raise Error(
+            f"{both[0]} has a replicaGrouping and its optimizer state is sharded over replicas "
+            "(useReplicatedTensorSharding): sharding a grouped parameter's state is not modelled by the simulated "
+            "IPU; drop the grouping or the sharding"
+        )
+    return {name: variables[name].type.nbytes for name in names}
 
 
 def _profile_inference(exe, programs, options, replicas):
