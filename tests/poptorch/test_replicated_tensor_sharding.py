@@ -144,3 +144,22 @@ def test_sharding_that_is_not_modelled_is_refused():
             getattr(locations, setter)(off_chip)
     assert locations.setOptimizerLocation(off_chip).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
+
+
+def test_lamb_all_reduces_the_norms_of_sharded_updates(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    results = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        trained = poptorch.trainingModel(model, _options(sharded), poptorch.optim.LAMB(model.parameters(), lr=0.01))
+        trained(*_data())
+        results.append(([p.detach().clone() for p in trained.parameters()], trained.profile.replication))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    levels = [level["name"] for level in results[1][1]["all_reduce"]["levels"]]
+    assert levels == [
+        "IPU-Links in an IPU-M2000",
+        "reduce-scatter: IPU-Links in an IPU-M2000",
+        "norms: IPU-Links in an IPU-M2000",
+        "all-gather: IPU-Links in an IPU-M2000",
+    ]

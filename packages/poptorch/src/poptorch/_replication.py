@@ -7,6 +7,7 @@ step costs one replica's micro-batches, the gradient all-reduce (``popsim.collec
 
 import collections
 import contextlib
+from dataclasses import astuple
 
 import numpy as np
 import torch
@@ -17,17 +18,21 @@ from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, 
 from poptorch.errors import Error
 from poptorch.options import replica_groups
 
+FLOAT32_BYTES = 4
+
 
 def global_replicas(options):
     """The replicas of every process: ``replicationFactor`` is the replicas of one process."""
     return options.replication_factor * options.Distributed.numProcesses
 
 
-def all_reduce_cycles(exe, programs, options, groupings):
+def all_reduce_cycles(exe, programs, options, groupings, spec=None):
     """Cycles of the gradient all-reduce of each training step (0 without one), recorded in the profile
     with one replica's work per step (inference: the replicas' runs of a call, no collective). A parameter
     grouped by ``groupings`` (its ``replicaGrouping``) is reduced within its groups only, over the links
-    between its group's replicas."""
+    between its group's replicas. A parameter whose optimizer state is sharded over the replicas has its
+    gradient reduce-scattered and its new value all-gathered, plus the all-reduce of the norms that optimizer
+    ``spec`` (LAMB, gradient clipping) takes over the whole tensors."""
     replicas = global_replicas(options)
     if replicas == 1:
         return 0
@@ -51,7 +56,12 @@ def all_reduce_cycles(exe, programs, options, groupings):
         grad_bytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in sharded)
         weight_bytes = sum(sharded.values())
         update = collectives.sharded_update(target, grad_bytes, weight_bytes, replicas, target.num_ipus)
-        reduce = collectives.AllReduce(replicas, reduce.nbytes + grad_bytes, reduce.levels + update.levels)
+        norms = collectives.all_reduce(target, _norm_bytes(spec, len(sharded)), replicas, target.num_ipus)
+        levels = [collectives.Level("norms: " + level.name, *astuple(level)[1:]) for level in norms.levels]
+        scatter = [level for level in update.levels if not level.after_update]
+        gather = [level for level in update.levels if level.after_update]
+        levels = (*reduce.levels, *scatter, *levels, *gather)
+        reduce = collectives.AllReduce(replicas, reduce.nbytes + grad_bytes, levels)
     per_program = exe.profile.programs
     micro_batch = (programs.micro_batch, per_program[programs.micro_batch]["total_cycles"])
     runs = [micro_batch] * options.Training.gradient_accumulation
@@ -62,6 +72,14 @@ def all_reduce_cycles(exe, programs, options, groupings):
         replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
     )
     return reduce.cycles
+
+
+def _norm_bytes(spec, sharded):
+    """Bytes of the partial norms the replicas all-reduce when ``sharded`` parameters' updates are sharded: a
+    float32 sum of squares for gradient clipping, and LAMB's two norms per parameter (weight and update)."""
+    if spec is None:
+        return 0
+    return FLOAT32_BYTES * ((spec.max_grad_norm is not None) + (2 * sharded if spec.kind == "lamb" else 0))
 
 
 def _sharded_parameters(programs, options, replicas, grouped):
