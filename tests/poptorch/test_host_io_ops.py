@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import popsim
 import poptorch
 
 
@@ -109,7 +110,6 @@ def test_training_through_a_multiconv_matches_eager():
     ("setting", "refused"),
     [
         (lambda m: m.planType(poptorch.MultiConvPlanType.Parallel), r"planType\(MultiConvPlanType.Parallel\)"),
-        (lambda m: m.availableMemoryProportions([0.5, 0.2]), r"availableMemoryProportions\(\[0.5, 0.2\]\)"),
         (lambda m: m.partialsTypes(torch.half), r"partialsTypes\(torch.float16\)"),
         (lambda m: m.enableConvDithering(True), r"enableConvDithering\(True\)"),
         (lambda m: m.perConvReservedTiles(4), r"perConvReservedTiles\(4\)"),
@@ -121,6 +121,46 @@ def test_multiconv_settings_the_simulator_cannot_honour_run_on_the_cpu_and_are_r
     assert model(x, u).shape == ()
     with pytest.raises(poptorch.Error, match=rf"poptorch.MultiConv\(\).{refused} is not modelled"):
         poptorch.inferenceModel(model, _options())(x, u)
+
+
+WIDTH = 64
+BUDGET_TARGET = popsim.Target.small(num_tiles=16, tile_bytes=65_536)
+
+
+class _WideConvs(torch.nn.Module):
+    def __init__(self, proportions):
+        super().__init__()
+        self.proportions = proportions
+        self.a, self.b = torch.nn.Conv2d(WIDTH, WIDTH, 1), torch.nn.Conv2d(WIDTH, WIDTH, 1)
+
+    def forward(self, x, u):
+        multi_conv = poptorch.MultiConv()
+        if self.proportions is not None:
+            multi_conv.availableMemoryProportions(self.proportions)
+        with multi_conv:
+            return self.a(x), self.b(u)
+
+
+def _budgeted_cycles(monkeypatch, model, x, u):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: BUDGET_TARGET)
+    executor = poptorch.inferenceModel(model, _options())
+    for ours, eager in zip(executor(x, u), model(x, u)):
+        torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-4)
+    cycles = executor.profile.programs["inference"]["total_cycles"]
+    executor.destroy()
+    return cycles
+
+
+def test_multiconv_available_memory_proportions_bound_each_convolution_s_plan(monkeypatch):
+    torch.manual_seed(0)
+    x, u = torch.randn(1, WIDTH, 8, 8), torch.randn(1, WIDTH, 8, 8)
+    models = {str(p): _WideConvs(p) for p in (0.9, [0.05, 0.9], [0.05, 0.05], 0.05)}
+    for model in models.values():
+        model.load_state_dict(models["0.9"].state_dict())
+    cycles = {p: _budgeted_cycles(monkeypatch, model, x, u) for p, model in models.items()}
+    # A tighter budget on one convolution gives it a slower plan; on both, both are slower; one value
+    # applies to every convolution of the scope.
+    assert cycles["0.9"] < cycles["[0.05, 0.9]"] < cycles["[0.05, 0.05]"] == cycles["0.05"]
 
 
 def test_per_convolution_settings_must_match_the_scope_s_convolutions():

@@ -9,6 +9,7 @@ is refused with an error saying it is not modelled, never accepted and ignored.
 import torch
 from torch.overrides import TorchFunctionMode
 
+from poptorch import _memory
 from poptorch._executor_api import isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
@@ -67,7 +68,9 @@ class CPU:
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), without dithering, accumulating in float32.
+# runs them one after another (a serial plan), without dithering, accumulating in float32. Each convolution's
+# available-memory proportion is honoured by its own plan (any value).
+_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
     "partialsTypes": (torch.float32,),
@@ -78,8 +81,6 @@ _REFUSAL_REASONS = {
     "MultiConvPlanType.Serial or leave the plan type unset",
     "partialsTypes": "convolutions accumulate in float32 on the simulated IPU; use torch.float",
     "enableConvDithering": "the simulator places convolutions without dithering; use False",
-    "availableMemoryProportions": "the simulator's convolution planner takes no temporary-memory budget; "
-    "remove the setting",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
     "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
@@ -108,21 +109,30 @@ _CONVOLUTIONS = frozenset(
 
 
 class _ConvolutionCount(TorchFunctionMode):
-    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match)."""
+    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match).
+    With ``proportions`` (one, or one per convolution), the i-th convolution's plan (and its gradients')
+    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does."""
 
-    def __init__(self):
+    def __init__(self, proportions=None):
         super().__init__()
         self.count = 0
+        self._proportions = proportions
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func in _CONVOLUTIONS
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        if func not in _CONVOLUTIONS:
+            return result
+        self.count += 1
+        if self._proportions is None or self.count > len(self._proportions) > 1:
+            return result  # a count mismatch is reported when the scope ends
+        return _memory.set_available_memory(result, self._proportions[min(self.count, len(self._proportions)) - 1])
 
 
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
-    convolutions (forward and backward), planned one by one: the settings matching that plan are accepted
+    convolutions (forward and backward), planned one by one: each plans within its
+    ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
     (``MultiConvPlanType.Serial``, float32 partials, no dithering) and any other is refused as not modelled
     when the model is captured."""
 
@@ -180,11 +190,11 @@ class MultiConv:
     def __enter__(self):
         if isRunningOnIpu():
             for name, values in self._settings.items():
-                if not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
+                if name not in _HONOURED_AS_GIVEN and not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
                     raise not_modelled(f"poptorch.MultiConv().{name}({shown})", _REFUSAL_REASONS[name])
-        self._counting = _ConvolutionCount().__enter__()
+        self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
         return self
 
     def __exit__(self, *exc):
