@@ -53,22 +53,92 @@ def test_overlap_needs_tensors_and_a_mode():
 
 
 class _WithHostOp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.cpu = poptorch.CPU(self.double, "Double")
+    """The guide's CPU op example between two device layers: the host op runs three times in a row."""
 
-    def double(self, x):
-        return x * 2.0
+    def __init__(self, on_host=True):
+        super().__init__()
+        self.first, self.last = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+        self.cpu = poptorch.CPU(self.my_cpu_op, "MyCPUOp") if on_host else self.my_cpu_op
+        self.calls = 0
+
+    def my_cpu_op(self, x):
+        self.calls += 1
+        return x * 2.0 + torch.sin(x)
 
     def forward(self, x):
-        return self.cpu(x + 1.0)
+        out = self.cpu(torch.relu(self.first(x)))
+        out = self.cpu(out)
+        return self.last(self.cpu(out))
 
 
-def test_a_host_callback_runs_on_the_cpu_and_is_refused_on_the_ipu():
+def _host_cycles(model, x, opts):
+    executor = poptorch.inferenceModel(model, opts)
+    executor(x)
+    program = executor.profile.programs["inference"]
+    executor.destroy()
+    return program["host_cycles"], [step["name"] for step in program["steps"] if step["kind"] == "host"]
+
+
+def test_a_host_callback_between_device_layers_runs_on_the_host_and_matches_eager():
+    torch.manual_seed(0)
+    model, x = _WithHostOp(), torch.randn(2 * 3, 3)
+    executor = poptorch.inferenceModel(model, _options().deviceIterations(2))
+    executor.compile(x)
+    model.calls = 0
+    out = executor(x)
+    # Three host calls in each of the call's two device iterations, none on the CPU.
+    assert model.calls == 3 * 2
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_profile_shows_each_host_callback_s_transfers():
+    torch.manual_seed(0)
+    model, x = _WithHostOp(), torch.randn(3, 3)
+    plain = _WithHostOp(on_host=False)
+    plain.load_state_dict(model.state_dict())
+    cycles, steps = _host_cycles(model, x, _options())
+    plain_cycles, plain_steps = _host_cycles(plain, x, _options())
+    assert [name.split(" ")[0] for name in steps] == ["stream-out", "host-call", "stream-in"] * 3
+    assert plain_steps == [] and cycles > plain_cycles
+
+
+class _Tuple(torch.nn.Module):
+    def __init__(self, host_function):
+        super().__init__()
+        self.cpu = poptorch.CPU(host_function, "Pair")
+
+    def forward(self, x, n):
+        a, b = self.cpu(x * 3.0, n)
+        return a + 1.0, b
+
+
+def test_a_host_callback_takes_and_returns_several_tensors_of_their_captured_dtypes():
+    def pair(x, n):
+        assert n.dtype == torch.int64
+        return x.sum(dim=1), n * 2
+
+    model, x, n = _Tuple(pair), torch.randn(2, 3), torch.tensor([1, 2])
+    ours, eager = poptorch.inferenceModel(model, _options())(x, n), model(x, n)
+    torch.testing.assert_close(ours[0], eager[0])
+    assert torch.equal(ours[1], eager[1].int())
+
+
+def test_a_host_callback_that_raises_stops_the_run_with_a_poptorch_error():
+    def broken(x, n):
+        if x.any():  # capture probes the shapes on zeros; the run's values make it raise
+            raise ValueError("no such file")
+        return x, n
+
+    model = _Tuple(broken)
+    with pytest.raises(poptorch.Error, match=r"host callback 'Pair#\d+' raised ValueError: no such file"):
+        poptorch.inferenceModel(model, _options())(torch.ones(2, 3), torch.ones(2, dtype=torch.int64))
+
+
+def test_host_callbacks_are_refused_in_training_as_in_poptorch():
     model = _WithHostOp()
-    torch.testing.assert_close(model(torch.ones(2)), torch.full((2,), 4.0))
-    with pytest.raises(poptorch.Error, match=r"poptorch.CPU\('Double'\) is not modelled"):
-        poptorch.inferenceModel(model, _options())(torch.ones(2))
+    loss = poptorch.trainingModel(torch.nn.Sequential(model, torch.nn.Flatten(0)), _options())
+    with pytest.raises(poptorch.Error, match=r"poptorch.CPU\('MyCPUOp'\): CPU ops are only supported in inference"):
+        loss(torch.ones(1, 3))
 
 
 class _Convs(torch.nn.Module):

@@ -19,6 +19,7 @@ from popsim.device_graph import (
     Copy,
     DeviceGraph,
     Execute,
+    HostCall,
     If,
     Region,
     Regions,
@@ -29,7 +30,7 @@ from popsim.device_graph import (
     Tensor,
     Vertices,
 )
-from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, HostCallbackError, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
@@ -49,6 +50,8 @@ __all__ = [
     "Error",
     "Executable",
     "Execute",
+    "HostCall",
+    "HostCallbackError",
     "If",
     "IndexRangeError",
     "Lowerer",

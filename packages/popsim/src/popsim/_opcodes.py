@@ -250,7 +250,7 @@ EXPR_SRCS = 3  # an op reads registers src, src + 1 and src + 2 of its row (a, b
 EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
 
 # Phase kinds (a phase row is (kind, a, b, c); see program.py).
-PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM")
+PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM", "HOST_CALL")
 PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
 PHASE_COLUMNS = ("kind", "a", "b", "c")
 PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}

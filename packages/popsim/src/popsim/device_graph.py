@@ -355,6 +355,26 @@ class StreamCopy:
             raise Error(f"StreamCopy {self.stream!r} needs a device Tensor, got {self.tensor!r}")
 
 
+@dataclass
+class HostCall:
+    """Call host function ``callback`` (a name registered with ``popir.register_host_callback``) in the
+    middle of a program: each tensor of ``inputs`` streams to the host, the engine stops while the host
+    runs the callback on them, and its results stream back into ``outputs``. The transfers are the
+    StreamCopy steps ``sends`` and ``receives`` (host streams named after ``name``), costed as such."""
+
+    name: str
+    callback: str
+    inputs: list
+    outputs: list
+
+    def __post_init__(self):
+        for t in [*self.inputs, *self.outputs]:
+            if not isinstance(t, Tensor):
+                raise Error(f"HostCall {self.name!r} needs device Tensors, got {t!r}")
+        self.sends = [StreamCopy(f"{self.name}.in{i}", t, False) for i, t in enumerate(self.inputs)]
+        self.receives = [StreamCopy(f"{self.name}.out{i}", t, True) for i, t in enumerate(self.outputs)]
+
+
 def children(step):
     """The sub-programs of a program step, in program order (none for ComputeSet, Copy, Execute, Sync)."""
     if isinstance(step, list):
@@ -365,6 +385,8 @@ def children(step):
         return [step.body]
     if isinstance(step, If):
         return [step.then_body] + ([step.else_body] if step.else_body is not None else [])
+    if isinstance(step, HostCall):
+        return [*step.sends, *step.receives]
     if isinstance(step, ComputeSet | Copy | Execute | Sync | StreamCopy):
         return []
     raise Error(f"not a program step: {step!r}")

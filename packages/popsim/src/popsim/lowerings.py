@@ -9,6 +9,7 @@ import numpy as np
 from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
 from popsim import cost, window
+from popsim.device_graph import HostCall
 from popsim.errors import Error
 from popsim.mapping import TileMapping
 
@@ -270,6 +271,14 @@ def _stop_gradient(lw, node, x):
 
 
 # -- movement: index maps --------------------------------------------------------------------------
+@lowering("host_call")
+def _host_call(lw, node, *inputs, callback, out_types):
+    # The results land in new tensors spread over the tiles; the first one's id names the call's streams.
+    outs = [lw.new(v.shape, v.dtype, name=f"{callback} result {i}") for i, v in enumerate(node.outputs)]
+    lw.dg.program.append(HostCall(f"host_call {callback} #{outs[0].id}", callback, list(inputs), outs))
+    return outs
+
+
 @lowering("reshape")
 def _reshape(lw, node, x, shape):
     return lw.reshape(x, shape)

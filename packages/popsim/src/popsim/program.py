@@ -11,6 +11,7 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
 - SYNC (6): an explicit sync; no work.
 - STREAM (7, slot, start, stop): a StreamCopy; stream rows start..stop-1 move one slice between host stream
   ``slot`` and tile memory.
+- HOST_CALL (8, call): the engine stops so the host runs host call ``call`` (see ``HostCall``), then resumes.
 """
 
 from types import SimpleNamespace
@@ -20,11 +21,13 @@ import numpy as np
 from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
-from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
+from popsim.device_graph import ComputeSet, Copy, Execute, HostCall, If, Repeat, StreamCopy, Sync, children
 from popsim.provenance import busy_ipus, origin_of
 
 NCOLS = oc.NCOLS
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL = (
+    oc.PHASES[n] for n in oc.PHASE_NAMES
+)
 DT = oc.DTYPE_CODES
 _TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the column of a jump's target
 
@@ -141,6 +144,7 @@ def flatten_program(target, program, block_base, streams):
         fparams=np.concatenate([*f.fparams, np.zeros(len(f.expr_rows))]),
         copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
         stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
+        host_calls=f.host_calls,
         steps=f.steps,
         totals=dict(zip(("compute", "exchange", "sync", "control", "host"), totals.tolist())),
         tile_compute=f.tile_compute,
@@ -168,6 +172,7 @@ class _Flattener:
         self.target = target
         self.streams = streams
         self.stream_rows = []
+        self.host_calls = []  # {"callback", "sends", "receives"} of each HOST_CALL phase's call
         self.block_base = block_base
         self.phases, self.cycles, self.fparams, self.copies, self.steps = [], [], [], [], []
         self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
@@ -220,6 +225,8 @@ class _Flattener:
             return self.repeat(step)
         if isinstance(step, If):
             return self.branch(step)
+        if isinstance(step, HostCall):
+            return self.host_call(step)
         return sum((self.emit(child) for child in children(step)), _totals())
 
     def repeat(self, step):
@@ -265,6 +272,15 @@ class _Flattener:
         direction = "in" if step.to_device else "out"
         self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
         return _totals(sync=sync, host=host)
+
+    def host_call(self, step):
+        """The inputs stream out, the host runs the callback while the tiles wait, the results stream in."""
+        sent = sum((self.stream(s) for s in step.sends), _totals())
+        names = {"sends": [s.stream for s in step.sends], "receives": [s.stream for s in step.receives]}
+        self.host_calls.append({"callback": step.callback, **names})
+        self.phase(HOST_CALL, len(self.host_calls) - 1)
+        self.steps.append({"name": f"host-call {step.callback}", "kind": "host", "cycles": 0})
+        return sum((self.stream(s) for s in step.receives), sent)
 
     def compute_set(self, step):
         if not step.batches:

@@ -359,6 +359,7 @@ def _check_phase(p, kind, a, b, c, flat, num_phases, num_rows, arena_bytes, num_
         ph["LOOP_BACK"]: 0 <= a < flat.num_counters and 0 <= b <= num_phases,
         ph["SYNC"]: True,
         ph["STREAM"]: 0 <= a < num_streams and 0 <= b <= c <= len(flat.stream_rows),
+        ph["HOST_CALL"]: 0 <= a < len(getattr(flat, "host_calls", ())),
     }
     if kind not in within:
         _fail(f"phase {p} has unknown kind {kind}")

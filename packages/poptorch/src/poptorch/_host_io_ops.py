@@ -2,15 +2,21 @@
 ``set_overlap_for_output``, ``CPU`` host callbacks and ``MultiConv``.
 
 Each runs as PopTorch's does on the CPU. Captured for the simulated IPU, what the simulator models is real
-(``OverlapMode.NoOverlap`` marks nothing; ``MultiConv``'s convolutions run as ordinary ones), and the rest
-is refused with an error saying it is not modelled, never accepted and ignored.
+(``OverlapMode.NoOverlap`` marks nothing; a ``CPU`` callback becomes a popir ``host_call`` the device runs
+by streaming its inputs to the host and the results back; ``MultiConv``'s convolutions run as ordinary
+ones), and the rest is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
+import itertools
+
+import numpy as np
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
+import popir
 from poptorch import _memory
-from poptorch._executor_api import isRunningOnIpu
+from poptorch._executor_api import capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
 from poptorch.options import not_modelled
@@ -44,10 +50,32 @@ def set_overlap_for_output(output_tensors, mode):
     return _overlap("set_overlap_for_output", output_tensors, mode)
 
 
+# Each CPU op's host-callback name: its ID and a number unique in this process (two ops may share an ID).
+_CALLBACK_NUMBERS = itertools.count()
+# callback name -> the CPU op, whose function the device's host calls run (and capture asks for shapes).
+_CPU_OPS = {}
+
+
+@torch.library.custom_op("poptorch::host_call", mutates_args=())
+def _host_call(inputs: list[torch.Tensor], callback: str) -> list[torch.Tensor]:
+    return [t.clone() for t in _CPU_OPS[callback].run_on_host(inputs)]
+
+
+@_host_call.register_fake
+def _host_call_fake(inputs, callback):
+    # As PopTorch does, the function runs once on zeros of the inputs' shapes to learn its results' shapes.
+    with unset_fake_temporarily():
+        zeros = [torch.zeros(t.shape, dtype=t.dtype) for t in inputs]
+        results = _CPU_OPS[callback].run_on_host(zeros)
+    return [torch.empty(r.shape, dtype=r.dtype) for r in results]
+
+
 class CPU:
     """Run ``layer_to_call`` on the host in the middle of a model (PopTorch: inference only). On the CPU the
-    call goes straight through; captured for the simulated IPU it is refused, as the simulator does not
-    stream values to a host callback in the middle of a program."""
+    call goes straight through. In a model captured for the simulated IPU it is a host callback: the device
+    streams the arguments (tensors) to the host, stops while the host runs the function, and streams its
+    results (a tensor or a list / tuple of them) back; the profile shows both transfers. A function that
+    raises stops the run with a ``poptorch.Error``."""
 
     def __init__(self, layer_to_call, ID):  # noqa: N803 - PopTorch's argument name
         if not callable(layer_to_call):
@@ -56,15 +84,40 @@ class CPU:
             layer_to_call.requires_grad_(False)
         self._layer_to_call = layer_to_call
         self._ID = ID
+        self._callback = f"{ID}#{next(_CALLBACK_NUMBERS)}"
+        self._input_dtypes = None
+        self._returns_sequence = False
+
+    def run_on_host(self, inputs):
+        """The function's results (a list of tensors) for a list of input tensors, without gradients."""
+        with torch.no_grad():
+            results = self._layer_to_call(*inputs)
+        self._returns_sequence = isinstance(results, list | tuple)
+        results = list(results) if self._returns_sequence else [results]
+        if not results or not all(isinstance(r, torch.Tensor) for r in results):
+            raise Error(f"poptorch.CPU({self._ID!r}): the function must return a tensor or a list of tensors")
+        return results
+
+    def _run_arrays(self, *arrays):
+        # The device holds int64 as int32: the function sees the dtypes it was captured with.
+        inputs = [torch.from_numpy(np.array(a)).to(dtype) for a, dtype in zip(arrays, self._input_dtypes)]
+        return [r.detach().numpy() for r in self.run_on_host(inputs)]
 
     def __call__(self, *args, **kwargs):
-        if isRunningOnIpu():
-            raise not_modelled(
-                f"poptorch.CPU({self._ID!r})",
-                "host callbacks in the middle of a program are not simulated; run the host code before or "
-                "after the model's call",
+        if not isRunningOnIpu():
+            return self._layer_to_call(*args, **kwargs)
+        if capturing_training():
+            raise Error(
+                f"poptorch.CPU({self._ID!r}): CPU ops are only supported in inference graphs, as in PopTorch; "
+                "run the host code before or after the training model's call"
             )
-        return self._layer_to_call(*args, **kwargs)
+        if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
+            raise Error(f"poptorch.CPU({self._ID!r}): on the IPU the arguments must be tensors, passed by position")
+        self._input_dtypes = [a.dtype for a in args]
+        _CPU_OPS[self._callback] = self
+        popir.ops.register_host_callback(self._callback, self._run_arrays)
+        results = _host_call(list(args), self._callback)
+        return results if self._returns_sequence else results[0]
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
