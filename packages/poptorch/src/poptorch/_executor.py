@@ -251,7 +251,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             try:
                 with (
                     excluding_sources(self._options.source_location_excludes),
-                    _executor_api.running_on_ipu(self._training),
+                    _executor_api.running_on_ipu(self._training, self._options),
                     _blocks.recording(self._options.execution_strategy),
                 ):
                     with _replication.per_replica_parameters(

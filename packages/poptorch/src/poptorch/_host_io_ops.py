@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 import popir
 from poptorch import _memory
-from poptorch._executor_api import capturing_training, isRunningOnIpu
+from poptorch._executor_api import capturing_options, capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
 from poptorch.options import not_modelled
@@ -121,18 +121,19 @@ class CPU:
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), without dithering, accumulating in float32. Each convolution's
-# available-memory proportion is honoured by its own plan (any value).
+# runs them one after another (a serial plan), without dithering, accumulating in the model's partials type
+# (Precision.setPartialsType). Each convolution's available-memory proportion is honoured by its own plan.
 _HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
-    "partialsTypes": (torch.float32,),
     "enableConvDithering": (False,),
 }
+_PARTIALS_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _REFUSAL_REASONS = {
     "planType": "the simulator plans each convolution alone and runs them one after another; use "
     "MultiConvPlanType.Serial or leave the plan type unset",
-    "partialsTypes": "convolutions accumulate in float32 on the simulated IPU; use torch.float",
+    "partialsTypes": "the simulated IPU accumulates every convolution in the model's partials type "
+    "(Precision.setPartialsType, here {partials}); give that type or change it with setPartialsType",
     "enableConvDithering": "the simulator places convolutions without dithering; use False",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
@@ -146,6 +147,13 @@ def _per_conv(name, value, accepts, what):
     if not values or not all(accepts(v) for v in values):
         raise Error(f"MultiConv.{name} takes {what} or a non-empty list of them (one per convolution), got {value!r}")
     return tuple(values)
+
+
+def _modelled_settings():
+    """The accepted values of each MultiConv setting in the model being captured."""
+    options = capturing_options()
+    partials = _PARTIALS_DTYPES[options.Precision.partials_type] if options is not None else torch.float32
+    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,)}
 
 
 def _shown(value):
@@ -186,8 +194,8 @@ class MultiConv:
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
     convolutions (forward and backward), planned one by one: each plans within its
     ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
-    (``MultiConvPlanType.Serial``, float32 partials, no dithering) and any other is refused as not modelled
-    when the model is captured."""
+    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, no dithering)
+    and any other is refused as not modelled when the model is captured."""
 
     def __init__(self):
         self._settings = {}
@@ -242,11 +250,13 @@ class MultiConv:
 
     def __enter__(self):
         if isRunningOnIpu():
+            modelled = _modelled_settings()
             for name, values in self._settings.items():
-                if name not in _HONOURED_AS_GIVEN and not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
+                if name not in _HONOURED_AS_GIVEN and not all(v in modelled.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
-                    raise not_modelled(f"poptorch.MultiConv().{name}({shown})", _REFUSAL_REASONS[name])
+                    reason = _REFUSAL_REASONS[name].format(partials=_shown(modelled["partialsTypes"][0]))
+                    raise not_modelled(f"poptorch.MultiConv().{name}({shown})", reason)
         self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
         return self
 
