@@ -13,6 +13,9 @@ from popir.ops._infer import numpy_dtype
 from popir.registry import defop
 
 _CALLBACKS = {}
+# Ops with an effect on the host: each node runs at run time, once per execution, so passes neither merge
+# two of them nor evaluate one at compile time.
+HOST_OPS = frozenset({"host_call"})
 
 
 def register_host_callback(name, fn):
