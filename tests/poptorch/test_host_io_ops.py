@@ -102,6 +102,30 @@ def test_the_profile_shows_each_host_callback_s_transfers():
     assert plain_steps == [] and cycles > plain_cycles
 
 
+class _HostLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.host_layer = torch.nn.Linear(3, 3)
+        self.cpu = poptorch.CPU(self.host_layer, "HostLayer")
+
+    def forward(self, x):
+        return self.cpu(x * 2.0) + 1.0
+
+
+def test_a_copied_model_s_host_callback_runs_its_own_function():
+    model = _HostLayer()
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        copied.host_layer.weight.mul_(-3.0)
+    x = torch.randn(2, 3)
+    executors = [poptorch.inferenceModel(m, _options()) for m in (model, copied)]
+    for executor in executors:
+        executor.compile(x)
+    outputs = [executor(x) for executor in executors]
+    torch.testing.assert_close(outputs[0], model(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outputs[1], copied(x), rtol=1e-5, atol=1e-5)
+
+
 class _Tuple(torch.nn.Module):
     def __init__(self, host_function):
         super().__init__()
@@ -130,7 +154,7 @@ def test_a_host_callback_that_raises_stops_the_run_with_a_poptorch_error():
         return x, n
 
     model = _Tuple(broken)
-    with pytest.raises(poptorch.Error, match=r"host callback 'Pair#\d+' raised ValueError: no such file"):
+    with pytest.raises(poptorch.Error, match=r"host callback 'Pair#[0-9a-f]+' raised ValueError: no such file"):
         poptorch.inferenceModel(model, _options())(torch.ones(2, 3), torch.ones(2, dtype=torch.int64))
 
 

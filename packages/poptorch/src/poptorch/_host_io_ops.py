@@ -7,7 +7,9 @@ by streaming its inputs to the host and the results back; ``MultiConv``'s convol
 ones), and the rest is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
-import itertools
+import functools
+import uuid
+import weakref
 
 import numpy as np
 import torch
@@ -50,10 +52,21 @@ def set_overlap_for_output(output_tensors, mode):
     return _overlap("set_overlap_for_output", output_tensors, mode)
 
 
-# Each CPU op's host-callback name: its ID and a number unique in this process (two ops may share an ID).
-_CALLBACK_NUMBERS = itertools.count()
-# callback name -> the CPU op, whose function the device's host calls run (and capture asks for shapes).
-_CPU_OPS = {}
+# callback name -> the CPU op whose function the device's host calls run (and capture asks for shapes). The
+# name is the op's ID and a random token: two ops may share an ID, and a copied or unpickled op gets its own
+# name when it is captured. Weak: a host callback does not keep its model alive.
+_CPU_OPS = weakref.WeakValueDictionary()
+
+
+def _callback_name(ID):  # noqa: N803 - PopTorch's argument name
+    return f"{ID}#{uuid.uuid4().hex[:12]}"
+
+
+def _run_registered(callback, *arrays):
+    op = _CPU_OPS.get(callback)
+    if op is None:
+        raise Error(f"host callback {callback!r}: its poptorch.CPU op no longer exists; wrap the model again")
+    return op.run_arrays(*arrays)
 
 
 @torch.library.custom_op("poptorch::host_call", mutates_args=())
@@ -84,7 +97,7 @@ class CPU:
             layer_to_call.requires_grad_(False)
         self._layer_to_call = layer_to_call
         self._ID = ID
-        self._callback = f"{ID}#{next(_CALLBACK_NUMBERS)}"
+        self._callback = _callback_name(ID)
         self._input_dtypes = None
         self._returns_sequence = False
 
@@ -98,7 +111,8 @@ class CPU:
             raise Error(f"poptorch.CPU({self._ID!r}): the function must return a tensor or a list of tensors")
         return results
 
-    def _run_arrays(self, *arrays):
+    def run_arrays(self, *arrays):
+        """The function's results as NumPy arrays for NumPy arguments (the device's host call)."""
         # The device holds int64 as int32: the function sees the dtypes it was captured with.
         inputs = [torch.from_numpy(np.array(a)).to(dtype) for a, dtype in zip(arrays, self._input_dtypes)]
         return [r.detach().numpy() for r in self.run_on_host(inputs)]
@@ -114,8 +128,10 @@ class CPU:
         if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
             raise Error(f"poptorch.CPU({self._ID!r}): on the IPU the arguments must be tensors, passed by position")
         self._input_dtypes = [a.dtype for a in args]
+        if _CPU_OPS.get(self._callback, self) is not self:
+            self._callback = _callback_name(self._ID)  # a copy of another op: its own name
         _CPU_OPS[self._callback] = self
-        popir.ops.register_host_callback(self._callback, self._run_arrays)
+        popir.ops.register_host_callback(self._callback, functools.partial(_run_registered, self._callback))
         results = _host_call(list(args), self._callback)
         return results if self._returns_sequence else results[0]
 
