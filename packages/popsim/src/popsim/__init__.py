@@ -6,7 +6,7 @@ movement is an exchange the engine performs and charges for.
     exe = popsim.compile(graph_or_programs, target="ipu2")
     outputs = exe.run(feeds, program=None)
 
-A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy) compiles with
+A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy, HostCall) compiles with
 ``popsim.compile_device_graph(dg, inputs, outputs)``. ``popsim.register_lowering(op_name)`` adds the lowering
 of a popir op defined outside popir (see docs/frontends.md).
 """
