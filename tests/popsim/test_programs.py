@@ -259,3 +259,5 @@ def test_a_host_call_that_raises_stops_the_run():
     exe = popsim.compile_device_graph(dg, {"x": x}, {"y": y})
     with pytest.raises(popsim.HostCallbackError, match="host callback 'test.broken' raised RuntimeError: disk full"):
         exe.run({"x": X})
+    with pytest.raises(popsim.Error, match=r"\['broken.out0'\] are host-call streams"):
+        exe.run({"x": X, "broken.out0": np.zeros((1, N), np.float32)})

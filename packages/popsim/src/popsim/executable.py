@@ -349,6 +349,9 @@ class Executable:
             raise Error(f"num_threads must be an integer from 1 to {_kernels.MAX_THREADS}, got {self.num_threads!r}")
         feeds = dict(feeds or {})
         called = _host_call_streams(flat)
+        fed_calls = sorted(called & set(feeds))
+        if fed_calls:
+            raise Error(f"program {program!r} feeds: {fed_calls} are host-call streams (the run feeds them)")
         feeds.update(self._host_call_feeds(flat, called))
         stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device} - called
         unknown = set(feeds) - set(inputs) - stream_feeds - called
