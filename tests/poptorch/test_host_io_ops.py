@@ -126,6 +126,16 @@ def test_a_copied_model_s_host_callback_runs_its_own_function():
     torch.testing.assert_close(outputs[1], copied(x), rtol=1e-5, atol=1e-5)
 
 
+def test_an_exported_model_with_a_host_callback_loads_and_runs_its_own_function(tmp_path):
+    model, x, path = _HostLayer(), torch.randn(2, 3), str(tmp_path / "model.popef")
+    poptorch.inferenceModel(model, _options()).compileAndExport(path, x)
+    expected = model(x)
+    loaded = poptorch.load(path)
+    with torch.no_grad():
+        model.host_layer.weight.zero_()  # the original changes; the loaded copy keeps its own weights
+    torch.testing.assert_close(loaded(x), expected, rtol=1e-5, atol=1e-5)
+
+
 class _Tuple(torch.nn.Module):
     def __init__(self, host_function):
         super().__init__()

@@ -199,6 +199,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
+    ``host_callbacks`` (callback name -> function) gives this executable's own host-call functions; a name
+    not in it runs the function registered with ``popir.ops.register_host_callback``.
     ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
     skip compiling.
     """
@@ -206,6 +208,7 @@ class Executable:
     def __init__(self, target, dg, variables, lowered, relax_memory):
         self.target = target
         self.num_threads = default_threads()
+        self.host_callbacks = {}
         self._vars = variables
         self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
         overhead = _vertex_memory(target, [program for program, _, _ in lowered.values()])
@@ -434,7 +437,8 @@ class Executable:
         receives = [slice_of(name, ahead=True) for name in call["receives"]]
         out_types = [(t.shape, str(t.dtype)) for _, t in receives]
         try:
-            results = popir.ops.run_host_callback(call["callback"], arrays, out_types)
+            own = getattr(self, "host_callbacks", {}).get(call["callback"])
+            results = popir.ops.run_host_callback(call["callback"], arrays, out_types, own)
         except popir.IRError as exc:
             raise Error(str(exc)) from None
         except Exception as exc:

@@ -7,6 +7,7 @@ by streaming its inputs to the host and the results back; ``MultiConv``'s convol
 ones), and the rest is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
+import contextlib
 import functools
 import uuid
 import weakref
@@ -52,10 +53,30 @@ def set_overlap_for_output(output_tensors, mode):
     return _overlap("set_overlap_for_output", output_tensors, mode)
 
 
-# callback name -> the CPU op whose function the device's host calls run (and capture asks for shapes). The
-# name is the op's ID and a random token: two ops may share an ID, and a copied or unpickled op gets its own
-# name when it is captured. Weak: a host callback does not keep its model alive.
+# A CPU op's host-callback name is its ID and a random token (two ops may share an ID); a copied or unpickled
+# op keeps its original's name, so each executable runs the ops of its own capture (collecting_host_callbacks).
+# The ops each capture in progress meets: callback name -> op.
+_COLLECTING = []
+# callback name -> the CPU op last captured under it, for the popir interpreter. Weak: a host callback does
+# not keep its model alive.
 _CPU_OPS = weakref.WeakValueDictionary()
+
+
+@contextlib.contextmanager
+def collecting_host_callbacks():
+    """Inside, the CPU ops a capture meets gather in the yielded {callback name: op}: the executor hands
+    their functions to its executable (``host_callbacks``), so a wrapped model runs its own ops."""
+    found = {}
+    _COLLECTING.append(found)
+    try:
+        yield found
+    finally:
+        _COLLECTING.pop()
+
+
+def _op_of(callback):
+    """The CPU op named ``callback`` in the capture in progress (else the last one captured)."""
+    return _COLLECTING[-1][callback] if _COLLECTING and callback in _COLLECTING[-1] else _CPU_OPS[callback]
 
 
 def _callback_name(ID):  # noqa: N803 - PopTorch's argument name
@@ -71,7 +92,7 @@ def _run_registered(callback, *arrays):
 
 @torch.library.custom_op("poptorch::host_call", mutates_args=())
 def _host_call(inputs: list[torch.Tensor], callback: str) -> list[torch.Tensor]:
-    return [t.clone() for t in _CPU_OPS[callback].run_on_host(inputs)]
+    return [t.clone() for t in _op_of(callback).run_on_host(inputs)]
 
 
 @_host_call.register_fake
@@ -79,7 +100,7 @@ def _host_call_fake(inputs, callback):
     # As PopTorch does, the function runs once on zeros of the inputs' shapes to learn its results' shapes.
     with unset_fake_temporarily():
         zeros = [torch.zeros(t.shape, dtype=t.dtype) for t in inputs]
-        results = _CPU_OPS[callback].run_on_host(zeros)
+        results = _op_of(callback).run_on_host(zeros)
     return [torch.empty(r.shape, dtype=r.dtype) for r in results]
 
 
@@ -128,8 +149,8 @@ class CPU:
         if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
             raise Error(f"poptorch.CPU({self._ID!r}): on the IPU the arguments must be tensors, passed by position")
         self._input_dtypes = [a.dtype for a in args]
-        if _CPU_OPS.get(self._callback, self) is not self:
-            self._callback = _callback_name(self._ID)  # a copy of another op: its own name
+        if _COLLECTING:
+            _COLLECTING[-1][self._callback] = self
         _CPU_OPS[self._callback] = self
         popir.ops.register_host_callback(self._callback, functools.partial(_run_registered, self._callback))
         results = _host_call(list(args), self._callback)

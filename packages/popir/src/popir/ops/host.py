@@ -28,10 +28,11 @@ def register_host_callback(name, fn):
     _CALLBACKS[name] = fn
 
 
-def run_host_callback(name, arrays, out_types):
-    """Run host callback ``name`` on ``arrays``; its results, checked against ``out_types`` ((shape, dtype)
-    pairs) and cast to those dtypes. An exception of the callback propagates unchanged."""
-    fn = _CALLBACKS.get(name)
+def run_host_callback(name, arrays, out_types, fn=None):
+    """Run host callback ``name`` (``fn`` if given, else the function registered under ``name``) on
+    ``arrays``; its results, checked against ``out_types`` ((shape, dtype) pairs) and cast to those dtypes.
+    An exception of the callback propagates unchanged."""
+    fn = fn or _CALLBACKS.get(name)
     if fn is None:
         raise IRError(f"no host callback {name!r} is registered in this process; register_host_callback it first")
     results = fn(*arrays)
