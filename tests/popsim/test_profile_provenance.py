@@ -88,6 +88,26 @@ def test_liveness_covers_every_program_point_and_keeps_variables_resident():
     assert curves["inputs"][0] == 8 * 16 * 4
 
 
+def test_each_tiles_peak_point_is_where_its_live_tensor_bytes_peak_and_the_allocator_holds_them():
+    exe, p = _profile()
+    points = len(p["liveness"]["points"])
+    live = np.zeros((points, exe.target.num_tiles), np.int64)  # bytes live on each tile at each point
+    for t in p["tensors"]:
+        last = points - 1 if t["last"] is None else min(t["last"], points - 1)
+        for first, count, nbytes in t["tile_runs"]:
+            live[max(t["first"], 0) : last + 1, first : first + count] += nbytes
+    peaks = p["liveness"]["tile_peak_points"]
+    assert len(peaks) == exe.target.num_tiles
+    for tile, at in enumerate(peaks):
+        if not live[:, tile].any():
+            assert at is None
+            continue
+        # The earliest point of the most bytes; the allocator's peak there holds them, plus padding and gaps.
+        assert at == int(np.argmax(live[:, tile]))
+        assert live[at, tile] <= p["memory"]["tensors"][tile]
+    assert any(at is not None and at > 0 for at in peaks)
+
+
 def test_summary_names_modules_and_source_lines_and_the_json_round_trips():
     exe, _ = _profile()
     text = exe.profile.summary()

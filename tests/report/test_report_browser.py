@@ -3,6 +3,7 @@ timeline and tile heat map are drawn without console errors, clicking a tile lis
 operation table sorts, and the comparison view shows. Screenshots go to ``REPORT_ARTIFACTS`` (the nox
 session's tmp folder) or pytest's tmp_path."""
 
+import base64
 import json
 import os
 import pathlib
@@ -19,6 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 import popir
 import popsim
 import poptorch
+from popsim.provenance import CATEGORIES
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 from train_digits import ClassificationModel, ModelWithLoss  # noqa: E402
@@ -77,6 +79,18 @@ def _open(browser, path):
     )
 
 
+def _screenshot(browser, section, path):
+    """A screenshot of the whole ``section`` element, also the part below the window (Chromium's DevTools
+    capture; an element screenshot shows only what fits in the window)."""
+    box = browser.execute_script(
+        """const r = document.getElementById(arguments[0]).getBoundingClientRect();
+        return {x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height, scale: 1};""",
+        section,
+    )
+    shot = browser.execute_cdp_cmd("Page.captureScreenshot", {"clip": box, "captureBeyondViewport": True})
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
 def _errors(browser):
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -96,6 +110,26 @@ def _click_tile(browser, tile):
     )
 
 
+def _live_at_peak(program, tile):
+    """{name: bytes} of the tensors live on ``tile`` where their bytes peak (the earliest such point), from the
+    profile's live ranges."""
+    count = len(program["liveness"]["points"])
+    on_tile = []
+    for t in program["tensors"]:
+        for first, n, nbytes in t["tile_runs"]:
+            if first <= tile < first + n:
+                last = count - 1 if t["last"] is None else t["last"]
+                on_tile.append((t["name"], nbytes, range(max(t["first"], 0), last + 1)))
+    at = [sum(b for _, b, live in on_tile if point in live) for point in range(count)]
+    peak = at.index(max(at))
+    return {name: b for name, b, live in on_tile if peak in live}
+
+
+def _rows(browser, table):
+    rows = browser.find_elements(By.CSS_SELECTOR, f"#{table} tr:not(:first-child)")
+    return {r.find_element(By.CSS_SELECTOR, "td").text: r.find_elements(By.CSS_SELECTOR, "td")[2].text for r in rows}
+
+
 def _column(browser, index):
     cells = browser.find_elements(By.CSS_SELECTOR, f"#operations-table tbody tr td:nth-child({index})")
     return [int(c.text.replace(",", "")) for c in cells]
@@ -111,8 +145,8 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     # The main plot's bars, one per step (the range slider below draws a small copy).
     bars = browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .cartesianlayer .subplot.xy .barlayer .point")
     assert len(bars) == len(program["steps"])
-    browser.find_element(By.ID, "summary").screenshot(str(artifacts / "summary.png"))
-    browser.find_element(By.ID, "timeline").screenshot(str(artifacts / "timeline.png"))
+    _screenshot(browser, "summary", artifacts / "summary.png")
+    _screenshot(browser, "timeline", artifacts / "timeline.png")
 
     # The tile holding the most tensors: clicking it lists exactly those tensors.
     on_tile = {}
@@ -122,10 +156,19 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
                 on_tile.setdefault(tile, set()).add(t["name"])
     tile = max(on_tile, key=lambda k: (len(on_tile[k]), -k))
     _click_tile(browser, tile)
-    rows = browser.find_elements(By.CSS_SELECTOR, "#tile-tensors tr.tile-tensor")
-    assert {r.find_element(By.CSS_SELECTOR, "td").text for r in rows} == on_tile[tile]
+    assert set(_rows(browser, "tile-tensors")) == on_tile[tile]
     assert f"Tile {tile}:" in browser.find_element(By.ID, "tile-detail").text
-    browser.find_element(By.ID, "memory").screenshot(str(artifacts / "tile_memory.png"))
+    # The tensors live at the tile's peak, and the live-at-peak bar's categories add up to the heat map's peak:
+    # those tensors, the alignment and gaps the allocator left between them, vertex state and code.
+    live = _live_at_peak(program, tile)
+    shown = _rows(browser, "tile-peak-tensors")
+    assert shown == {name: f"{b:,}" for name, b in live.items()}
+    bars = dict(browser.execute_script('return document.getElementById("tile-chart").data.map(t => [t.name, t.x[0]])'))
+    memory = program["memory"]
+    assert sum(bars.values()) == memory["tensors"][tile] + memory["vertex_state"][tile] + memory["code"][tile]
+    assert 0 <= bars.get("alignment and gaps", 0) == memory["tensors"][tile] - sum(live.values())
+    assert sum(b for c, b in bars.items() if c in CATEGORIES) == sum(live.values())
+    _screenshot(browser, "memory", artifacts / "tile_memory.png")
 
     # Sorting the operation table by memory bytes, then back by cycles.
     browser.find_element(By.CSS_SELECTOR, '#operations-table th[data-sort="memory_bytes"]').click()
@@ -136,7 +179,7 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     assert cycles == sorted(cycles, reverse=True)
     modules = {c.text for c in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr td:first-child")}
     assert {"model.conv1", "model.conv2", "model.fc1"} <= modules
-    browser.find_element(By.ID, "operations").screenshot(str(artifacts / "operations.png"))
+    _screenshot(browser, "operations", artifacts / "operations.png")
     assert _errors(browser) == []
 
 
@@ -149,7 +192,7 @@ def test_comparison_view_in_chromium(browser, profile, artifacts, tmp_path):
     table = browser.find_element(By.ID, "compare-table").text
     assert "-50.0%" in table
     assert browser.find_elements(By.CSS_SELECTOR, "#compare-chart .barlayer .point")
-    browser.find_element(By.ID, "compare").screenshot(str(artifacts / "compare.png"))
+    _screenshot(browser, "compare", artifacts / "compare.png")
     assert _errors(browser) == []
 
 
