@@ -108,6 +108,31 @@ def test_each_tiles_peak_point_is_where_its_live_tensor_bytes_peak_and_the_alloc
     assert any(at is not None and at > 0 for at in peaks)
 
 
+def test_a_fused_compute_set_credits_every_node_it_computes():
+    g = popir.Graph("main")
+    x = g.add_input("x", (8, 16), "float32")
+    w = g.add_input("fc.weight", (16, 8), "float32", kind="parameter")
+    b = g.add_input("b", (8, 8), "float32")
+    with g.annotate(module="fc", aten="aten.mm.default", source="net.py:3: y = x @ w", role="forward"):
+        y = x @ w
+    with g.annotate(module="act", aten="aten.relu.default", source="net.py:4: h = y.relu()", role="forward"):
+        h = ops.relu(y)
+    with g.annotate(module="out", aten="aten.add.Tensor", source="net.py:5: z = h + b", role="forward"):
+        g.output("z", h + b)
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    (fused,) = [s for s in profile.programs["main"]["steps"] if s.get("fused")]
+    assert [(o["module"], o["elements"]) for o in fused["fused"]] == [("act", 64), ("out", 64)]
+    rows = {r["module"]: r for r in profile.operations("main")}
+    # Equal elements, equal shares: the relu's line gets its half of the fused cycles.
+    assert rows["act"]["compute_cycles"] + rows["out"]["compute_cycles"] == fused["cycles"]
+    assert abs(rows["act"]["compute_cycles"] - rows["out"]["compute_cycles"]) <= 1
+    assert rows["act"]["steps"] == rows["out"]["steps"] == 1
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in profile.programs["main"]["steps"])
+    text = profile.summary()
+    assert "act (forward, aten.relu.default) at net.py:4: h = y.relu()" in text
+    assert "out (forward, aten.add.Tensor) at net.py:5: z = h + b" in text
+
+
 def test_summary_names_modules_and_source_lines_and_the_json_round_trips():
     exe, _ = _profile()
     text = exe.profile.summary()

@@ -1,5 +1,6 @@
 """Profile: simulated cycles per program and step, split by phase kind, per tile, and memory per tile."""
 
+import itertools
 import json
 import os
 
@@ -158,7 +159,8 @@ def short_source(source):
 def operations(p):
     """The cycles and bytes of a program's profile ``p`` grouped by where they came from: one row per (module, role,
     ATen op, source line), costliest first, with compute and exchange cycles, exchange bytes, the bytes
-    of the tensors it made, and its steps. Work no node owns (the copies of outputs and state updates,
+    of the tensors it made, and its steps. A fused compute set counts as a step of each node it computes, its
+    cycles split among them by the elements each makes. Work no node owns (the copies of outputs and state updates,
     host streams) is grouped by step name."""
     rows = {}
 
@@ -181,15 +183,29 @@ def operations(p):
         return rows[key]
 
     for step in p["steps"]:
-        r = row(step.get("origin"), step["name"])
-        r["cycles"] += step["cycles"]
-        r[f"{step['kind']}_cycles"] += step["cycles"]
-        r["exchange_bytes"] += step.get("bytes", 0)
-        r["steps"] += 1
+        # A fused compute set is credited to every node it computes, its cycles split by the elements each makes.
+        fused = step.get("fused")
+        origins = fused or [step.get("origin")]
+        weights = [o["elements"] for o in fused] if fused else [1]
+        cycles, nbytes = _split(step["cycles"], weights), _split(step.get("bytes", 0), weights)
+        for origin, share, shared_bytes in zip(origins, cycles, nbytes):
+            r = row(origin, step["name"])
+            r["cycles"] += share
+            r[f"{step['kind']}_cycles"] += share
+            r["exchange_bytes"] += shared_bytes
+            r["steps"] += 1
     for tensor in p.get("tensors", ()):
         if "op" in tensor:
             row(tensor, tensor["name"])["memory_bytes"] += tensor["bytes"]
     return sorted(rows.values(), key=lambda r: (-r["cycles"], -r["memory_bytes"]))
+
+
+def _split(total, weights):
+    """``total`` split in proportion to ``weights`` into integers that add up to ``total``."""
+    reached = list(itertools.accumulate(weights))
+    ends = [total * w // reached[-1] if reached[-1] else 0 for w in reached]
+    ends[-1] = total
+    return [b - a for a, b in zip([0, *ends], ends)]
 
 
 def _replication_lines(r):

@@ -21,7 +21,7 @@ from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
-from popsim.provenance import busy_ipus, origin_of
+from popsim.provenance import busy_ipus, fused_origins, origin_of
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
@@ -293,6 +293,7 @@ class _Flattener:
                 "tiles": int((per_tile > 0).sum()),
                 "ipus": busy_ipus(target, per_tile),
                 "origin": origin_of(step.origin),
+                **fused_origins(step),
                 **_placed(step),
             }
         )

@@ -28,6 +28,14 @@ def origin_of(node):
     return origin
 
 
+def fused_origins(compute_set):
+    """``{"fused": [...]}``: the provenance of each popir node a compute set's fused expression computes, with
+    the ``elements`` it makes (the profile splits the set's cycles among them by these); {} when unfused."""
+    if len(compute_set.fused) < 2:
+        return {}
+    return {"fused": [{**origin_of(node), "elements": node.outputs[0].type.size} for node in compute_set.fused]}
+
+
 def busy_ipus(target, per_tile):
     """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
     if target.num_ipus == 1:
