@@ -1,7 +1,7 @@
 """The tutorial CNN's HTML profile report in headless Chromium (Debian's, driven by Selenium): the summary,
 timeline and tile heat map are drawn without console errors, clicking a tile lists its tensors, the
-operation table sorts, and the comparison view shows. Screenshots go to ``REPORT_ARTIFACTS`` (the nox
-session's tmp folder) or pytest's tmp_path."""
+operation table sorts, and the comparison view shows. Screenshots and the HTML reports go to the folder
+``REPORT_ARTIFACTS`` names (the nox session sets build/report-artifacts), else pytest's tmp_path."""
 
 import base64
 import json
