@@ -133,6 +133,30 @@ def test_a_fused_compute_set_credits_every_node_it_computes():
     assert "out (forward, aten.add.Tensor) at net.py:5: z = h + b" in text
 
 
+def test_an_exchange_phase_shared_by_copies_of_two_nodes_credits_each_by_the_bytes_it_receives():
+    g = popir.Graph("main")
+    x1 = g.add_input("x1", (8, 16), "float32")
+    x2 = g.add_input("x2", (8, 16), "float32")
+    w = g.add_input("w", (16, 8), "float32", kind="parameter")
+    with g.annotate(module="t", aten="aten.t.default", source="net.py:3: a = x1.t()", role="forward"):
+        g.output("a", ops.transpose(x1, perm=(1, 0)))
+    with g.annotate(module="m", aten="aten.mm.default", source="net.py:4: y = x2 @ w", role="forward"):
+        g.output("y", x2 @ w)
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    steps = profile.programs["main"]["steps"]
+    # The transpose's copy and the matmul's operand copies share one exchange phase.
+    (shared,) = [s for s in steps if s.get("merged")]
+    parts = {o["module"]: o["bytes"] for o in shared["merged"]}
+    assert set(parts) == {"t", "m"} and sum(parts.values()) == shared["bytes"]
+    assert 0 < parts["t"] <= 8 * 16 * 4  # the transpose receives at most all of x1
+    rows = {r["module"]: r for r in profile.operations("main")}
+    assert rows["t"]["steps"] == 1 and rows["t"]["exchange_bytes"] == parts["t"]
+    share = shared["cycles"] * parts["t"] // shared["bytes"]
+    assert rows["t"]["exchange_cycles"] == share > 0
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in steps)
+    assert "t (forward, aten.t.default) at net.py:3: a = x1.t()" in profile.summary()
+
+
 def test_summary_names_modules_and_source_lines_and_the_json_round_trips():
     exe, _ = _profile()
     text = exe.profile.summary()

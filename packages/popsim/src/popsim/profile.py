@@ -159,9 +159,9 @@ def short_source(source):
 def operations(p):
     """The cycles and bytes of a program's profile ``p`` grouped by where they came from: one row per (module, role,
     ATen op, source line), costliest first, with compute and exchange cycles, exchange bytes, the bytes
-    of the tensors it made, and its steps. A fused compute set counts as a step of each node it computes, its
-    cycles split among them by the elements each makes. Work no node owns (the copies of outputs and state updates,
-    host streams) is grouped by step name."""
+    of the tensors it made, and its steps. A fused compute set, or an exchange phase that copies of several nodes
+    share, counts as a step of each of them, its cycles and bytes split among them (see ``_credits``). Work no
+    node owns (the copies of outputs and state updates, host streams) is grouped by step name."""
     rows = {}
 
     def row(origin, name):
@@ -183,10 +183,7 @@ def operations(p):
         return rows[key]
 
     for step in p["steps"]:
-        # A fused compute set is credited to every node it computes, its cycles split by the elements each makes.
-        fused = step.get("fused")
-        origins = fused or [step.get("origin")]
-        weights = [o["elements"] for o in fused] if fused else [1]
+        origins, weights = _credits(step)
         cycles, nbytes = _split(step["cycles"], weights), _split(step.get("bytes", 0), weights)
         for origin, share, shared_bytes in zip(origins, cycles, nbytes):
             r = row(origin, step["name"])
@@ -198,6 +195,16 @@ def operations(p):
         if "op" in tensor:
             row(tensor, tensor["name"])["memory_bytes"] += tensor["bytes"]
     return sorted(rows.values(), key=lambda r: (-r["cycles"], -r["memory_bytes"]))
+
+
+def _credits(step):
+    """The origins a step's cycles are credited to, and their weights: each node a fused compute set computes
+    by the elements it makes, each node whose copies share an exchange phase by the bytes they receive."""
+    for parts, weight in (("fused", "elements"), ("merged", "bytes")):
+        if parts in step:
+            origins = [{k: v for k, v in o.items() if k != weight} for o in step[parts]]
+            return origins, [o[weight] for o in step[parts]]
+    return [step.get("origin")], [1]
 
 
 def _split(total, weights):

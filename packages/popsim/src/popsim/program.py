@@ -21,7 +21,7 @@ from popir import DType
 from popsim import _exchange, cost
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
-from popsim.provenance import busy_ipus, fused_origins, origin_of
+from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
@@ -342,10 +342,8 @@ class _Flattener:
             open_link += link
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
+            credit_merged(merged, origin_of(step.origin), int(recv.sum()))
             merged["bytes"] += int(recv.sum())
-            origin = origin_of(step.origin)
-            if origin != merged["origin"] and origin not in merged.setdefault("also", []):
-                merged["also"].append(origin)
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link

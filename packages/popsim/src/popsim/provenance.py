@@ -36,6 +36,21 @@ def fused_origins(compute_set):
     return {"fused": [{**origin_of(node), "elements": node.outputs[0].type.size} for node in compute_set.fused]}
 
 
+def credit_merged(step, origin, nbytes):
+    """Record in an exchange ``step`` that a copy from ``origin`` (origin_of) receiving ``nbytes`` joined its
+    phase: ``step["merged"]`` lists each origin with the bytes its copies receive (the profile splits the
+    phase's cycles by these) once copies of two origins share it; call before adding ``nbytes`` to it."""
+    if "merged" not in step:
+        if origin == step["origin"]:
+            return
+        step["merged"] = [{**step["origin"], "bytes": step["bytes"]}]
+    part = next((p for p in step["merged"] if {k: v for k, v in p.items() if k != "bytes"} == origin), None)
+    if part is None:
+        step["merged"].append({**origin, "bytes": nbytes})
+    else:
+        part["bytes"] += nbytes
+
+
 def busy_ipus(target, per_tile):
     """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
     if target.num_ipus == 1:
