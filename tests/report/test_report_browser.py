@@ -179,6 +179,14 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     assert cycles == sorted(cycles, reverse=True)
     modules = {c.text for c in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr td:first-child")}
     assert {"model.conv1", "model.conv2", "model.fc1"} <= modules
+    # Every node a fused compute set computes has its row (module, role, op), not only the node that reads the
+    # expression: the momentum's scaling and sum fused into each optimizer update among them.
+    table = {
+        tuple(c.text for c in r.find_elements(By.CSS_SELECTOR, "td")[:3])
+        for r in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr")
+    }
+    fused = {(o["module"], o["role"], o.get("aten") or o["op"]) for s in program["steps"] for o in s.get("fused", ())}
+    assert ("model.fc1", "optimizer", "mul") in fused and fused <= table
     _screenshot(browser, "operations", artifacts / "operations.png")
     assert _errors(browser) == []
 
