@@ -4,6 +4,7 @@ memory is broken down by tensor and category, and memory liveness covers the pro
 import json
 
 import numpy as np
+import pytest
 
 import popir
 import popsim
@@ -155,6 +156,19 @@ def test_an_exchange_phase_shared_by_copies_of_two_nodes_credits_each_by_the_byt
     assert rows["t"]["exchange_cycles"] == share > 0
     assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in steps)
     assert "t (forward, aten.t.default) at net.py:3: a = x1.t()" in profile.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_flops_utilisation_is_against_the_amp_peak_of_the_matmuls_dtype(dtype):
+    g = popir.Graph("main")
+    x = g.add_input("x", (8, 32), dtype)
+    w = g.add_input("w", (32, 16), dtype, kind="parameter")
+    g.output("y", x @ w)
+    target = popsim.Target.small()
+    p = popsim.compile(g, target).profile.programs["main"]
+    assert p["flops_by_dtype"] == {dtype: p["flops"]} and p["flops"] >= 2 * 8 * 32 * 16
+    peak_per_cycle = 2 * target.amp_macs(dtype) * target.num_tiles
+    assert p["flops_utilisation"] == pytest.approx(p["flops"] / peak_per_cycle / p["total_cycles"])
 
 
 def test_summary_names_modules_and_source_lines_and_the_json_round_trips():

@@ -141,7 +141,8 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     assert _errors(browser) == []
     summary = browser.find_element(By.ID, "summary-body").text
     program = profile.programs["train"]
-    assert f"{program['total_cycles']:,}" in summary and "samples/s" in summary and "FLOPs utilisation" in summary
+    assert f"{program['total_cycles']:,}" in summary and "samples/s" in summary
+    assert f"FLOPs utilisation {100 * program['flops_utilisation']:.1f}% of the AMP peak" in summary
     # The main plot's bars, one per step (the range slider below draws a small copy).
     bars = browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .cartesianlayer .subplot.xy .barlayer .point")
     assert len(bars) == len(program["steps"])

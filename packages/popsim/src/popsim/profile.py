@@ -50,7 +50,9 @@ class Profile:
             "control_cycles": int(control),
             "host_cycles": int(host_cycles),
             "seconds": total / self.target.clock_hz,
-            "flops": int(flops),
+            "flops": int(sum(flops.values())),
+            "flops_by_dtype": {dtype: int(n) for dtype, n in flops.items()},
+            "flops_utilisation": self._flops_utilisation(flops, total),
             "steps": steps,
             "tile_compute_cycles": tile_compute.tolist(),
             "tile_exchange_bytes": tile_exchange.tolist(),
@@ -64,6 +66,13 @@ class Profile:
             "memory_by_category": memory_by_category or {},
             "liveness": liveness or {},
         }
+
+    def _flops_utilisation(self, flops, cycles):
+        """The share of ``cycles`` the AMP units of every tile would need for ``flops`` (matmul FLOPs by operand
+        dtype) at their peak rate for each dtype: FLOP/s against the peak, for any mix of precisions."""
+        t = self.target
+        busy = sum(n / (2 * t.amp_macs(dtype) * t.num_tiles) for dtype, n in flops.items())
+        return busy / cycles if cycles else 0.0
 
     def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
         """A training step of ``replicas`` replicas running in parallel: each replica's cycles

@@ -173,7 +173,7 @@ class _Flattener:
         self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
         self.tile_compute = np.zeros(target.num_tiles, np.int64)
         self.tile_exchange = np.zeros(target.num_tiles, np.int64)
-        self.flops = 0
+        self.flops = {}  # matmul FLOPs by operand dtype: the AMP's peak rate depends on it
         self.ncopies = 0
         self.counters = 0
         # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
@@ -280,7 +280,10 @@ class _Flattener:
             self.nrows += len(batch)
             per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
             if batch.kind == oc.MATMUL:
-                self.flops += int((2 * batch.params["m"] * batch.params["k"] * batch.n).sum())
+                dtype = batch.fields["a"].tensor.dtype.value
+                self.flops[dtype] = self.flops.get(dtype, 0) + int(
+                    (2 * batch.params["m"] * batch.params["k"] * batch.n).sum()
+                )
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
