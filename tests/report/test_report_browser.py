@@ -205,6 +205,37 @@ def test_comparison_view_in_chromium(browser, profile, artifacts, tmp_path):
     assert _errors(browser) == []
 
 
+class _Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        out = self.fc(x).squeeze(-1)
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser, artifacts):
+    net = _Regression()
+    training = poptorch.trainingModel(
+        net, poptorch.Options().replicationFactor(2), torch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    training(torch.ones(4, 3), torch.ones(4))
+    replication = training.profile.replication
+    _open(browser, training.profile.save_html(artifacts / "replicas.html"))
+    table = browser.find_element(By.ID, "replicas-table").text
+    assert f"{replication['step_cycles']:,} = {replication['replica_step_cycles']:,} per replica" in table
+    bars = browser.execute_script(
+        """return document.getElementById("replicas-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+    expected = [[e["lane"], e.get("program", "all-reduce"), e["start"], e["cycles"]] for e in replication["timeline"]]
+    assert sorted(bars) == sorted(expected)
+    assert {"replica 0", "replica 1", "all-reduce"} == {lane for lane, *_ in bars}
+    _screenshot(browser, "replicas", artifacts / "replicas.png")
+    assert _errors(browser) == []
+
+
 def test_timeline_has_a_lane_per_ipu_on_a_two_ipu_device(browser, artifacts):
     g = popir.Graph("two_ipus")
     x = g.add_input("x", (8, 16), "float32")
