@@ -134,6 +134,22 @@ def test_a_fused_compute_set_credits_every_node_it_computes():
     assert "out (forward, aten.add.Tensor) at net.py:5: z = h + b" in text
 
 
+def test_a_node_lowered_before_its_reader_when_the_fused_vertex_is_full_is_credited_to_itself():
+    g = popir.Graph("main")
+    xs = [g.add_input(f"x{i}", (8, 8), "float32") for i in range(7)]
+    with g.annotate(module="a", aten="aten.mul.Tensor", source="net.py:3: a = x0 * x1", role="forward"):
+        a = xs[0] * xs[1]
+    with g.annotate(module="b", aten="aten.add.Tensor", source="net.py:4: b = x2 + ... + x6", role="forward"):
+        b = xs[2] + xs[3] + xs[4] + xs[5] + xs[6]
+    with g.annotate(module="c", aten="aten.add.Tensor", source="net.py:5: c = a + b", role="forward"):
+        g.output("c", a + b)  # seven leaves: more than one fused vertex holds
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    rows = {r["module"]: r for r in profile.operations("main")}
+    assert {"a", "b", "c"} <= set(rows)
+    assert all(rows[m]["compute_cycles"] > 0 for m in "abc")
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in profile.programs["main"]["steps"])
+
+
 def test_an_exchange_phase_shared_by_copies_of_two_nodes_credits_each_by_the_bytes_it_receives():
     g = popir.Graph("main")
     x1 = g.add_input("x1", (8, 16), "float32")
