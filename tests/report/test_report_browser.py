@@ -236,6 +236,19 @@ def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser
     assert _errors(browser) == []
 
 
+def test_the_summary_gives_the_bytes_in_streaming_memory(browser, artifacts):
+    g = popir.Graph("main")
+    x = g.add_input("x", (4, 8), "float32")
+    w = g.add_input("w", (8, 8), "float32", kind="parameter")
+    g.output("y", x @ w)
+    profile = popsim.compile(g, popsim.Target.small(), remote={"w"}).profile
+    _open(browser, profile.save_html(artifacts / "streaming.html"))
+    summary = browser.find_element(By.ID, "summary-body").text
+    assert f"Streaming memory {8 * 8 * 4:,} bytes off the tiles" in summary
+    assert f"{8 * 8 * 4} in streaming memory" in profile.summary()
+    assert _errors(browser) == []
+
+
 def test_timeline_has_a_lane_per_ipu_on_a_two_ipu_device(browser, artifacts):
     g = popir.Graph("two_ipus")
     x = g.add_input("x", (8, 16), "float32")

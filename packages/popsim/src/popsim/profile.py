@@ -140,6 +140,7 @@ class Profile:
             lines.append(
                 f"  memory: {p['memory_total_bytes']} bytes in all, busiest tile {p['memory_max_tile_bytes']} bytes"
                 + (f"; {len(p['tiles_over_budget'])} tiles over budget" if p["tiles_over_budget"] else "")
+                + (f"; {p['streaming_memory_bytes']} in streaming memory" if p.get("streaming_memory_bytes") else "")
             )
             for r in self.operations(name)[:SUMMARY_ROWS]:
                 split = f"compute {r['compute_cycles']}, exchange {r['exchange_cycles']}"
