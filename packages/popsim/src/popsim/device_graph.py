@@ -103,6 +103,7 @@ class ComputeSet:
     name: str
     batches: list = field(default_factory=list)
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    fused: tuple = ()  # the popir nodes computed in its fused vertices, the reader last (see DeviceGraph.fused)
 
     @property
     def num_vertices(self):
@@ -137,7 +138,8 @@ class DeviceGraph:
     """Tensors, compute sets and the program (a list of steps, run in order) being built for one target.
 
     Provenance for profiles: tensors, compute sets and copies made while ``origin`` is set record it (the
-    popir node being lowered); ``node_outputs`` holds the ids of storages that hold a popir value (the
+    popir node being lowered) and compute sets record ``fused``, the popir nodes fused into one expression while
+    it is lowered; ``node_outputs`` holds the ids of storages that hold a popir value (the
     rest are planner temporaries); ``state_kinds`` maps variable names to their popir input kind."""
 
     def __init__(self, target):
@@ -145,6 +147,7 @@ class DeviceGraph:
         self.tensors = []
         self.program = []
         self.origin = None
+        self.fused = ()
         self.node_outputs = set()
         self.state_kinds = {}
         self.remote = set()  # variable storages kept in streaming memory (see popsim.remote)
@@ -187,7 +190,7 @@ class DeviceGraph:
 
     def add_compute_set(self, name):
         """A new compute set appended to the program (an Execute step)."""
-        cs = ComputeSet(name, origin=self.origin)
+        cs = ComputeSet(name, origin=self.origin, fused=self.fused)
         self.program.append(cs)
         return cs
 

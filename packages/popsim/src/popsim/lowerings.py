@@ -248,22 +248,34 @@ def _fusion(graph):
 def _fused(lw, node, args):
     """Lower ``node`` with the deferred nodes among its inputs (recursively) as one fused vertex; when that
     would need more leaves or ops than a fused vertex holds, the deferred inputs are lowered first."""
-    leaves, steps = [], []
+    leaves, steps, nodes = [], [], []
 
     def visit(node, args):
         regs = [visit(a.node, a.args) if isinstance(a, _Deferred) else _leaf(leaves, a) for a in args]
         steps.append((node.op, regs, node.outputs[0].dtype, node.inputs[-1].dtype))
+        nodes.append(node)
         return -len(steps)
 
     visit(node, args)
     if len(leaves) > len(oc.EXPR_FIELDS) or len(steps) > oc.EXPR_MAX_OPS:
-        return _elementwise(
-            lw, node, *[_elementwise(lw, a.node, *a.args) if isinstance(a, _Deferred) else a for a in args]
-        )
+        return _elementwise(lw, node, *[_lower_deferred(lw, a) if isinstance(a, _Deferred) else a for a in args])
     # Registers: the leaves, then one per step (a step's result was numbered -1, -2, ... as it was added).
     steps = [(op, [r if r >= 0 else len(leaves) - r - 1 for r in regs], dt, operand) for op, regs, dt, operand in steps]
     result = node.outputs[0]
-    return lw.expression(steps, leaves, result.shape, result.dtype, out=lw.in_place.get(result.id))
+    lw.dg.fused = tuple(nodes)  # the profile credits the fused compute set to every node it computes
+    try:
+        return lw.expression(steps, leaves, result.shape, result.dtype, out=lw.in_place.get(result.id))
+    finally:
+        lw.dg.fused = ()
+
+
+def _lower_deferred(lw, deferred):
+    """Lower a deferred node before its reader (its work then credited to it, not to the reader)."""
+    reader, lw.dg.origin = lw.dg.origin, deferred.node
+    try:
+        return _elementwise(lw, deferred.node, *deferred.args)
+    finally:
+        lw.dg.origin = reader
 
 
 def _leaf(leaves, tensor):

@@ -22,7 +22,7 @@ from popir import DType
 from popsim import _exchange, cost, remote
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, HostCall, If, Repeat, StreamCopy, Sync, children
-from popsim.provenance import busy_ipus, origin_of
+from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL = (
@@ -178,7 +178,7 @@ class _Flattener:
         self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
         self.tile_compute = np.zeros(target.num_tiles, np.int64)
         self.tile_exchange = np.zeros(target.num_tiles, np.int64)
-        self.flops = 0
+        self.flops = {}  # matmul FLOPs by operand dtype: the AMP's peak rate depends on it
         self.ncopies = 0
         self.counters = 0
         # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
@@ -317,7 +317,10 @@ class _Flattener:
             self.nrows += len(batch)
             per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
             if batch.kind == oc.MATMUL:
-                self.flops += int((2 * batch.params["m"] * batch.params["k"] * batch.n).sum())
+                dtype = batch.fields["a"].tensor.dtype.value
+                self.flops[dtype] = self.flops.get(dtype, 0) + int(
+                    (2 * batch.params["m"] * batch.params["k"] * batch.n).sum()
+                )
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
@@ -330,6 +333,7 @@ class _Flattener:
                 "tiles": int((per_tile > 0).sum()),
                 "ipus": busy_ipus(target, per_tile),
                 "origin": origin_of(step.origin),
+                **fused_origins(step),
                 **_placed(step),
             }
         )
@@ -378,10 +382,8 @@ class _Flattener:
             open_link += link
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
+            credit_merged(merged, origin_of(step.origin), int(recv.sum()))
             merged["bytes"] += int(recv.sum())
-            origin = origin_of(step.origin)
-            if origin != merged["origin"] and origin not in merged.setdefault("also", []):
-                merged["also"].append(origin)
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link
