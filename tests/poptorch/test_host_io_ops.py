@@ -71,12 +71,12 @@ class _WithHostOp(torch.nn.Module):
         return self.last(self.cpu(out))
 
 
-def _host_cycles(model, x, opts):
+def _inference_profile(model, x, opts):
     executor = poptorch.inferenceModel(model, opts)
     executor(x)
     program = executor.profile.programs["inference"]
     executor.destroy()
-    return program["host_cycles"], [step["name"] for step in program["steps"] if step["kind"] == "host"]
+    return program
 
 
 def test_a_host_callback_between_device_layers_runs_on_the_host_and_matches_eager():
@@ -96,10 +96,15 @@ def test_the_profile_shows_each_host_callback_s_transfers():
     model, x = _WithHostOp(), torch.randn(3, 3)
     plain = _WithHostOp(on_host=False)
     plain.load_state_dict(model.state_dict())
-    cycles, steps = _host_cycles(model, x, _options())
-    plain_cycles, plain_steps = _host_cycles(plain, x, _options())
-    assert [name.split(" ")[0] for name in steps] == ["stream-out", "host-call", "stream-in"] * 3
-    assert plain_steps == [] and cycles > plain_cycles
+    program, plain = _inference_profile(model, x, _options()), _inference_profile(plain, x, _options())
+    steps = [step["name"].split(" ")[0] for step in program["steps"] if step["kind"] == "host"]
+    assert steps == ["stream-out", "host-call", "stream-in"] * 3
+    assert not any(step["kind"] == "host" for step in plain["steps"])
+    assert program["host_cycles"] > plain["host_cycles"]
+    # The operations table credits the transfers to the CPU op's calls, with their source lines.
+    rows = [r for r in popsim.profile.operations(program) if r.get("aten") == "poptorch.host_call.default"]
+    assert rows and sum(r["host_cycles"] for r in rows) == program["host_cycles"] - plain["host_cycles"]
+    assert all("self.cpu(" in r["source"] for r in rows)
 
 
 class _HostLayer(torch.nn.Module):

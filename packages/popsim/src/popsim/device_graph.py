@@ -364,12 +364,14 @@ class HostCall:
     """Call host function ``callback`` (a name registered with ``popir.register_host_callback``) in the
     middle of a program: each tensor of ``inputs`` streams to the host, the engine stops while the host
     runs the callback on them, and its results stream back into ``outputs``. The transfers are the
-    StreamCopy steps ``sends`` and ``receives`` (host streams named after ``name``), costed as such."""
+    StreamCopy steps ``sends`` and ``receives`` (host streams named after ``name``), costed as such and
+    credited in the profile to ``origin`` (the popir node lowered to the call, if any)."""
 
     name: str
     callback: str
     inputs: list
     outputs: list
+    origin: object = None
 
     def __post_init__(self):
         for t in [*self.inputs, *self.outputs]:
@@ -377,6 +379,8 @@ class HostCall:
                 raise Error(f"HostCall {self.name!r} needs device Tensors, got {t!r}")
         self.sends = [StreamCopy(f"{self.name}.in{i}", t, False) for i, t in enumerate(self.inputs)]
         self.receives = [StreamCopy(f"{self.name}.out{i}", t, True) for i, t in enumerate(self.outputs)]
+        for copy in [*self.sends, *self.receives]:
+            copy.origin = self.origin
 
 
 def children(step):

@@ -315,7 +315,7 @@ def _stop_gradient(lw, node, x):
 def _host_call(lw, node, *inputs, callback, out_types):
     # The results land in new tensors spread over the tiles; the first one's id names the call's streams.
     outs = [lw.new(v.shape, v.dtype, name=f"{callback} result {i}") for i, v in enumerate(node.outputs)]
-    lw.dg.program.append(HostCall(f"host_call {callback} #{outs[0].id}", callback, list(inputs), outs))
+    lw.dg.program.append(HostCall(f"host_call {callback} #{outs[0].id}", callback, list(inputs), outs, lw.dg.origin))
     return outs
 
 

@@ -272,7 +272,10 @@ class _Flattener:
         sync = self.target.bsp_sync_cycles
         self.phase(STREAM, self.streams[step.stream], start, len(self.stream_rows), cycles=host + sync)
         direction = "in" if step.to_device else "out"
-        self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
+        origin = origin_of(getattr(step, "origin", None))
+        self.steps.append(
+            {"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host), "origin": origin}
+        )
         return _totals(sync=sync, host=host)
 
     def host_call(self, step):
@@ -281,7 +284,8 @@ class _Flattener:
         names = {"sends": [s.stream for s in step.sends], "receives": [s.stream for s in step.receives]}
         self.host_calls.append({"callback": step.callback, **names})
         self.phase(HOST_CALL, len(self.host_calls) - 1)
-        self.steps.append({"name": f"host-call {step.callback}", "kind": "host", "cycles": 0})
+        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": 0}
+        self.steps.append({**entry, "origin": origin_of(step.origin)})
         return sum((self.stream(s) for s in step.receives), sent)
 
     def remote_copy(self, step):
