@@ -19,6 +19,11 @@ _COMPLEX = {
 CYCLES_PER_VECTOR = {**dict.fromkeys(_SIMPLE.split(), 1), **_COMPLEX}
 WORKER_OVERHEAD = 10  # worker cycles to start a vertex and set up its pointers
 AMP_OVERHEAD = 50  # tile cycles to load AMP weights and drain partials per matmul vertex
+# poplin's PerformanceEstimation.hpp: convNx1Overhead() = 101 supervisor cycles per ConvPartialnx1 vertex.
+CONV_NX1_OVERHEAD = 101
+# The same file's nx1 inner-loop estimate loads the AMP's coefficients at every kernel position in
+# numLoads + 9 cycles, numLoads = 4 elements x 4 loads x 8 units x (4 B float, 2 B half) / 8 B per cycle.
+CONV_WEIGHT_LOAD_CYCLES = {4: 64 + 9, 2: 32 + 9}  # by activation itemsize
 
 
 def elementwise_cycles(target, n, dtype, codelet):
@@ -50,6 +55,15 @@ def reduce_cycles(target, rows, group, dtype):
 def amp_cycles(target, m, k, n, dtype):
     """Cycles of a matmul partial (m x k) @ (k x n) on the AMP unit: MACs at the AMP rate plus overhead."""
     return math.ceil(m * k * n / target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
+
+
+def conv_cycles(target, out_channels, taps, kernel_positions, positions, dtype):
+    """Cycles of a direct-convolution vertex (poplin's ConvPartialnx1 on the AMP): ``out_channels x taps x
+    positions`` MACs at the AMP rate, the vertex's supervisor overhead, and a reload of the AMP's weights at
+    each kernel position (all integers or arrays, one per vertex)."""
+    macs = out_channels * taps * positions
+    reload = CONV_WEIGHT_LOAD_CYCLES[dtype.itemsize]
+    return _ceil_div(macs, target.amp_macs(dtype)) + CONV_NX1_OVERHEAD + kernel_positions * reload
 
 
 def gather_cycles(target, rows, count, inner, itemsize):

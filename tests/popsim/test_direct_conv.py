@@ -1,0 +1,116 @@
+"""Direct convolution: CONV vertices over input windows already on their tiles give the interpreter's
+result, move less over the exchange than im2col columns, and refuse a geometry outside their fields."""
+
+import numpy as np
+import pytest
+
+import popir
+import popsim
+from popir import DType, ops
+from popsim import _opcodes as oc
+from popsim import conv_plan
+
+TARGET = popsim.Target.small(num_tiles=16)
+
+# (input shape, weight shape, conv2d keywords): stride, padding, dilation and groups, alone and together.
+CASES = [
+    ((2, 3, 7, 6), (4, 3, 3, 3), {}),
+    ((1, 2, 9, 8), (3, 2, 3, 2), {"stride": 2, "padding": 1}),
+    ((2, 2, 8, 9), (2, 2, 3, 3), {"padding": 2, "dilation": 2}),
+    ((1, 4, 7, 7), (6, 2, 3, 3), {"stride": (2, 1), "padding": (1, 0), "groups": 2}),
+    ((2, 6, 6, 5), (6, 1, 2, 3), {"stride": 2, "padding": 1, "dilation": (1, 2), "groups": 6}),
+]
+
+
+def _conv_graph(x_shape, w_shape, dtype, **window):
+    g = popir.Graph("conv")
+    x = g.add_input("x", x_shape, dtype)
+    w = g.add_input("w", w_shape, dtype, kind="parameter")
+    g.output("y", ops.conv2d(x, w, **window))
+    return g
+
+
+def _run(g, feeds, w):
+    exe = popsim.compile(g, TARGET)
+    exe.write_variable("w", w)
+    return exe.run(feeds)["y"], exe.profile.programs[g.name]
+
+
+@pytest.fixture
+def direct(monkeypatch):
+    """Every conv2d runs as CONV vertices, whatever the planner estimates."""
+    monkeypatch.setattr(conv_plan, "direct_is_faster", lambda *args: True)
+
+
+def _conv_steps(profile, name):
+    return [s for s in profile["steps"] if s["name"] == name and (s.get("origin") or {}).get("op") == "conv2d"]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, window", CASES)
+def test_conv_vertices_equal_the_interpreter_bit_for_bit(direct, x_shape, w_shape, window):
+    # Small integers: every partial sum is exact in float32, so any summation order gives the same bits.
+    rng = np.random.default_rng(0)
+    x = rng.integers(-4, 5, x_shape).astype(np.float32)
+    w = rng.integers(-3, 4, w_shape).astype(np.float32)
+    g = _conv_graph(x_shape, w_shape, "float32", **window)
+    got, profile = _run(g, {"x": x}, w)
+    assert _conv_steps(profile, "conv"), "the conv2d did not run as CONV vertices"
+    np.testing.assert_array_equal(got, popir.interpreter.run(g, {"x": x, "w": w})["y"])
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 2e-2)])
+@pytest.mark.parametrize("x_shape, w_shape, window", CASES[1::2])
+def test_conv_vertices_match_the_interpreter_on_random_values(direct, x_shape, w_shape, window, dtype, tol):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=x_shape).astype(dtype)
+    w = rng.normal(size=w_shape).astype(dtype)
+    g = _conv_graph(x_shape, w_shape, dtype, **window)
+    got, _ = _run(g, {"x": x}, w)
+    want = popir.interpreter.run(g, {"x": x, "w": w})["y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_a_3x3_conv_exchanges_less_than_im2col_columns(monkeypatch):
+    # Enough channels that the planner picks CONV vertices by itself; the same conv with the kernel folded
+    # into a matmul's K (the im2col lowering) moves each input element once per tap that reads it.
+    x_shape, w_shape = (2, 16, 12, 12), (16, 16, 3, 3)
+    rng = np.random.default_rng(2)
+    x, w = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=w_shape).astype(np.float32)
+    g = _conv_graph(x_shape, w_shape, "float32", padding=1)
+    moved = {}
+    for lowering in ("direct", "im2col"):
+        if lowering == "im2col":
+            monkeypatch.setattr(conv_plan, "direct_is_faster", lambda *args: False)
+        got, profile = _run(g, {"x": x}, w)
+        assert bool(_conv_steps(profile, "conv")) == (lowering == "direct")
+        exchanges = [s for s in profile["steps"] if s["kind"] == "exchange" and s["origin"]["op"] == "conv2d"]
+        moved[lowering] = sum(s["bytes"] for s in exchanges)
+        np.testing.assert_allclose(got, popir.interpreter.run(g, {"x": x, "w": w})["y"], rtol=1e-4, atol=1e-4)
+    assert moved["direct"] < moved["im2col"]
+
+
+def test_each_patch_holds_distinct_input_elements_and_no_padding():
+    # A task's patch is the union of its windows: each input element once, padding not exchanged at all.
+    spec = conv_plan.ConvSpec(1, 2, 4, 8, (10, 10), (10, 10), (3, 3), (1, 1), (1, 1), (1, 1))
+    plan = conv_plan.plan_conv(TARGET, spec, DType.float32)
+    x_index = np.arange(2 * 4 * 10 * 10).reshape(1, 2, 4, 10, 10)
+    w_index = np.arange(8 * 4 * 9).reshape(1, 8, 4, 3, 3)
+    patches, *_ = conv_plan._layout(spec, plan, x_index, w_index)
+    for patch in patches:
+        assert patch.min() >= 0 and np.unique(patch).size == patch.size
+    assert sum(p.size for p in patches) < 9 * x_index.size  # im2col columns hold every element per tap
+
+
+def test_a_conv_vertex_whose_geometry_is_not_its_fields_is_refused():
+    dg = popsim.DeviceGraph(TARGET)
+    mapping = popsim.TileMapping.on_tiles([8], [0])
+    patch = dg.add_tensor((8,), DType.float32, mapping)
+    weights = dg.add_tensor((8,), DType.float32, mapping)
+    out = dg.add_tensor((8,), DType.float32, mapping)
+    short = dg.add_tensor((3,), DType.int32, popsim.TileMapping.on_tiles([3], [0]))
+    cs = dg.add_compute_set("conv")
+    with pytest.raises(popsim.Error, match="geometry words"):
+        oc.conv(
+            dg.add_vertex, cs, 0, 8, 1, patch=patch.region(0, 8), weights=weights.region(0, 8),
+            geometry=short.region(0, 3), out=out.region(0, 8), patch_size=8, weights_size=8, taps=8,
+        )  # fmt: skip
