@@ -58,6 +58,32 @@ def test_conv_vertices_equal_the_interpreter_bit_for_bit(direct, x_shape, w_shap
     np.testing.assert_array_equal(got, popir.interpreter.run(g, {"x": x, "w": w})["y"])
 
 
+# Stride-1 cases, including grouped, dilated, uneven padding and padding wider than the kernel reaches.
+GRAD_CASES = [c for c in CASES if c[2].get("stride", 1) == 1] + [
+    ((1, 4, 6, 7), (6, 2, 3, 3), {"padding": (1, 2), "dilation": 2, "groups": 2}),
+    ((1, 2, 5, 5), (2, 2, 3, 3), {"padding": 3}),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, window", GRAD_CASES)
+def test_the_input_gradient_of_a_stride_1_conv_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window):
+    rng = np.random.default_rng(3)
+    g = popir.Graph("conv_grad")
+    x = g.add_input("x", x_shape, "float32")
+    w = g.add_input("w", w_shape, "float32", kind="parameter")
+    y = ops.conv2d(x, w, **window)
+    r = g.add_input("r", y.shape, "float32")
+    loss = ops.reduce_sum(y * r, axes=(0, 1, 2, 3), keepdims=False)
+    (gx,) = popir.autodiff.grad(g, loss, [x])
+    g.output("y", gx)
+    feeds = {name: rng.integers(-3, 4, v.shape).astype(np.float32) for name, v in (("x", x), ("r", r))}
+    wv = rng.integers(-3, 4, w_shape).astype(np.float32)
+    got, profile = _run(g, feeds, wv)
+    grad_convs = [s for s in profile["steps"] if s["name"] == "conv" and s["origin"]["op"] == "conv2d_grad_input"]
+    assert grad_convs, "the input gradient did not run as CONV vertices"
+    np.testing.assert_array_equal(got, popir.interpreter.run(g, {**feeds, "w": wv})["y"])
+
+
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 2e-2)])
 @pytest.mark.parametrize("x_shape, w_shape, window", CASES[1::2])
 def test_conv_vertices_match_the_interpreter_on_random_values(direct, x_shape, w_shape, window, dtype, tol):
