@@ -140,3 +140,27 @@ def test_a_conv_vertex_whose_geometry_is_not_its_fields_is_refused():
             dg.add_vertex, cs, 0, 8, 1, patch=patch.region(0, 8), weights=weights.region(0, 8),
             geometry=short.region(0, 3), out=out.region(0, 8), patch_size=8, weights_size=8, taps=8,
         )  # fmt: skip
+
+
+def test_conv_vertices_count_their_flops_and_never_beat_the_amp(direct):
+    x_shape, w_shape, window = CASES[3]
+    g = _conv_graph(x_shape, w_shape, "float32", **window)
+    _, profile = _run(g, {"x": np.ones(x_shape, np.float32)}, np.ones(w_shape, np.float32))
+    o, cg, kh, kw = w_shape
+    n, _, oh, ow = g.nodes[-1].outputs[0].shape
+    assert profile["flops"] == 2 * n * o * oh * ow * cg * kh * kw
+    assert profile["compute_cycles"] >= profile["flops"] / 2 / (TARGET.amp_macs(DType.float32) * TARGET.num_tiles)
+
+
+def test_float16_partials_round_once_from_float32_accumulation(direct):
+    x_shape, w_shape, window = CASES[1]
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=x_shape).astype(np.float16)
+    w = rng.normal(size=w_shape).astype(np.float16)
+    g = _conv_graph(x_shape, w_shape, "float16", **window)
+    exe = popsim.compile(g, TARGET, partials_type="float16")
+    exe.write_variable("w", w)
+    got = exe.run({"x": x})["y"]
+    # The vertex accumulates in float32 and rounds into its float16 partials, which are summed in float16.
+    want = popir.interpreter.run(g, {"x": x, "w": w})["y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -281,6 +281,8 @@ class _Flattener:
             per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
             if batch.kind == oc.MATMUL:
                 self.flops += int((2 * batch.params["m"] * batch.params["k"] * batch.n).sum())
+            elif batch.kind == oc.CONV:  # a MAC per tap for each output
+                self.flops += int((2 * batch.params["taps"] * batch.n).sum())
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
