@@ -106,6 +106,9 @@ cdef extern from *:
 DEF BLOCK = 256
 # Below this many multiply-adds a plain loop beats the overhead of a BLAS call.
 DEF SMALL_GEMM_MACS = 32768
+# A conv block of at most this many output channels keeps its rows in registers over all taps and positions
+# (BLAS repacks the long window columns for each call, which costs more than such a skinny product).
+DEF CONV_REGISTER_ROWS = 8
 
 
 cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
@@ -774,23 +777,38 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
     """The (taps, out_rows * out_cols) window columns of one batch item's patch, zero where a window reads
     padding (outside the patch): the operand the AMP streams as it walks the windows in place."""
     cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
-    cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], pos = oh * ow
-    cdef Py_ssize_t c, i, j, y, x, r, col
+    cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
+    cdef Py_ssize_t c, i, j, y, x, r, first, lo, hi
     cdef float* dst
     cdef const float* src
     for c in range(g[CG_CHANNELS]):
         for i in range(kh):
             for j in range(kw):
                 dst = cols + ((c * kh + i) * kw + j) * pos
+                # Outputs lo..hi-1 of a row read inside the patch at this tap; the rest read padding.
+                first = g[CG_FIRST_COL] + j * g[CG_DILATION_COLS]
+                lo = 0 if first >= 0 else min(ow, (sw - 1 - first) // sw)
+                hi = 0 if first >= width else min(ow, (width - 1 - first) // sw + 1)
+                hi = max(hi, lo)
+                # Plain loops, no calls: rows are short (a tile's block of an output row).
                 for y in range(oh):
                     r = g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS]
                     if r < 0 or r >= rows:
-                        memset(dst + y * ow, 0, ow * sizeof(float))
-                        continue
-                    src = patch + (c * rows + r) * width
-                    for x in range(ow):
-                        col = g[CG_FIRST_COL] + x * g[CG_STRIDE_COLS] + j * g[CG_DILATION_COLS]
-                        dst[y * ow + x] = src[col] if 0 <= col < width else 0.0
+                        for x in range(ow):
+                            dst[x] = 0.0
+                    else:
+                        src = patch + (c * rows + r) * width + first
+                        for x in range(lo):
+                            dst[x] = 0.0
+                        if sw == 1:
+                            for x in range(lo, hi):
+                                dst[x] = src[x]
+                        else:
+                            for x in range(lo, hi):
+                                dst[x] = src[x * sw]
+                        for x in range(hi, ow):
+                            dst[x] = 0.0
+                    dst += ow
 
 
 cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
@@ -823,7 +841,10 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
             memset(out + b * oc * pos, 0, oc * pos * sizeof(float))
             continue
         conv_columns(patch + b * per_item, g, cols)
-        gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
+        if oc <= CONV_REGISTER_ROWS:
+            ps_small_gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
+        else:
+            gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
     if dto != DT_FLOAT32:
         for i in range(row[C_N]):
             v = out[i]
