@@ -164,3 +164,37 @@ def test_float16_partials_round_once_from_float32_accumulation(direct):
     # The vertex accumulates in float32 and rounds into its float16 partials, which are summed in float16.
     want = popir.interpreter.run(g, {"x": x, "w": w})["y"]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def _hand_built_conv(geometry):
+    """One CONV vertex on tile 0 over a 1x1x3x3 patch and 2x1x2x2 weights, its geometry as given."""
+    dg = popsim.DeviceGraph(TARGET)
+    here = popsim.TileMapping.on_tiles
+    patch = dg.add_tensor((9,), DType.float32, here([9], [0]), "patch", "constant", np.arange(9, dtype=np.float32))
+    weights = dg.add_tensor((8,), DType.float32, here([8], [0]), "w", "constant", np.arange(8, dtype=np.float32))
+    geom = dg.add_tensor((15,), DType.int32, here([15], [0]), "geometry", "constant", np.array(geometry, np.int32))
+    out = dg.add_tensor((8,), DType.float32, here([8], [0]), "out")
+    cs = dg.add_compute_set("conv")
+    fields = {"patch": patch.region(0, 9), "weights": weights.region(0, 8), "geometry": geom.region(0, 15)}
+    oc.conv(dg.add_vertex, cs, 0, 8, 1, **fields, out=out.region(0, 8), patch_size=9, weights_size=8, taps=4)
+    return popsim.compile_device_graph(dg, outputs={"out": out})
+
+
+# batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel 2x2, stride 1, dilation 1, first (0, 0)
+GEOMETRY = [1, 1, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0]
+
+
+def test_a_hand_built_conv_vertex_runs_its_geometry():
+    got = _hand_built_conv(GEOMETRY).run()["out"]
+    x, w = np.arange(9).reshape(3, 3), np.arange(8).reshape(2, 2, 2)
+    want = [[(x[y : y + 2, c : c + 2] * w[o]).sum() for y in range(2) for c in range(2)] for o in range(2)]
+    np.testing.assert_array_equal(got, np.array(want, np.float32).reshape(-1))
+
+
+def test_the_engine_traps_a_geometry_that_disagrees_with_the_vertex_fields():
+    # The geometry sits in tile memory, where a program could change it: the engine checks it against the
+    # sizes in the vertex's own row before reading anything, and traps instead of reading past the patch.
+    too_big = list(GEOMETRY)
+    too_big[oc.CONV_GEOM["rows"]] = 30
+    with pytest.raises(popsim.Error, match="trapped"):
+        _hand_built_conv(too_big).run()
