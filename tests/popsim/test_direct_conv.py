@@ -198,3 +198,45 @@ def test_the_engine_traps_a_geometry_that_disagrees_with_the_vertex_fields():
     too_big[oc.CONV_GEOM["rows"]] = 30
     with pytest.raises(popsim.Error, match="trapped"):
         _hand_built_conv(too_big).run()
+
+
+def _conv_stack(monkeypatch, reuse):
+    """Three identical padded 3x3 convs with relu and the input's gradient (so the gradient convs repeat too);
+    returns the results, the profile, how many layouts were built, and the graph and feeds."""
+    built = []
+    layout = conv_plan._conv_layout
+    monkeypatch.setattr(conv_plan, "_conv_layout", lambda *a: built.append(1) or layout(*a))
+    if not reuse:  # every key distinct: each conv is laid out from scratch
+        monkeypatch.setattr(conv_plan, "_index_key", lambda index: object())
+    g = popir.Graph("convs")
+    h = x = g.add_input("x", (2, 4, 6, 6), "float32")
+    weights = [g.add_input(f"w{i}", (4, 4, 3, 3), "float32", kind="parameter") for i in range(3)]
+    for w in weights:
+        h = ops.relu(ops.conv2d(h, w, padding=1))
+    loss = ops.reduce_sum(h * h, axes=(0, 1, 2, 3), keepdims=False)
+    (gx,) = popir.autodiff.grad(g, loss, [x])
+    g.output("loss", loss)
+    g.output("gx", gx)
+    exe = popsim.compile(g, TARGET)
+    rng = np.random.default_rng(5)
+    values = {w.name: rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32) for w in weights}
+    for name, value in values.items():
+        exe.write_variable(name, value)
+    feeds = {"x": rng.normal(size=(2, 4, 6, 6)).astype(np.float32)}
+    return exe.run(feeds), exe.profile.programs["convs"], len(built), g, {**feeds, **values}
+
+
+def test_repeated_conv_layers_reuse_their_layout_and_match_a_fresh_one_exactly(direct, monkeypatch):
+    reused, reused_profile, reused_layouts, g, feeds = _conv_stack(monkeypatch, reuse=True)
+    monkeypatch.undo()
+    monkeypatch.setattr(conv_plan, "direct_is_faster", lambda *args: True)
+    fresh, fresh_profile, fresh_layouts, *_ = _conv_stack(monkeypatch, reuse=False)
+    # Forward convs 2 and 3 reuse the first one's layout, and likewise the input gradients.
+    assert fresh_layouts == 6 and reused_layouts < fresh_layouts
+    for name in fresh:
+        np.testing.assert_array_equal(reused[name], fresh[name])
+    assert reused_profile["steps"] == fresh_profile["steps"]
+    assert reused_profile["total_cycles"] == fresh_profile["total_cycles"]
+    want = popir.interpreter.run(g, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(reused[name], value, rtol=1e-4, atol=1e-4)

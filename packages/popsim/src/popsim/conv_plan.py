@@ -17,6 +17,7 @@ from popsim import _opcodes as oc
 from popsim import cost
 from popsim.mapping import TileMapping
 from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
+from popsim.planner import _index_key, _sources_key
 
 
 class ConvSpec(NamedTuple):
@@ -152,51 +153,86 @@ def _layout(spec, plan, x_index, w_index):
     return patches, weights, np.array(geometry, np.int32), np.array(sizes, np.int64), where
 
 
-def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order):
-    """The convolution ``spec`` as CONV vertices: input element (g, n, c, y, x) is element ``x_index[g, n, c,
-    y, x]`` of ``x_srcs``, weight (g, o, c, i, j) element ``w_index[...]`` of ``w_srcs``. Returns a new
-    tensor of ``shape`` whose element k is output (G, N, O, OH, OW) element ``order[k]`` (flat)."""
+class ConvLayout(NamedTuple):
+    """Everything a convolution's vertices and exchanges are built from: the tile of each task, the index
+    maps of the patch and weight gathers (and each task's count of each), the geometry constant (shared by
+    repeated layers, as any constant), the partials' sizes and dtype, and for each result element its
+    partial from each input-channel block."""
+
+    tiles: np.ndarray
+    patch_index: np.ndarray
+    patch_counts: np.ndarray
+    weight_index: np.ndarray
+    weight_counts: np.ndarray
+    geometry: object
+    out_sizes: np.ndarray
+    partial: DType
+    q: np.ndarray
+
+
+def _conv_layout(lw, x_index, w_index, spec, dtype, order):
     partial = lw.partials_type if dtype == DType.float16 else DType.float32
     plan = plan_conv(lw.target, spec, dtype, partial, lw.available_memory)
     patches, weights, geometry, out_sizes, where = _layout(spec, plan, x_index, w_index)
     tasks = len(out_sizes)
     first = (tasks * 7919) % lw.target.num_tiles
     tiles = lw.target.first_tile + (first + np.arange(tasks)) % lw.target.num_tiles
-    fields = {}
-    for name, parts in (("patch", patches), ("weights", weights)):
-        counts = np.array([p.size for p in parts], np.int64)
-        place = TileMapping.on_tiles(counts, tiles)
-        srcs = x_srcs if name == "patch" else w_srcs
-        t = lw.gather((int(counts.sum()),), dtype, srcs, np.concatenate(parts), place, name=f"conv-{name}")
-        ends = np.cumsum(counts)
-        fields[name] = (t.regions(ends - counts, ends), counts)
-    words = len(oc.CONV_GEOMETRY)
     # The geometry is vertex state: placed on each tile when the program loads, as Poplar places it.
-    place = TileMapping.on_tiles(np.full(tasks, words), tiles)
+    place = TileMapping.on_tiles(np.full(tasks, len(oc.CONV_GEOMETRY)), tiles)
     geom = lw.dg.add_tensor(geometry.shape, DType.int32, place, "conv-geometry", "constant", geometry)
-    p = lw.new((int(out_sizes.sum()),), partial, TileMapping.on_tiles(out_sizes, tiles))
+    q = where.reshape(-1, plan.splits[3])[np.asarray(order).reshape(-1)]
+    counts = [np.array([p.size for p in parts], np.int64) for parts in (patches, weights)]
+    return ConvLayout(
+        tiles, np.concatenate(patches), counts[0], np.concatenate(weights), counts[1], geom, out_sizes, partial, q
+    )
+
+
+def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order):
+    """The convolution ``spec`` as CONV vertices: input element (g, n, c, y, x) is element ``x_index[g, n, c,
+    y, x]`` of ``x_srcs``, weight (g, o, c, i, j) element ``w_index[...]`` of ``w_srcs``. Returns a new
+    tensor of ``shape`` whose element k is output (G, N, O, OH, OW) element ``order[k]`` (flat).
+
+    A layout depends only on what its key names, so a repeated layer (same shapes, dtypes, placements and
+    memory proportion) reuses the layout of its first instance."""
+    where = (lw.target.first_tile, lw.target.num_tiles, lw.available_memory)
+    key = (where, dtype, spec, _sources_key(x_srcs), _sources_key(w_srcs))
+    key += (_index_key(x_index), _index_key(w_index), _index_key(np.asarray(order)))
+    if key not in lw.conv_layouts:
+        lw.conv_layouts[key] = _conv_layout(lw, x_index, w_index, spec, dtype, order)
+    layout = lw.conv_layouts[key]
+    tiles, geometry = layout.tiles, layout.geometry.value
+    fields = {}
+    for name, srcs, index, counts in (
+        ("patch", x_srcs, layout.patch_index, layout.patch_counts),
+        ("weights", w_srcs, layout.weight_index, layout.weight_counts),
+    ):
+        place = TileMapping.on_tiles(counts, tiles)
+        t = lw.gather((int(counts.sum()),), dtype, srcs, index, place, name=f"conv-{name}")
+        ends = np.cumsum(counts)
+        fields[name] = t.regions(ends - counts, ends)
+    out_sizes = layout.out_sizes
+    p = lw.new((int(out_sizes.sum()),), layout.partial, TileMapping.on_tiles(out_sizes, tiles))
     ends = np.cumsum(out_sizes)
     g = {name: geometry[:, i].astype(np.int64) for name, i in oc.CONV_GEOM.items()}
     kernel_positions = spec.kernel[0] * spec.kernel[1]
     taps = g["channels"] * kernel_positions
     positions = g["batch"] * g["out_rows"] * g["out_cols"]
     cycles = cost.conv_cycles(lw.target, g["out_channels"], taps, kernel_positions, positions, dtype)
-    t = np.arange(tasks)
+    words = np.arange(len(tiles)) * len(oc.CONV_GEOMETRY)
     oc.conv(
         lw.dg.add_vertices,
         lw.dg.add_compute_set("conv"),
         tiles,
         out_sizes,
         cycles,
-        patch=fields["patch"][0],
-        weights=fields["weights"][0],
-        geometry=geom.regions(t * words, (t + 1) * words),
+        patch=fields["patch"],
+        weights=fields["weights"],
+        geometry=layout.geometry.regions(words, words + len(oc.CONV_GEOMETRY)),
         out=p.regions(ends - out_sizes, ends),
-        patch_size=fields["patch"][1],
-        weights_size=fields["weights"][1],
+        patch_size=layout.patch_counts,
+        weights_size=layout.weight_counts,
         taps=taps,
     )
-    q = where.reshape(-1, plan.splits[3])[np.asarray(order).reshape(-1)]
-    if plan.splits[3] == 1 and dtype == partial:
-        return lw.gather(shape, dtype, [p], q[:, 0], name="conv-out")
-    return lw.reduce_index("sum", [p], q, shape, dtype, partial)
+    if layout.q.shape[1] == 1 and dtype == layout.partial:
+        return lw.gather(shape, dtype, [p], layout.q[:, 0], name="conv-out")
+    return lw.reduce_index("sum", [p], layout.q, shape, dtype, layout.partial)
