@@ -240,3 +240,16 @@ def test_repeated_conv_layers_reuse_their_layout_and_match_a_fresh_one_exactly(d
     want = popir.interpreter.run(g, feeds)
     for name, value in want.items():
         np.testing.assert_allclose(reused[name], value, rtol=1e-4, atol=1e-4)
+
+
+def test_a_loaded_conv_row_reaching_past_its_tile_is_refused(direct):
+    x_shape, w_shape, window = CASES[0]
+    exe = popsim.compile(_conv_graph(x_shape, w_shape, "float32", **window), TARGET)
+    exe.validate()
+    flat = exe._programs["conv"][0]
+    table = flat.instructions.copy()
+    row = np.flatnonzero(table[:, oc.COL["op"]] == oc.CONV)[0]
+    table[row, oc.COL["p0"]] = TARGET.tile_bytes  # the patch's extent now runs past the tile's memory
+    flat.instructions = table
+    with pytest.raises(popsim.Error, match="invalid compiled program"):
+        exe.validate()
