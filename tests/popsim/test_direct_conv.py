@@ -253,3 +253,18 @@ def test_a_loaded_conv_row_reaching_past_its_tile_is_refused(direct):
     flat.instructions = table
     with pytest.raises(popsim.Error, match="invalid compiled program"):
         exe.validate()
+
+
+def test_the_conv_plan_keeps_within_the_available_memory_proportion():
+    target = popsim.Target.small(num_tiles=64)
+    spec = conv_plan.ConvSpec(1, 8, 32, 32, (32, 32), (32, 32), (3, 3), (1, 1), (1, 1), (1, 1))
+
+    def plan(proportion):
+        return conv_plan.plan_conv(target, spec, DType.float32, available_memory=proportion)
+
+    fastest = plan(1.0)
+    assert plan(fastest.memory / target.tile_bytes) == fastest  # a proportion it fits keeps it
+    # Below what the fastest plan needs, the plan changes; when no split fits, the least memory wins.
+    tight = plan(0.9 * fastest.memory / target.tile_bytes)
+    assert tight.memory < fastest.memory
+    assert tight.memory <= 0.9 * fastest.memory or tight.memory == plan(1e-9).memory

@@ -102,6 +102,8 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
 def direct_is_faster(lw, spec, dtype):
     """Whether CONV vertices are estimated faster than a matmul over im2col columns (the kernel folded into
     the input channels) for ``spec`` within the node's memory proportion."""
+    if 0 in (spec.batch, spec.out_channels, *spec.out_size):
+        return False  # nothing to compute: the matmul path handles empty operands
     partial = lw.partials_type if dtype == DType.float16 else DType.float32
     direct = plan_conv(lw.target, spec, dtype, partial, lw.available_memory)
     positions = spec.batch * spec.out_size[0] * spec.out_size[1]
