@@ -6,6 +6,8 @@ round-robin, so work split evenly over the workers costs ``workers`` tile cycles
 
 import math
 
+import numpy as np
+
 # Worker cycles per vector of results, by codelet family (*estimates*, as in the PopLibs tables).
 _SIMPLE = (
     "copy neg abs relu sign logical_not cast add sub mul maximum minimum eq ne lt le gt ge logical_and logical_or"
@@ -54,7 +56,7 @@ def reduce_cycles(target, rows, group, dtype):
 
 def amp_cycles(target, m, k, n, dtype):
     """Cycles of a matmul partial (m x k) @ (k x n) on the AMP unit: MACs at the AMP rate plus overhead."""
-    return math.ceil(m * k * n / target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
+    return _ceil_div(m * k * n, target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
 
 
 def conv_cycles(target, out_channels, taps, kernel_positions, positions, dtype):
@@ -74,10 +76,12 @@ def gather_cycles(target, rows, count, inner, itemsize):
 
 
 def exchange_cycles(target, busiest_tile_bytes):
-    """Cycles of one exchange phase: the busiest tile's bytes at the exchange rate plus a fixed cost."""
-    if busiest_tile_bytes == 0:
-        return 0
-    return math.ceil(busiest_tile_bytes / target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
+    """Cycles of one exchange phase: the busiest tile's bytes at the exchange rate plus a fixed cost (an
+    integer, or an array of candidate phases' bytes as the planners cost them)."""
+    cycles = _ceil_div(busiest_tile_bytes, target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
+    if np.ndim(busiest_tile_bytes):
+        return np.where(busiest_tile_bytes == 0, 0, cycles)
+    return int(cycles) if busiest_tile_bytes else 0
 
 
 def link_cycles(target, busiest_ipu_bytes):
