@@ -16,7 +16,7 @@ across IPUs plus the exchange's fixed cost, is an *estimate*.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from popsim.errors import Error
 
@@ -69,19 +69,28 @@ def _ring(name, target, members, link_bytes, bytes_per_second):
     return Level(name, members, carried, math.ceil(seconds * target.clock_hz) + latency)
 
 
-def all_reduce(target, nbytes, replicas, ipus_per_replica=1):
+def all_reduce(target, nbytes, replicas, ipus_per_replica=1, stride=1):
     """The cost of an all-reduce of ``nbytes`` per replica over ``replicas`` replicas of
-    ``ipus_per_replica`` IPUs each (each IPU reduces its own part of the bytes)."""
-    if replicas < 1 or ipus_per_replica < 1:
-        raise Error(f"an all-reduce needs at least one replica and one IPU each, got {replicas} x {ipus_per_replica}")
+    ``ipus_per_replica`` IPUs each (each IPU reduces its own part of the bytes).
+
+    ``stride`` > 1 is one group of a replica grouping whose members are ``stride`` replicas apart (the
+    other ``stride - 1`` groups reduce at the same time over the replicas in between): fewer of a group's
+    members share a machine, and every group's shards share the machines' links.
+    """
+    if replicas < 1 or ipus_per_replica < 1 or stride < 1:
+        raise Error(
+            f"an all-reduce needs at least one replica and one IPU each, and a stride of at least one, got "
+            f"{replicas} x {ipus_per_replica} (stride {stride})"
+        )
     if replicas == 1 or nbytes == 0:
         return AllReduce(replicas, nbytes, ())
-    ipus = replicas * ipus_per_replica
+    # Every replica of the grouping runs at once: the machines hold ``replicas x stride`` replicas.
+    ipus = replicas * stride * ipus_per_replica
     # Replicas fill machines first; a replica's IPUs each carry their share of the bytes.
-    in_machine = max(1, min(replicas, IPUS_PER_MACHINE // ipus_per_replica))
-    machines = math.ceil(ipus / IPUS_PER_MACHINE)
-    in_pod = min(machines, MACHINES_PER_POD)
-    pods = math.ceil(machines / MACHINES_PER_POD)
+    replicas_per_machine = max(1, IPUS_PER_MACHINE // ipus_per_replica)
+    in_machine = max(1, min(replicas, replicas_per_machine // stride))
+    in_pod = min(math.ceil(replicas / in_machine), MACHINES_PER_POD)
+    pods = math.ceil(replicas / (in_machine * in_pod))
     per_ipu = math.ceil(nbytes / ipus_per_replica)
     levels = []
     if in_machine > 1:
@@ -95,3 +104,51 @@ def all_reduce(target, nbytes, replicas, ipus_per_replica=1):
         pod_bytes = math.ceil(machine_bytes / in_pod)
         levels.append(_ring("GW-Links between PODs", target, pods, pod_bytes, GW_LINK_BYTES_PER_SECOND))
     return AllReduce(replicas, nbytes, tuple(levels))
+
+
+def grouped_all_reduce(target, parts, replicas, ipus_per_replica=1):
+    """The cost of reducing several sets of gradients one after another: ``parts`` lists (nbytes, group
+    size, stride) per set, each reduced within its groups of replicas (group size ``replicas`` and stride 1
+    for gradients every replica shares). Levels of a grouped set are named after their group size."""
+    levels = []
+    for nbytes, size, stride in parts:
+        reduce = all_reduce(target, nbytes, size, ipus_per_replica, stride)
+        prefix = "" if size == replicas else f"groups of {size}: "
+        levels.extend(Level(prefix + level.name, *astuple(level)[1:]) for level in reduce.levels)
+    return AllReduce(replicas, sum(part[0] for part in parts), tuple(levels))
+
+
+def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process, ipus_per_replica=1):
+    """Who ran what in one training step of ``replicas`` replicas working at once, as timeline entries
+    (``start`` and ``cycles`` from the step's start): every replica's ``runs`` (a list of (program, cycles),
+    one per micro-batch) one after another, then the levels of the ``all_reduce`` over every replica, then
+    each replica's ``optimizer`` (program, cycles). A replica entry names its process (``replicas_per_process``
+    replicas each) and the IPUs it occupies."""
+    entries = []
+    replica_cycles = sum(cycles for _, cycles in runs)
+    ends_at = replica_cycles + all_reduce.cycles
+    for replica in range(replicas):
+        place = {
+            "lane": f"replica {replica}",
+            "replica": replica,
+            "process": replica // replicas_per_process,
+            "ipus": list(range(replica * ipus_per_replica, (replica + 1) * ipus_per_replica)),
+        }
+        start = 0
+        for micro_batch, (program, cycles) in enumerate(runs):
+            entries.append({**place, "program": program, "micro_batch": micro_batch, "start": start, "cycles": cycles})
+            start += cycles
+        entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
+    start = replica_cycles
+    for level in all_reduce.levels:
+        entries.append(
+            {
+                "lane": "all-reduce",
+                "collective": level.name,
+                "members": level.members,
+                "start": start,
+                "cycles": level.cycles,
+            }
+        )
+        start += level.cycles
+    return entries

@@ -147,6 +147,7 @@ class DeviceGraph:
         self.origin = None
         self.node_outputs = set()
         self.state_kinds = {}
+        self.remote = set()  # variable storages kept in streaming memory (see popsim.remote)
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""

@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _executable_format, _kernels, cost, provenance
+from popsim import _exchange, _executable_format, _kernels, cost, provenance, remote
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
@@ -41,12 +41,15 @@ def _check_supported(graphs):
         )
 
 
-def _check_fits(graphs, target, relax_memory):
+def _check_fits(graphs, target, relax_memory, remote=()):
     """Refuse, from sizes alone and before any planning, a program set whose variables plus one program's
     streamed inputs exceed the tile memory of ``target`` (with ``relax_memory``, what the simulator can
-    address). Both are always resident at once; intermediates are not counted (fusion and aliasing may keep
+    address); variables named in ``remote`` live in streaming memory and do not count. Both are always resident
+    at once; intermediates are not counted (fusion and aliasing may keep
     them off the tiles), so this is a lower bound and the allocator still has the last word."""
-    variables = {v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    variables = {
+        v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input" and v.name not in remote
+    }
     fixed = sum(variables.values())
     streamed = max(sum(v.type.nbytes for v in g.inputs if v.kind == "input") for g in graphs.values())
     capacity = MAX_ARENA_BYTES if relax_memory else target.num_tiles * target.tile_bytes
@@ -67,7 +70,15 @@ def _check_fits(graphs, target, relax_memory):
 
 
 def compile(  # noqa: A001
-    graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True, available_memory=None
+    graphs,
+    target="ipu2",
+    *,
+    relax_memory=False,
+    partials_type="float32",
+    optimize=True,
+    available_memory=None,
+    remote=(),
+    spill=None,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -76,6 +87,9 @@ def compile(  # noqa: A001
     annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
+    loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
+    "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
     Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
     an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
@@ -90,7 +104,8 @@ def compile(  # noqa: A001
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_available_memory(available_memory, target.num_ipus)
     _check_supported(graphs)
-    _check_fits(graphs, target, relax_memory)
+    remote = _check_remote(graphs, remote)
+    _check_fits(graphs, target, relax_memory, remote)
     placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
     variables = {}
@@ -114,13 +129,25 @@ def compile(  # noqa: A001
                 mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
                 variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
                 dg.state_kinds[v.name] = v.kind
+                if v.name in remote:
+                    dg.remote.add(variables[v.name])
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
-        inputs, outputs = lower_graph(lw, g, variables, placement, name)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
+
+
+def _check_remote(graphs, remote):
+    """``remote`` as a set of variable names, each a variable (not a streamed input) of ``graphs``."""
+    remote = set(remote)
+    variables = {v.name for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    unknown = sorted(remote - variables)
+    if unknown:
+        raise Error(f"remote: {', '.join(map(repr, unknown))} name(s) no variable of these programs")
+    return remote
 
 
 def _check_available_memory(available_memory, num_ipus):
@@ -185,7 +212,9 @@ class Executable:
             t: target.tile_bytes - overhead["vertex_state"][t] - overhead["code"][t] for t in range(target.num_tiles)
         }
         base = TileAllocator(list(budget.values()))
-        pinned = [t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant")]
+        pinned = [
+            t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant") and t not in dg.remote
+        ]
         alloc = {}
         for t in pinned:
             alloc[t.id] = base.place(t, *t.mapping.tile_bytes(t.itemsize), -1, np.inf)
@@ -202,16 +231,23 @@ class Executable:
         # the tiles' data lie densely, so a step touches few host pages.
         peak = max(int(a.peak.max(initial=0)) for a in [base, *per_program.values()])
         tile_size = max(64, -(-peak // 64) * 64)
-        if target.num_tiles * tile_size > MAX_ARENA_BYTES:
+        # Streaming memory sits beyond the last tile, in whole tile-sized slices of the arena.
+        remote_at, remote_bytes = remote.region_bytes(sorted(dg.remote, key=lambda t: t.id))
+        arena_tiles = target.num_tiles + -(-remote_bytes // tile_size)
+        remote_start = target.num_tiles * tile_size
+        if arena_tiles * tile_size > MAX_ARENA_BYTES:
             raise Error(
                 f"the simulator addresses at most {MAX_ARENA_BYTES:,} bytes of tile memory, and this program set "
                 f"needs {peak:,} bytes on its busiest tile over {target.num_tiles:,} tiles "
-                f"({target.num_tiles * tile_size:,} bytes); use fewer IPUs or less memory per tile"
+                f"({target.num_tiles * tile_size:,} bytes) and {remote_bytes:,} bytes of streaming memory; use fewer "
+                "IPUs or less memory per tile"
             )
-        self.arena = TileArena(target.num_tiles, tile_size)
+        self.arena = TileArena(arena_tiles, tile_size)
         self._block_base = {}
 
         def block_base(storage):
+            if storage.id not in self._block_base and storage in remote_at:
+                self._block_base[storage.id] = remote.block_base(storage, remote_start + remote_at[storage])
             if storage.id not in self._block_base:
                 m = storage.mapping
                 tile_off = alloc[storage.id][m.tiles]
@@ -247,6 +283,8 @@ class Executable:
                 relax_memory,
                 *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
+            # Bytes of the program set's variables and activations in streaming memory (popsim.remote).
+            self.profile.programs[name]["streaming_memory_bytes"] = remote_bytes
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]

@@ -8,7 +8,7 @@ import numpy as np
 
 from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
-from popsim import conv_plan, cost, window
+from popsim import conv_plan, cost, remote, window
 from popsim.errors import Error
 from popsim.mapping import TileMapping
 
@@ -50,15 +50,21 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables, placement=None, name=None):
+def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
 
     On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
     vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
+    ``spill`` ("backward" or "phase") moves activations to streaming memory between passes or phases (see
+    ``remote.Spiller``).
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
-    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
+    lw.in_place = {
+        value: variables[name]
+        for value, name in _in_place_updates(graph, at).items()
+        if variables[name] not in lw.dg.remote  # a streamed variable is updated by a store, never in place
+    }
     device_target = lw.target
     ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
@@ -69,8 +75,17 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         else:
             env[v.id] = variables[v.name]
     crossings = {}
-    for node in graph.nodes:
+    stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
+    stored = set()
+    spiller = remote.Spiller(lw.dg, graph, spill)
+    for index, node in enumerate(graph.nodes):
+        spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]
+        if lw.dg.remote:
+            lw.dg.origin = node
+            where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
+            args = remote.load_operands(lw.dg, spiller.operands(node, args, where), where)
+            lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
@@ -93,9 +108,17 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
             lw.dg.node_outputs.add(t.storage.id)
+        for state, value in stores.get(index, ()):
+            lw.dg.origin = node
+            remote.store(lw.dg, variables[state.name], env[value.id])
+            lw.dg.origin = None
+            stored.add(state.name)
+    spiller.store_due(len(graph.nodes) - 1, env)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         # Outputs of device variables are read after the updates: snapshot them first (on their IPU).
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
@@ -103,13 +126,18 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     staged = {}
     for state, v in graph.updates.items():
         t = env[v.id]
-        if t.storage is variables[state.name].storage:
+        if state.name in stored or t.storage is variables[state.name].storage:
             continue
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"stage {state.name}")
         staged[state.name] = t
     for name, t in staged.items():
         var = variables[name]
+        if var in lw.dg.remote:
+            remote.store(lw.dg, var, t)
+            continue
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
     return inputs, outputs
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from popir import DType
-from popsim import _exchange, cost
+from popsim import _exchange, cost, remote
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
 from popsim.provenance import busy_ipus, origin_of
@@ -209,6 +209,8 @@ class _Flattener:
             step = step.compute_set
         if isinstance(step, ComputeSet):
             return self.compute_set(step)
+        if isinstance(step, remote.RemoteCopy):
+            return self.remote_copy(step)
         if isinstance(step, Copy):
             return self.copy(step)
         if isinstance(step, Sync):
@@ -265,6 +267,25 @@ class _Flattener:
         direction = "in" if step.to_device else "out"
         self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
         return _totals(sync=sync, host=host)
+
+    def remote_copy(self, step):
+        """A streaming-memory load or store: a sync, then every byte crosses the streaming-memory link."""
+        elements = np.arange(step.dst.size)
+        src_addr, _ = element_addresses(step.srcs[0], elements, self.block_base)
+        dst_addr, _ = element_addresses(step.dst, elements, self.block_base)
+        rows = _exchange.copy_runs(src_addr, dst_addr, step.dst.itemsize)
+        if not len(rows):
+            return _totals()
+        nbytes = step.dst.size * step.dst.itemsize
+        cycles = remote.transfer_cycles(self.target, nbytes)
+        sync = self.target.bsp_sync_cycles
+        self.phase(EXCHANGE, self.ncopies, self.ncopies + len(rows), cycles=cycles + sync)
+        self.open = None
+        self.copies.append(rows)
+        self.ncopies += len(rows)
+        entry = {"name": step.name, "kind": "host", "cycles": int(cycles), "bytes": int(nbytes), **_placed(step)}
+        self.steps.append({**entry, "origin": origin_of(step.origin)})
+        return _totals(sync=sync, host=cycles)
 
     def compute_set(self, step):
         if not step.batches:
