@@ -58,15 +58,16 @@ def test_conv_vertices_equal_the_interpreter_bit_for_bit(direct, x_shape, w_shap
     np.testing.assert_array_equal(got, popir.interpreter.run(g, {"x": x, "w": w})["y"])
 
 
-# Stride-1 cases, including grouped, dilated, uneven padding and padding wider than the kernel reaches.
-GRAD_CASES = [c for c in CASES if c[2].get("stride", 1) == 1] + [
+# Every case above (strided ones read the gradient spaced apart), and grouped, dilated, uneven padding and
+# padding wider than the kernel reaches.
+GRAD_CASES = CASES + [
     ((1, 4, 6, 7), (6, 2, 3, 3), {"padding": (1, 2), "dilation": 2, "groups": 2}),
     ((1, 2, 5, 5), (2, 2, 3, 3), {"padding": 3}),
 ]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, window", GRAD_CASES)
-def test_the_input_gradient_of_a_stride_1_conv_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window):
+def test_the_input_gradient_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window):
     rng = np.random.default_rng(3)
     g = popir.Graph("conv_grad")
     x = g.add_input("x", x_shape, "float32")
@@ -172,16 +173,20 @@ def _hand_built_conv(geometry):
     here = popsim.TileMapping.on_tiles
     patch = dg.add_tensor((9,), DType.float32, here([9], [0]), "patch", "constant", np.arange(9, dtype=np.float32))
     weights = dg.add_tensor((8,), DType.float32, here([8], [0]), "w", "constant", np.arange(8, dtype=np.float32))
-    geom = dg.add_tensor((15,), DType.int32, here([15], [0]), "geometry", "constant", np.array(geometry, np.int32))
+    words = len(oc.CONV_GEOMETRY)
+    geom = dg.add_tensor(
+        (words,), DType.int32, here([words], [0]), "geometry", "constant", np.array(geometry, np.int32)
+    )
     out = dg.add_tensor((8,), DType.float32, here([8], [0]), "out")
     cs = dg.add_compute_set("conv")
-    fields = {"patch": patch.region(0, 9), "weights": weights.region(0, 8), "geometry": geom.region(0, 15)}
+    fields = {"patch": patch.region(0, 9), "weights": weights.region(0, 8), "geometry": geom.region(0, words)}
     oc.conv(dg.add_vertex, cs, 0, 8, 1, **fields, out=out.region(0, 8), patch_size=9, weights_size=8, taps=4)
     return popsim.compile_device_graph(dg, outputs={"out": out})
 
 
-# batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel 2x2, stride 1, dilation 1, first (0, 0)
-GEOMETRY = [1, 1, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0]
+# batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel 2x2, stride 1, dilation 1, input
+# dilation 1, first (0, 0)
+GEOMETRY = [1, 1, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0]
 
 
 def test_a_hand_built_conv_vertex_runs_its_geometry():

@@ -773,12 +773,21 @@ cdef inline bint conv_geometry_ok(const int32_t* g, const offset_t* row) noexcep
             and <offset_t> g[CG_BATCH] * g[CG_OUT_CHANNELS] * g[CG_OUT_ROWS] * g[CG_OUT_COLS] == row[C_N])
 
 
+cdef inline Py_ssize_t spaced(Py_ssize_t at, Py_ssize_t step, Py_ssize_t size) noexcept nogil:
+    """The patch index at spaced coordinate ``at`` (elements ``step`` apart), or -1 for a zero there."""
+    if at < 0 or at % step != 0 or at // step >= size:
+        return -1
+    return at // step
+
+
 cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexcept nogil:
     """The (taps, out_rows * out_cols) window columns of one batch item's patch, zero where a window reads
-    padding (outside the patch): the operand the AMP streams as it walks the windows in place."""
+    padding (outside the patch) or between spaced elements: the operand the AMP streams as it walks the
+    windows in place."""
     cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
     cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
-    cdef Py_ssize_t c, i, j, y, x, r, first, lo, hi
+    cdef Py_ssize_t ur = g[CG_IN_DILATION_ROWS], uc = g[CG_IN_DILATION_COLS]
+    cdef Py_ssize_t c, i, j, y, x, r, col, first, lo, hi
     cdef float* dst
     cdef const float* src
     for c in range(g[CG_CHANNELS]):
@@ -792,10 +801,15 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
                 hi = max(hi, lo)
                 # Plain loops, no calls: rows are short (a tile's block of an output row).
                 for y in range(oh):
-                    r = g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS]
-                    if r < 0 or r >= rows:
+                    r = spaced(g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS], ur, rows)
+                    if r < 0:
                         for x in range(ow):
                             dst[x] = 0.0
+                    elif uc != 1:
+                        src = patch + (c * rows + r) * width
+                        for x in range(ow):
+                            col = spaced(first + x * sw, uc, width)
+                            dst[x] = src[col] if col >= 0 else 0.0
                     else:
                         src = patch + (c * rows + r) * width + first
                         for x in range(lo):

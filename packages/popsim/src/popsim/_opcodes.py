@@ -227,7 +227,8 @@ def conv(add, cs, tile, n, cycles, *, patch, weights, geometry, out, patch_size,
     and ``weights_size`` are the element counts of those fields and ``taps`` is channels * kernel_rows *
     kernel_cols (the row's own copy of the sizes, which the engine checks the geometry against). Output
     (y, x) at kernel tap (i, j) reads patch row first_row + y * stride_rows + i * dilation_rows (likewise
-    columns); a position outside the patch is zero padding, which the vertex supplies without reading."""
+    columns), with patch row r at row r * in_dilation_rows; a position outside the patch or between its spaced
+    rows is zero, which the vertex supplies without reading."""
     fields = {"a": patch, "b": weights, "c": geometry, "out": out}
     sizes = {"patch": patch_size, "weights": weights_size, "taps": taps}
     return add(cs, CONV, SINGLE["default"], tile, n, fields, cycles, **sizes)
@@ -268,11 +269,14 @@ EXPR_OP = {name: i for i, name in enumerate(EXPR_OP_ROW) if name}
 EXPR_SRCS = 3  # an op reads registers src, src + 1 and src + 2 of its row (a, b, c)
 EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
 
-# A CONV vertex's geometry (its int32 field c, vertex state on its tile), in this order. first_row/first_col
-# may be negative (the output's first window starts in the padding).
+# A CONV vertex's geometry (its int32 field c, vertex state on its tile), in this order. in_dilation spaces the
+# patch's elements apart (zeros between them, as a strided conv's input gradient reads its output gradient);
+# first_row/first_col are in those spaced coordinates and may be negative (the first window starts in the
+# padding).
 CONV_GEOMETRY = (
     "batch", "channels", "rows", "cols", "out_channels", "out_rows", "out_cols", "kernel_rows", "kernel_cols",
-    "stride_rows", "stride_cols", "dilation_rows", "dilation_cols", "first_row", "first_col",
+    "stride_rows", "stride_cols", "dilation_rows", "dilation_cols", "in_dilation_rows", "in_dilation_cols",
+    "first_row", "first_col",
 )  # fmt: skip
 CONV_GEOM = {name: i for i, name in enumerate(CONV_GEOMETRY)}
 

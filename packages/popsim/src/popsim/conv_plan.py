@@ -23,7 +23,8 @@ from popsim.planner import _index_key, _sources_key
 class ConvSpec(NamedTuple):
     """One convolution's shape: ``groups`` of (``channels`` -> ``out_channels``), a ``batch`` of
     ``in_size`` (rows, cols) inputs giving ``out_size`` outputs; ``pad`` is the (top, left) padding (negative
-    when the first window starts inside the input)."""
+    when the first window starts inside the input). ``in_dilation`` spaces the input's elements apart with
+    zeros between them (a strided convolution's input gradient); ``pad`` counts in those spaced positions."""
 
     groups: int
     batch: int
@@ -35,6 +36,7 @@ class ConvSpec(NamedTuple):
     stride: tuple
     dilation: tuple
     pad: tuple
+    in_dilation: tuple = (1, 1)
 
 
 class ConvPlan(NamedTuple):
@@ -56,9 +58,9 @@ def _split_counts(size):
     return np.array(sorted({-(-size // (-(-size // c))) for c in counts}), np.int64)
 
 
-def _patch_extent(out, k, s, d, size):
-    """Input rows (or cols) an ``out``-long block of outputs reads, at most the whole input."""
-    return np.minimum(size, (out - 1) * s + (k - 1) * d + 1)
+def _patch_extent(out, k, s, d, u, size):
+    """Input rows (or cols, ``u`` apart) an ``out``-long block of outputs reads, at most the whole input."""
+    return np.minimum(size, -(-((out - 1) * s + (k - 1) * d + 1) // u) + (u > 1))
 
 
 @functools.lru_cache(maxsize=512)
@@ -75,11 +77,12 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     keep = tasks <= max(target.num_tiles, spec.groups)
     gb, go, gr, gc, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, bb, ob, rb, cb, tasks))
     per_tile = -(-tasks // target.num_tiles)
-    rows, cols = _patch_extent(rb, kh, sh, dh, h), _patch_extent(ow, kw, sw, dw, w)
+    (uh, uw) = spec.in_dilation
+    rows, cols = _patch_extent(rb, kh, sh, dh, uh, h), _patch_extent(ow, kw, sw, dw, uw, w)
     operand_bytes = (bb * cb * rows * cols + ob * cb * kh * kw) * dtype.itemsize
     memory = per_tile * (operand_bytes + bb * ob * rb * ow * partials.itemsize)
     reduced = (gc > 1) | (dtype != partials)
-    exchange = np.vectorize(functools.partial(cost.exchange_cycles, target), otypes=[np.int64])
+    exchange = functools.partial(cost.exchange_cycles, target)
     compute = cost.conv_cycles(target, ob, cb * kh * kw, kh * kw, bb * rb * ow, dtype)
     # Each contiguous patch row or weight row received is one exchange region with its own setup cycles.
     cycles = (3 + reduced) * target.bsp_sync_cycles + per_tile * (compute + bb * cb * rows + ob * cb)
@@ -114,11 +117,12 @@ def direct_is_faster(lw, spec, dtype):
     return direct.cycles <= folded.cycles
 
 
-def _clipped(lo, hi, size):
-    """[lo, hi) clipped to the input [0, size), never empty (a block whose windows read only padding still
-    gets one real row, which none of its windows reads)."""
-    start = min(max(lo, 0), size - 1)
-    return start, max(min(hi, size), start + 1)
+def _clipped(lo, hi, step, size):
+    """The input rows (or cols, ``step`` apart) at spaced positions lo..hi inclusive, clipped to the input
+    [0, size) and never empty (a block whose windows read only padding still gets one real row, which none
+    of its windows reads)."""
+    start = min(max(-(-lo // step), 0), size - 1)
+    return start, max(min(hi // step + 1, size), start + 1)
 
 
 def _tasks(spec, plan):
@@ -135,18 +139,19 @@ def _layout(spec, plan, x_index, w_index):
     """Index maps of every task's patch and weights, each vertex's geometry, and for each output element
     (G, N, O, OH, OW) the partial that holds it from each input-channel block."""
     (kh, kw), (sh, sw), (dh, dw), (top, left) = spec.kernel, spec.stride, spec.dilation, spec.pad
-    (h, w), (oh, ow) = spec.in_size, spec.out_size
-    c0, c1 = _clipped(-left, (ow - 1) * sw - left + (kw - 1) * dw + 1, w)
+    (h, w), (oh, ow), (uh, uw) = spec.in_size, spec.out_size, spec.in_dilation
+    c0, c1 = _clipped(-left, (ow - 1) * sw - left + (kw - 1) * dw, uw, w)
     patches, weights, geometry, sizes = [], [], [], []
     where = np.zeros((spec.groups, spec.batch, spec.out_channels, oh, ow, plan.splits[3]), np.int64)
     offset = 0
     for g, b, o, r, ci, c in _tasks(spec, plan):
-        r0, r1 = _clipped(r.start * sh - top, (r.stop - 1) * sh - top + (kh - 1) * dh + 1, h)
+        r0, r1 = _clipped(r.start * sh - top, (r.stop - 1) * sh - top + (kh - 1) * dh, uh, h)
         patches.append(x_index[g, b, c, r0:r1, c0:c1].reshape(-1))
         weights.append(w_index[g, o, c].reshape(-1))
         nb, nc, nr, no = b.stop - b.start, c.stop - c.start, r.stop - r.start, o.stop - o.start
         geometry.append(
-            (nb, nc, r1 - r0, c1 - c0, no, nr, ow, kh, kw, sh, sw, dh, dw, r.start * sh - top - r0, -left - c0)
+            (nb, nc, r1 - r0, c1 - c0, no, nr, ow, kh, kw, sh, sw, dh, dw, uh, uw)
+            + (r.start * sh - top - r0 * uh, -left - c0 * uw)
         )
         size = nb * no * nr * ow
         where[g, b, o, r, :, ci] = offset + np.arange(size).reshape(nb, no, nr, ow)

@@ -645,25 +645,24 @@ def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation
 
 @lowering("conv2d_grad_input")
 def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, groups):
-    """With stride 1 the input gradient is a convolution of the output gradient with the kernel flipped and
-    its channels swapped (CONV vertices when estimated faster); a strided one reads the gradient at every
-    stride-th position only, so it stays a matmul over transposed windows."""
+    """The input gradient is a convolution of the output gradient, its elements spaced ``stride`` apart,
+    with the kernel flipped and its channels swapped: CONV vertices when estimated faster, else a matmul
+    over transposed windows."""
     o, cg, kh, kw = w.shape
-    if tuple(stride) == (1, 1):
-        (dh, dw), (top, left) = dilation, (padding[0][0], padding[1][0])
-        pad = (dh * (kh - 1) - top, dw * (kw - 1) - left)
-        spec = conv_plan.ConvSpec(
-            groups, gy.shape[0], o // groups, cg, gy.shape[2:], tuple(input_shape[2:]), (kh, kw), (1, 1),
-            tuple(dilation), pad,
-        )  # fmt: skip
-        if conv_plan.direct_is_faster(lw, spec, gy.dtype):
-            flipped = np.arange(w.size).reshape(groups, o // groups, cg, kh, kw)[..., ::-1, ::-1]
-            w_index = flipped.transpose(0, 2, 1, 3, 4)
-            order = _ungrouped(tuple(input_shape), groups)
-            return conv_plan.direct_conv(
-                lw, [gy], _grouped(gy.shape, groups), [w], w_index, spec, gy.dtype, tuple(input_shape), order
-            )
-    return _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation, groups)
+    (dh, dw), (top, left) = dilation, (padding[0][0], padding[1][0])
+    pad = (dh * (kh - 1) - top, dw * (kw - 1) - left)
+    spec = conv_plan.ConvSpec(
+        groups, gy.shape[0], o // groups, cg, gy.shape[2:], tuple(input_shape[2:]), (kh, kw), (1, 1),
+        tuple(dilation), pad, tuple(stride),
+    )  # fmt: skip
+    if not conv_plan.direct_is_faster(lw, spec, gy.dtype):
+        return _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation, groups)
+    flipped = np.arange(w.size).reshape(groups, o // groups, cg, kh, kw)[..., ::-1, ::-1]
+    order = _ungrouped(tuple(input_shape), groups)
+    return conv_plan.direct_conv(
+        lw, [gy], _grouped(gy.shape, groups), [w], flipped.transpose(0, 2, 1, 3, 4), spec, gy.dtype,
+        tuple(input_shape), order,
+    )  # fmt: skip
 
 
 def _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation, groups):
