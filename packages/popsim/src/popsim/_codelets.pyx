@@ -787,7 +787,7 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
     cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
     cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
     cdef Py_ssize_t ur = g[CG_IN_DILATION_ROWS], uc = g[CG_IN_DILATION_COLS]
-    cdef Py_ssize_t c, i, j, y, x, r, col, first, lo, hi
+    cdef Py_ssize_t c, i, j, y, x, r, q, rem, first, lo, hi
     cdef float* dst
     cdef const float* src
     for c in range(g[CG_CHANNELS]):
@@ -806,10 +806,17 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
                         for x in range(ow):
                             dst[x] = 0.0
                     elif uc != 1:
+                        # Walk the spaced columns with a running quotient and remainder (no division per
+                        # element): output x reads patch column q when the remainder is 0.
                         src = patch + (c * rows + r) * width
+                        q = first // uc if first >= 0 else -((uc - 1 - first) // uc)
+                        rem = first - q * uc
                         for x in range(ow):
-                            col = spaced(first + x * sw, uc, width)
-                            dst[x] = src[col] if col >= 0 else 0.0
+                            dst[x] = src[q] if rem == 0 and 0 <= q < width else 0.0
+                            rem += sw
+                            while rem >= uc:
+                                rem -= uc
+                                q += 1
                     else:
                         src = patch + (c * rows + r) * width + first
                         for x in range(lo):
