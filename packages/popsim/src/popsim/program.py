@@ -321,10 +321,9 @@ class _Flattener:
             self.nrows += len(batch)
             per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
             if batch.kind == oc.MATMUL:
-                dtype = batch.fields["a"].tensor.dtype.value
-                self.flops[dtype] = self.flops.get(dtype, 0) + int(
-                    (2 * batch.params["m"] * batch.params["k"] * batch.n).sum()
-                )
+                self._count_flops(batch.fields["a"], 2 * batch.params["m"] * batch.params["k"] * batch.n)
+            elif batch.kind == oc.CONV:  # a MAC per tap for each output
+                self._count_flops(batch.fields["a"], 2 * batch.params["taps"] * batch.n)
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
@@ -342,6 +341,11 @@ class _Flattener:
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
+
+    def _count_flops(self, operand, flops):
+        """Add a batch's FLOPs under its operand's dtype (the AMP's peak rate depends on it)."""
+        dtype = operand.tensor.dtype.value
+        self.flops[dtype] = self.flops.get(dtype, 0) + int(flops.sum())
 
     def _instruction_rows(self, batch):
         """The instruction rows of a batch of vertices: one row each, its fields' arena addresses."""
