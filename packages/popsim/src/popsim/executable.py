@@ -6,10 +6,11 @@ import numpy as np
 
 import popir
 from popsim import _exchange, _executable_format, _kernels, cost, provenance, remote
+from popsim import _opcodes as oc
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, HostCallbackError, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.mapping import TileMapping
 from popsim.placement import Placement
@@ -216,6 +217,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
+    ``host_callbacks`` (callback name -> function) gives this executable's own host-call functions; a name
+    not in it runs the function registered with ``popir.ops.register_host_callback``.
     ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
     skip compiling.
     """
@@ -223,6 +226,7 @@ class Executable:
     def __init__(self, target, dg, variables, lowered, relax_memory):
         self.target = target
         self.num_threads = default_threads()
+        self.host_callbacks = {}
         self._vars = variables
         self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
         overhead = _vertex_memory(target, [program for program, _, _ in lowered.values()])
@@ -366,8 +370,13 @@ class Executable:
         if not isinstance(self.num_threads, int) or not 1 <= self.num_threads <= _kernels.MAX_THREADS:
             raise Error(f"num_threads must be an integer from 1 to {_kernels.MAX_THREADS}, got {self.num_threads!r}")
         feeds = dict(feeds or {})
-        stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device}
-        unknown = set(feeds) - set(inputs) - stream_feeds
+        called = _host_call_streams(flat)
+        fed_calls = sorted(called & set(feeds))
+        if fed_calls:
+            raise Error(f"program {program!r} feeds: {fed_calls} are host-call streams (the run feeds them)")
+        feeds.update(self._host_call_feeds(flat, called))
+        stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device} - called
+        unknown = set(feeds) - set(inputs) - stream_feeds - called
         missing = (set(inputs) | stream_feeds) - set(feeds)
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
@@ -377,19 +386,7 @@ class Executable:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
         table, host = self._stream_buffers(flat.stream_uses, feeds)
-        bad, cycles, dry, trap = _kernels.run_program(
-            self.arena,
-            flat.phases,
-            flat.phase_cycles,
-            flat.instructions,
-            flat.fparams,
-            flat.copies,
-            np.zeros(flat.num_counters, np.int64),
-            flat.stream_rows,
-            table,
-            host,
-            self.num_threads,
-        )
+        bad, cycles, dry, trap = self._run_phases(flat, table, host)
         # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
         if trap >= 0:
@@ -412,11 +409,69 @@ class Executable:
             )
         results = {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
         for slot, (name, stream) in enumerate(self._streams.items()):
-            if name in flat.stream_uses and not stream.to_device:
+            if name in flat.stream_uses and not stream.to_device and name not in called:
                 start, done = table[slot, 1], table[slot, 3]
                 t = stream.tensor
                 results[name] = host[start : start + done].view(t.dtype.numpy).reshape((-1, *t.shape)).copy()
         return results
+
+    def _run_phases(self, flat, table, host):
+        """Run the engine over ``flat``'s phases; at each host call it pauses, the host runs the callback on
+        the slices just streamed out and puts its results where the next stream-ins read, and the engine
+        resumes. Returns (bad indices, cycles, dry stream, trapped row) as ``_kernels.run_program``."""
+        counters = np.zeros(flat.num_counters, np.int64)
+        start, bad, cycles = 0, 0, 0
+        while True:
+            run = _kernels.run_program(
+                self.arena,
+                flat.phases,
+                flat.phase_cycles,
+                flat.instructions,
+                flat.fparams,
+                flat.copies,
+                counters,
+                flat.stream_rows,
+                table,
+                host,
+                self.num_threads,
+                start,
+            )
+            bad, cycles = bad + run[0], cycles + run[1]
+            dry, trap, start = run[2:]
+            if start < 0 or dry >= 0 or trap >= 0:
+                return bad, cycles, dry, trap
+            self._host_call(flat.host_calls[flat.phases[start - 1, oc.PHASE_COL["a"]]], table, host)
+
+    def _host_call(self, call, table, host):
+        """Run one host call between engine phases: its inputs are each send stream's last slice, its results
+        go into each receive stream's next slice."""
+        slots = {name: slot for slot, name in enumerate(self._streams)}
+
+        def slice_of(name, ahead):
+            slot, t = slots[name], self._streams[name].tensor
+            at = table[slot, 1] + table[slot, 3] - (0 if ahead else table[slot, 4])
+            return host[at : at + table[slot, 4]].view(t.dtype.numpy).reshape(t.shape), t
+
+        arrays = [slice_of(name, ahead=False)[0].copy() for name in call["sends"]]
+        receives = [slice_of(name, ahead=True) for name in call["receives"]]
+        out_types = [(t.shape, str(t.dtype)) for _, t in receives]
+        try:
+            own = getattr(self, "host_callbacks", {}).get(call["callback"])
+            results = popir.ops.run_host_callback(call["callback"], arrays, out_types, own)
+        except popir.IRError as exc:
+            raise Error(str(exc)) from None
+        except Exception as exc:
+            raise HostCallbackError(f"host callback {call['callback']!r} raised {type(exc).__name__}: {exc}") from exc
+        for (buffer, _), result in zip(receives, results):
+            buffer[...] = result
+
+    def _host_call_feeds(self, flat, called):
+        """Zero slices for the streams that carry host-call results (the callbacks fill them during the run)."""
+        return {
+            n: np.zeros((flat.stream_uses[n], *self._streams[n].tensor.shape), self._streams[n].tensor.dtype.numpy)
+            for n in called
+            if self._streams[n].to_device and n in flat.stream_uses
+        }
 
     def _stream_buffers(self, uses, feeds):
         """The engine's stream table (to_device, host offset, capacity, cursor, slice bytes) and one host
@@ -489,6 +544,11 @@ def _host_streams(lowered):
 def _stream_kind(step):
     direction = "host-to-device" if step.to_device else "device-to-host"
     return f"{direction} {step.tensor.dtype}{list(step.tensor.shape)}"
+
+
+def _host_call_streams(flat):
+    """The host streams of ``flat``'s host calls: the executable feeds and reads them itself."""
+    return {name for call in getattr(flat, "host_calls", ()) for name in (*call["sends"], *call["receives"])}
 
 
 def _stream_executions(step):

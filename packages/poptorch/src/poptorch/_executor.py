@@ -30,6 +30,7 @@ from poptorch import (
     _distributed,
     _executor_api,
     _fp_exceptions,
+    _host_io_ops,
     _host_print,
     _interrupt,
     _logging,
@@ -252,7 +253,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             try:
                 with (
                     excluding_sources(self._options.source_location_excludes),
-                    _executor_api.running_on_ipu(self._training),
+                    _executor_api.running_on_ipu(self._training, self._options),
+                    _host_io_ops.collecting_host_callbacks() as host_ops,
                     _blocks.recording(self._options.execution_strategy),
                 ):
                     with _replication.per_replica_parameters(
@@ -294,6 +296,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
+        exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
