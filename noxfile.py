@@ -4,6 +4,8 @@ Every session that needs torch installs ``torch==2.13.0`` (the CPU wheel) before
 resolver ever pulls a CUDA build.
 """
 
+import os
+
 import nox
 
 nox.options.sessions = ["lint", "popir", "popsim", "jax", "popdata", "poptorch", "models", "report"]
@@ -11,6 +13,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"
+REPORT_ARTIFACTS = "build/report-artifacts"  # the browser test's screenshots and HTML reports
 TEST_DEPS = ["pytest>=7", "hypothesis>=6.80"]
 BUILD_DEPS = ["setuptools>=68", "Cython>=3.0", "numpy>=1.24", "scipy>=1.10"]
 ASSERT_NO_TORCH = (
@@ -89,13 +92,16 @@ def models(session):
 @nox.session
 def report(session):
     """The tutorial CNN's HTML profile report in headless Chromium (Debian's chromium and chromium-driver,
-    installed by .ci/install_chromium.sh; driven by Selenium). Screenshots land in the session's tmp folder."""
+    installed by .ci/install_chromium.sh; driven by Selenium). Its screenshots and HTML files, the test's
+    artefacts, land in build/report-artifacts (kept after the run, ignored by git)."""
     session.run("bash", ".ci/install_chromium.sh", external=True)
     session.install(TORCH)
     session.install(*TEST_DEPS, "selenium>=4.10")
     _install_layers(session, "popir", "popsim", "popdata", "poptorch")
-    session.env["REPORT_ARTIFACTS"] = session.create_tmp()
+    artifacts = os.path.abspath(REPORT_ARTIFACTS)
+    session.env["REPORT_ARTIFACTS"] = artifacts
     _pytest(session, "tests/report")
+    session.log(f"report screenshots and HTML files: {artifacts}")
 
 
 @nox.session(default=False)

@@ -589,6 +589,18 @@ def _uniform(d):
 
 entry("random_uniform", _uniform, ops.random_uniform, None, dtypes=("float32", "float16"))
 
+# A host callback with two results of different shapes: doubled values and row sums.
+ops.register_host_callback("opdb.double_and_sum", lambda x: (x * 2, x.sum(axis=-1)))
+
+
+def _host_call(d):
+    shape = d.shape(min_rank=1)
+    out_types = ((shape, str(d.dtype)), (shape[:-1], str(d.dtype)))
+    return Sample({"x": d.floats(shape)}, {"callback": "opdb.double_and_sum", "out_types": out_types})
+
+
+entry("host_call", _host_call, ops.host_call, None, dtypes=("float32", "float16"))
+
 
 # -- composites -------------------------------------------------------------------------------------------
 def _axis_of(d, ndim):

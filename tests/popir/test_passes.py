@@ -181,6 +181,19 @@ def test_folding_leaves_graph_inputs_alone():
     assert _ops(passes.fold_constants(g)) == ["exp"]
 
 
+def test_host_calls_run_at_run_time_once_per_node_whatever_the_passes():
+    calls = []
+    ops.register_host_callback("test.count", lambda v: calls.append(1) or v + 1)
+    g, (x,) = _graph((3,))
+    out_types = (((3,), "float32"),)
+    twice = [ops.host_call(x, callback="test.count", out_types=out_types) for _ in range(2)]
+    on_constant = ops.host_call(g.constant(np.ones(3, np.float32)), callback="test.count", out_types=out_types)
+    g.output("y", twice[0] + twice[1] + on_constant)
+    out = passes.optimize(g)
+    assert calls == [] and _ops(out).count("host_call") == 3
+    _same_results(g, out, _feeds(g))
+
+
 # -- algebraic simplification ----------------------------------------------------------------------
 
 

@@ -136,3 +136,13 @@ def test_an_element_sent_to_many_tiles_leaves_its_tile_once_whichever_alias_name
     once = _broadcast_bytes(lambda dg, x: ([x], np.tile(np.arange(8), 3)))
     aliased = _broadcast_bytes(lambda dg, x: ([x, dg.alias(x, (2, 4)), x], np.arange(24)))
     assert once == aliased == 8 * 4  # tile 0 sends each of its 8 float32 elements once
+
+
+def test_planner_estimators_cost_arrays_of_candidates_as_they_cost_one():
+    # The planners cost all their candidate splits at once; each entry must be the scalar estimate.
+    sizes = np.array([0, 1, 3, 4, 5, 1000, 12345])
+    assert list(cost.exchange_cycles(IPU2, sizes)) == [cost.exchange_cycles(IPU2, int(b)) for b in sizes]
+    m, k, n = np.array([1, 3, 16]), np.array([7, 64, 1]), np.array([5, 2, 100])
+    for dtype in ("float32", "float16"):
+        amp = cost.amp_cycles(IPU2, m, k, n, popir.as_dtype(dtype))
+        assert list(amp) == [cost.amp_cycles(IPU2, *map(int, row), popir.as_dtype(dtype)) for row in zip(m, k, n)]

@@ -151,7 +151,7 @@ def _row(kind, sub):
     [(99, 0), (0, 0), (oc.UNARY, len(oc.UNARY_OPS)), (oc.BINARY, 99), (oc.REDUCE, 7), (oc.FILL, 1), (oc.GATHER, 2)],
 )
 def test_the_engine_traps_unknown_kinds_and_sub_ops(kind, sub):
-    bad, _, _, trap = _raw_run(_row(kind, sub))
+    bad, _, _, trap, _ = _raw_run(_row(kind, sub))
     assert trap == 0 and bad == 0
 
 

@@ -4,6 +4,7 @@ memory is broken down by tensor and category, and memory liveness covers the pro
 import json
 
 import numpy as np
+import pytest
 
 import popir
 import popsim
@@ -86,6 +87,104 @@ def test_liveness_covers_every_program_point_and_keeps_variables_resident():
     assert (curves["variables"] == 16 * 4 * 4).all()
     assert curves["activations"].max() > 0 and curves["gradients"].max() > 0
     assert curves["inputs"][0] == 8 * 16 * 4
+
+
+def test_each_tiles_peak_point_is_where_its_live_tensor_bytes_peak_and_the_allocator_holds_them():
+    exe, p = _profile()
+    points = len(p["liveness"]["points"])
+    live = np.zeros((points, exe.target.num_tiles), np.int64)  # bytes live on each tile at each point
+    for t in p["tensors"]:
+        last = points - 1 if t["last"] is None else min(t["last"], points - 1)
+        for first, count, nbytes in t["tile_runs"]:
+            live[max(t["first"], 0) : last + 1, first : first + count] += nbytes
+    peaks = p["liveness"]["tile_peak_points"]
+    assert len(peaks) == exe.target.num_tiles
+    for tile, at in enumerate(peaks):
+        if not live[:, tile].any():
+            assert at is None
+            continue
+        # The earliest point of the most bytes; the allocator's peak there holds them, plus padding and gaps.
+        assert at == int(np.argmax(live[:, tile]))
+        assert live[at, tile] <= p["memory"]["tensors"][tile]
+    assert any(at is not None and at > 0 for at in peaks)
+
+
+def test_a_fused_compute_set_credits_every_node_it_computes():
+    g = popir.Graph("main")
+    x = g.add_input("x", (8, 16), "float32")
+    w = g.add_input("fc.weight", (16, 8), "float32", kind="parameter")
+    b = g.add_input("b", (8, 8), "float32")
+    with g.annotate(module="fc", aten="aten.mm.default", source="net.py:3: y = x @ w", role="forward"):
+        y = x @ w
+    with g.annotate(module="act", aten="aten.relu.default", source="net.py:4: h = y.relu()", role="forward"):
+        h = ops.relu(y)
+    with g.annotate(module="out", aten="aten.add.Tensor", source="net.py:5: z = h + b", role="forward"):
+        g.output("z", h + b)
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    (fused,) = [s for s in profile.programs["main"]["steps"] if s.get("fused")]
+    assert [(o["module"], o["elements"]) for o in fused["fused"]] == [("act", 64), ("out", 64)]
+    rows = {r["module"]: r for r in profile.operations("main")}
+    # Equal elements, equal shares: the relu's line gets its half of the fused cycles.
+    assert rows["act"]["compute_cycles"] + rows["out"]["compute_cycles"] == fused["cycles"]
+    assert abs(rows["act"]["compute_cycles"] - rows["out"]["compute_cycles"]) <= 1
+    assert rows["act"]["steps"] == rows["out"]["steps"] == 1
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in profile.programs["main"]["steps"])
+    text = profile.summary()
+    assert "act (forward, aten.relu.default) at net.py:4: h = y.relu()" in text
+    assert "out (forward, aten.add.Tensor) at net.py:5: z = h + b" in text
+
+
+def test_a_node_lowered_before_its_reader_when_the_fused_vertex_is_full_is_credited_to_itself():
+    g = popir.Graph("main")
+    xs = [g.add_input(f"x{i}", (8, 8), "float32") for i in range(7)]
+    with g.annotate(module="a", aten="aten.mul.Tensor", source="net.py:3: a = x0 * x1", role="forward"):
+        a = xs[0] * xs[1]
+    with g.annotate(module="b", aten="aten.add.Tensor", source="net.py:4: b = x2 + ... + x6", role="forward"):
+        b = xs[2] + xs[3] + xs[4] + xs[5] + xs[6]
+    with g.annotate(module="c", aten="aten.add.Tensor", source="net.py:5: c = a + b", role="forward"):
+        g.output("c", a + b)  # seven leaves: more than one fused vertex holds
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    rows = {r["module"]: r for r in profile.operations("main")}
+    assert {"a", "b", "c"} <= set(rows)
+    assert all(rows[m]["compute_cycles"] > 0 for m in "abc")
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in profile.programs["main"]["steps"])
+
+
+def test_an_exchange_phase_shared_by_copies_of_two_nodes_credits_each_by_the_bytes_it_receives():
+    g = popir.Graph("main")
+    x1 = g.add_input("x1", (8, 16), "float32")
+    x2 = g.add_input("x2", (8, 16), "float32")
+    w = g.add_input("w", (16, 8), "float32", kind="parameter")
+    with g.annotate(module="t", aten="aten.t.default", source="net.py:3: a = x1.t()", role="forward"):
+        g.output("a", ops.transpose(x1, perm=(1, 0)))
+    with g.annotate(module="m", aten="aten.mm.default", source="net.py:4: y = x2 @ w", role="forward"):
+        g.output("y", x2 @ w)
+    profile = popsim.compile(g, popsim.Target.small()).profile
+    steps = profile.programs["main"]["steps"]
+    # The transpose's copy and the matmul's operand copies share one exchange phase.
+    (shared,) = [s for s in steps if s.get("merged")]
+    parts = {o["module"]: o["bytes"] for o in shared["merged"]}
+    assert set(parts) == {"t", "m"} and sum(parts.values()) == shared["bytes"]
+    assert 0 < parts["t"] <= 8 * 16 * 4  # the transpose receives at most all of x1
+    rows = {r["module"]: r for r in profile.operations("main")}
+    assert rows["t"]["steps"] == 1 and rows["t"]["exchange_bytes"] == parts["t"]
+    share = shared["cycles"] * parts["t"] // shared["bytes"]
+    assert rows["t"]["exchange_cycles"] == share > 0
+    assert sum(r["cycles"] for r in rows.values()) == sum(s["cycles"] for s in steps)
+    assert "t (forward, aten.t.default) at net.py:3: a = x1.t()" in profile.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_flops_utilisation_is_against_the_amp_peak_of_the_matmuls_dtype(dtype):
+    g = popir.Graph("main")
+    x = g.add_input("x", (8, 32), dtype)
+    w = g.add_input("w", (32, 16), dtype, kind="parameter")
+    g.output("y", x @ w)
+    target = popsim.Target.small()
+    p = popsim.compile(g, target).profile.programs["main"]
+    assert p["flops_by_dtype"] == {dtype: p["flops"]} and p["flops"] >= 2 * 8 * 32 * 16
+    peak_per_cycle = 2 * target.amp_macs(dtype) * target.num_tiles
+    assert p["flops_utilisation"] == pytest.approx(p["flops"] / peak_per_cycle / p["total_cycles"])
 
 
 def test_summary_names_modules_and_source_lines_and_the_json_round_trips():

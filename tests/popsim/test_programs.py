@@ -4,6 +4,7 @@ keep loop-carried tensors alive."""
 import numpy as np
 import pytest
 
+import popir
 import popsim
 from popir import DType
 from popsim import _opcodes as oc
@@ -223,3 +224,42 @@ def test_stream_errors_name_the_stream():
     dg.program = [popsim.StreamCopy("x", x)]
     with pytest.raises(popsim.Error, match="names both a host stream and an input"):
         popsim.compile_device_graph(dg, {"x": x})
+
+
+def test_a_host_call_inside_a_repeat_pauses_the_engine_each_iteration_and_resumes_the_loop():
+    calls = []
+
+    def square_plus_one(values):
+        calls.append(values.copy())
+        return values * values + 1
+
+    popir.ops.register_host_callback("test.square_plus_one", square_plus_one)
+    dg, x, inc, _ = _counter_graph()
+    y = _tensor(dg, "y")
+    call = popsim.HostCall("sq", "test.square_plus_one", [x], [y])
+    copy_back = popsim.Copy("y to x", x, [y], np.arange(N))
+    exe, out = _run(dg, [popsim.Repeat(2, [inc, call, copy_back])], {"x": X}, {"x": x}, {"x": x})
+    once = (X + 1) ** 2 + 1
+    np.testing.assert_array_equal(out["x"], (once + 1) ** 2 + 1)
+    assert len(calls) == 2
+    np.testing.assert_array_equal(calls[1], once + 1)
+    # Each call streams x out and y in: two host transfers of N floats per iteration, charged as such.
+    prof = exe.profile.programs["main"]
+    assert prof["host_cycles"] == 2 * 2 * cost.host_cycles(TARGET, N * 4) + cost.host_cycles(TARGET, 2 * N * 4)
+
+
+def test_a_host_call_that_raises_stops_the_run():
+    def broken(values):
+        raise RuntimeError("disk full")
+
+    popir.ops.register_host_callback("test.broken", broken)
+    dg, x, _, _ = _counter_graph()
+    y = _tensor(dg, "y")
+    dg.program = [popsim.HostCall("broken", "test.broken", [x], [y])]
+    exe = popsim.compile_device_graph(dg, {"x": x}, {"y": y})
+    with pytest.raises(popsim.HostCallbackError, match="host callback 'test.broken' raised RuntimeError: disk full"):
+        exe.run({"x": X})
+    with pytest.raises(popsim.Error, match=r"\['broken.out0'\] are host-call streams"):
+        exe.run({"x": X, "broken.out0": np.zeros((1, N), np.float32)})
+    exe.host_callbacks = {"test.broken": lambda values: values - 1}  # the executable's own function wins
+    np.testing.assert_array_equal(exe.run({"x": X})["y"], X - 1)

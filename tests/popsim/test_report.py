@@ -1,10 +1,12 @@
 """The HTML report: one self-contained file with the profile's data and plotly.js, from Python or the
 command line, with a comparison of two profiles; refusals name the cause."""
 
+import base64
 import json
 import re
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -36,7 +38,10 @@ def test_report_is_one_file_with_the_profile_plotly_and_no_outside_resources(tmp
     assert data["profile"]["programs"] == json.loads(profile.to_json())["programs"]
     assert data["operations"]["main"] == profile.operations("main")
     assert data["samples_per_run"] == 4 and data["compare"] is None
-    assert report.plotly_js() in html
+    # plotly.js travels deflated and base64-encoded, at well under half its size.
+    packed = re.search(r'<script type="application/base64" id="plotly-deflated">(.*?)</script>', html, re.S).group(1)
+    assert zlib.decompress(base64.b64decode(packed)).decode() == report.plotly_js()
+    assert len(html) < len(report.plotly_js()) / 2
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
     for view in ("summary", "timeline-chart", "heatmap-chart", "tile-detail", "operations-table", "liveness-chart"):
         assert f'id="{view}"' in html

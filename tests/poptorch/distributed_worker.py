@@ -4,6 +4,8 @@ Usage: distributed_worker.py OUT_FILE MODE [REDUCTION]. Process id and count com
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test. MODE "train" trains STEPS steps and saves
 every step's losses and the final weights to OUT_FILE; MODE "die" makes process 1 exit after the first
 step, and "stall" makes it stop answering for STALL_SECONDS. REDUCTION is a key of REDUCTIONS (default "post").
+MODE "grouped" trains GroupedModel (weights grouped over the replicas of both processes) from a different
+optimizer state on each process, then runs an inference model built differently on each process.
 """
 
 import os
@@ -60,6 +62,9 @@ def main(out_file, mode, reduction="post"):
     reduction_type, strategy = REDUCTIONS[reduction]
     opts.Training.accumulationAndReplicationReductionType(reduction_type)
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
+    if mode == "grouped":
+        grouped_main(out_file, opts)
+        return
     process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     # Each process starts from different weights: the broadcast from process 0 must make them alike.
     model, optimizer = make_model(seed=process)
@@ -77,6 +82,58 @@ def main(out_file, mode, reduction="post"):
         losses.append(loss.clone())
     state = {name: value.clone() for name, value in model.state_dict().items()}
     torch.save({"losses": torch.stack(losses), "state": state}, out_file)
+
+
+class GroupedModel(torch.nn.Module):
+    """One weight per Orthogonal group (replicas r, r + 2: one on each process), one per Consecutive group
+    (replicas 0-1 on process 0, 2-3 on process 1), and a bias every replica shares."""
+
+    GROUPS = 2
+
+    def __init__(self):
+        super().__init__()
+        self.across = torch.nn.Parameter(torch.randn(self.GROUPS, FEATURES))
+        self.within = torch.nn.Parameter(torch.randn(self.GROUPS, FEATURES))
+        self.bias = torch.nn.Parameter(torch.randn(()))
+
+    def forward(self, x, y):
+        out = x @ self.across + x @ self.within + self.bias
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def grouped_inputs(processes):
+    """Every step's samples and targets for all processes: [STEPS, processes * REPLICAS * MICRO_BATCH, ...]."""
+    generator = torch.Generator().manual_seed(2)
+    samples = processes * REPLICAS * MICRO_BATCH
+    return torch.randn(STEPS, samples, FEATURES, generator=generator), torch.randn(STEPS, samples, generator=generator)
+
+
+def make_grouped(seed):
+    """The model and an SGD optimizer whose momentum differs with ``seed`` (as if loaded from a checkpoint)."""
+    torch.manual_seed(seed)
+    model = GroupedModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for param in model.parameters():
+        optimizer.state[param]["momentum_buffer"] = torch.randn(param.shape)
+    return model, optimizer
+
+
+def grouped_main(out_file, opts):
+    process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
+    model, optimizer = make_grouped(seed=process)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    training.across.replicaGrouping(poptorch.CommGroupType.Orthogonal, 2, poptorch.VariableRetrievalMode.OnePerGroup)
+    training.within.replicaGrouping(poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.OnePerGroup)
+    x, y = grouped_inputs(processes)
+    share = slice(process * REPLICAS * MICRO_BATCH, (process + 1) * REPLICAS * MICRO_BATCH)
+    losses = [training(x[step, share], y[step, share])[1].clone() for step in range(STEPS)]
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    momentum = {name: optimizer.state[param]["momentum_buffer"].clone() for name, param in model.named_parameters()}
+    # Inference from weights that differ per process: process 0's reach every process.
+    torch.manual_seed(10 + process)
+    inference = poptorch.inferenceModel(torch.nn.Linear(FEATURES, 3), poptorch.Options().replicationFactor(REPLICAS))
+    outputs = inference(x[0, share]).as_subclass(torch.Tensor)
+    torch.save({"losses": torch.stack(losses), "state": state, "momentum": momentum, "outputs": outputs}, out_file)
 
 
 if __name__ == "__main__":

@@ -63,11 +63,18 @@ class _Decoding(torch.nn.Module):
         return poptorch.ctc_beam_search_decoder(log_probs.log_softmax(2), lengths, beam_width=4)
 
 
-def test_decoding_inside_a_model_is_refused_on_the_ipu_with_the_fix():
+def test_decoding_inside_a_model_runs_on_the_host_between_device_transfers():
+    torch.manual_seed(0)
     log_probs, lengths = torch.randn(4, 2, 3), torch.tensor([4, 3])
-    assert _Decoding()(log_probs, lengths)[2].shape == (2, 1, 4)
-    with pytest.raises(poptorch.Error, match="ctc_beam_search_decoder is not modelled.*call poptorch"):
-        poptorch.inferenceModel(_Decoding(), poptorch.Options().showCompilationProgressBar(False))(log_probs, lengths)
+    executor = poptorch.inferenceModel(_Decoding(), poptorch.Options().showCompilationProgressBar(False))
+    ours, eager = executor(log_probs, lengths), _Decoding()(log_probs, lengths)
+    torch.testing.assert_close(ours[0], eager[0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(ours[1:], eager[1:]):
+        assert torch.equal(got, want)
+    steps = [s["name"] for s in executor.profile.programs["inference"]["steps"] if s["kind"] == "host"]
+    assert [name.split(" ")[0] for name in steps] == ["stream-out"] * 2 + ["host-call"] + ["stream-in"] * 3
+    with pytest.raises(poptorch.Error, match="lengths must be from 0 to input_length"):
+        executor(log_probs, torch.tensor([4, 5]))
 
 
 @pytest.mark.parametrize(

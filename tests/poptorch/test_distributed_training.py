@@ -85,6 +85,53 @@ def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_pat
         assert torch.equal(runs[0]["state"][name], runs[1]["state"][name]), name
 
 
+def _eager_grouped():
+    """GroupedModel trained in eager PyTorch from process 0's model and optimizer state: replica r (of
+    every process) runs its groups' weights; a grouped weight's gradient is the mean over its group."""
+    model, optimizer = worker.make_grouped(seed=0)
+    x, y = worker.grouped_inputs(PROCESSES)
+    replicas = PROCESSES * worker.REPLICAS
+    x, y = x.reshape(worker.STEPS, replicas, -1, worker.FEATURES), y.reshape(worker.STEPS, replicas, -1)
+    losses = []
+    for step in range(worker.STEPS):
+        optimizer.zero_grad()
+        per_replica = torch.stack(
+            [
+                torch.nn.functional.mse_loss(
+                    x[step, r] @ model.across[r % 2] + x[step, r] @ model.within[r // 2] + model.bias, y[step, r]
+                )
+                for r in range(replicas)
+            ]
+        )
+        model.across.grad, model.within.grad = torch.autograd.grad(
+            per_replica.sum() * worker.GroupedModel.GROUPS / replicas, [model.across, model.within], retain_graph=True
+        )
+        (model.bias.grad,) = torch.autograd.grad(per_replica.mean(), [model.bias])
+        optimizer.step()
+        losses.append(per_replica.detach())
+    return torch.stack(losses), model, optimizer
+
+
+@pytest.mark.parametrize("reduction", ["post", "running"])
+def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_process(tmp_path, reduction):
+    results = _launch(tmp_path, "grouped", timeout_seconds=120, reduction=reduction)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+    expected_losses, model, optimizer = _eager_grouped()
+    torch.testing.assert_close(torch.cat([run["losses"] for run in runs], dim=1), expected_losses)
+    for run in runs:
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(run["state"][name], param.detach(), rtol=1e-5, atol=1e-6)
+            momentum = optimizer.state[param]["momentum_buffer"]
+            torch.testing.assert_close(run["momentum"][name], momentum, rtol=1e-5, atol=1e-6)
+    # Inference: each process's replicas ran process 0's Linear on their own samples.
+    torch.manual_seed(10)
+    linear = torch.nn.Linear(worker.FEATURES, 3)
+    x, _ = worker.grouped_inputs(PROCESSES)
+    torch.testing.assert_close(torch.cat([run["outputs"] for run in runs]), linear(x[0]).detach())
+
+
 def test_a_process_that_stops_makes_the_others_fail_clearly(tmp_path):
     results = _launch(tmp_path, "die", timeout_seconds=20)
     (code, _, err), (dead, _, _) = results

@@ -60,14 +60,14 @@ def test_serialized_matmul_checks_its_arguments_and_keeps_precision():
     torch.testing.assert_close(kept.float(), half_a.float() @ half_b.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_tensor_locations_keep_tile_memory_and_refuse_streaming_memory():
+def test_tensor_locations_take_settings_and_refuse_what_is_not_modelled():
     opts = poptorch.Options()
     on_chip = poptorch.TensorLocationSettings().useOnChipStorage(True).minElementsForOffChip(16)
     for setter in ("setWeightLocation", "setActivationLocation", "setOptimizerLocation", "setAccumulatorLocation"):
         assert getattr(opts.TensorLocations, setter)(on_chip) is opts.TensorLocations
     off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False)
-    with pytest.raises(poptorch.Error, match=r"setWeightLocation with useOnChipStorage\(False\) is not modelled"):
-        opts.TensorLocations.setWeightLocation(off_chip)
+    opts.TensorLocations.setWeightLocation(off_chip)
+    assert opts.TensorLocations.streamed == {"Weight": 2}
     sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
     with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
         opts.TensorLocations.setOptimizerLocation(sharded)
@@ -214,6 +214,17 @@ def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatc
     *piped, _ = _train(3, 2, ipus=2)
     *piped_kept, _ = _train(0, 2, ipus=2)
     torch.testing.assert_close(piped[2], piped_kept[2])
+
+
+def test_recompute_all_without_checkpoints_lowers_peak_tile_memory(monkeypatch):
+    roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
+    *kept, kept_program = _train(0, 0)
+    *again, again_program = _train(4, 0)  # every forward activation is recomputed for each backward reader
+    torch.testing.assert_close(again[:2], kept[:2])
+    torch.testing.assert_close(again[2], kept[2])
+    assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
+    assert again_program["total_cycles"] > kept_program["total_cycles"]
 
 
 def test_recomputation_settings_poptorch_cannot_model_are_refused():

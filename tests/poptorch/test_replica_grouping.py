@@ -3,11 +3,14 @@ replicaGrouping (only PopTorch's default, every replica sharing the parameter, i
 
 import copy
 import io
+import json
 
 import pytest
 import torch
 
 import poptorch
+from poptorch import _replication
+from poptorch.options import replica_groups
 
 
 class Scale(torch.nn.Module):
@@ -167,18 +170,10 @@ def test_a_grouped_parameter_needs_one_value_per_group():
         model(torch.ones(4, 3), torch.ones(4))
 
 
-def test_grouping_unmodelled_cases_are_refused():
-    net = GroupedLinear(2)
-    opts = _opts(4)
-    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
-    training = poptorch.trainingModel(net, opts)
-    with pytest.raises(poptorch.Error, match="AllReplicas.*is not modelled"):
-        _grouped(training, poptorch.CommGroupType.Consecutive, 2, poptorch.VariableRetrievalMode.AllReplicas)
+def test_bad_or_late_groupings_are_refused():
+    training = poptorch.trainingModel(GroupedLinear(2), _opts(4))
     with pytest.raises(poptorch.Error, match="shards \\(the group size\\) must be a positive int, got 0"):
         _grouped(training, poptorch.CommGroupType.Orthogonal, 0)
-    _grouped(training, poptorch.CommGroupType.Consecutive, 2)
-    with pytest.raises(poptorch.Error, match="MeanReductionStrategy.Running is not modelled"):
-        training(torch.ones(4, 3), torch.ones(4))
     inference = poptorch.inferenceModel(Scale(), _opts(1))
     inference(torch.ones(2))
     with pytest.raises(poptorch.Error, match="before the model is compiled"):
@@ -209,12 +204,14 @@ def test_per_replica_params_groups_a_nested_parameter_by_its_name():
         model(x.reshape(8, 3), torch.zeros(8))
 
 
-def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches():
+@pytest.mark.parametrize("strategy", [poptorch.MeanReductionStrategy.Post, poptorch.MeanReductionStrategy.Running])
+def test_grouped_gradients_are_the_mean_over_the_groups_accumulated_micro_batches(strategy):
     torch.manual_seed(0)
     net = GroupedLinear(2)
     w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
     opts = _opts(4)
     opts.Training.gradientAccumulation(2)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
     training = _grouped(
         poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
         poptorch.CommGroupType.Orthogonal,
@@ -262,3 +259,93 @@ def test_a_sum_reduction_sums_a_grouped_parameters_gradients_over_its_group():
     grad_w, grad_b = torch.autograd.grad(eager, [w, b])
     torch.testing.assert_close(net.w, (w - 0.1 * grad_w).detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(net.b, (b - 0.1 * grad_b).detach(), rtol=1e-4, atol=1e-5)
+
+
+class Weight(torch.nn.Module):
+    def __init__(self, *shape):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(*shape))
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(x @ self.w, y)
+
+
+@pytest.mark.parametrize("kind", [poptorch.CommGroupType.Consecutive, poptorch.CommGroupType.Orthogonal])
+def test_a_grouped_gradient_is_costed_over_its_groups_links_only(kind):
+    reduces = []
+    for net in (Weight(3), Weight(2, 3)):  # shared by the 4 replicas, then one value per group of 2
+        training = poptorch.trainingModel(net, _opts(4), torch.optim.SGD(net.parameters(), lr=0.1))
+        if net.w.dim() == 2:
+            _grouped(training, kind, 2)
+        training(torch.ones(8, 3), torch.ones(8))
+        reduces.append(training.profile.replication["all_reduce"])
+    shared, grouped = reduces
+    assert shared["bytes"] == grouped["bytes"]
+    assert 0 < grouped["cycles"] < shared["cycles"]
+    assert [level["name"] for level in grouped["levels"]] == ["groups of 2: IPU-Links in an IPU-M2000"]
+
+
+@pytest.mark.parametrize(("kind", "shards", "group"), GROUPINGS[:2])
+def test_all_replicas_retrieval_reads_every_replicas_value(kind, shards, group):
+    torch.manual_seed(0)
+    net = GroupedLinear(2)
+    w, b = (p.detach().clone().requires_grad_() for p in (net.w, net.b))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    training = _grouped(
+        poptorch.trainingModel(net, _opts(4), optimizer), kind, shards, poptorch.VariableRetrievalMode.AllReplicas
+    )
+    x, y = torch.randn(4, 2, 3), torch.randn(4, 2)
+    training(x.reshape(8, 3), y.reshape(8))
+    eager = torch.stack([torch.nn.functional.mse_loss(x[r] @ w[group[r]] + b, y[r]) for r in range(4)])
+    (grad_w,) = torch.autograd.grad(eager.sum() * 2 / 4, w)
+    # Replica r's row is its group's value; the optimizer state is read the same way.
+    torch.testing.assert_close(net.w, (w - 0.1 * grad_w)[group].detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(optimizer.state[net.w]["momentum_buffer"], grad_w[group], rtol=1e-4, atol=1e-5)
+    # The per-replica host value goes back to the device as it is, and trains on from there.
+    training(x.reshape(8, 3), y.reshape(8))
+    assert net.w.shape == (4, 3)
+    with torch.no_grad():
+        net.w[group.index(1)] += 1.0  # one replica of group 1 only: the replicas of a group share a value
+    with pytest.raises(poptorch.Error, match="the replicas of a group hold different values"):
+        training(x.reshape(8, 3), y.reshape(8))
+
+
+def test_the_profile_records_which_replica_ran_what():
+    net = GroupedLinear(2)
+    opts = _opts(4)
+    opts.Training.gradientAccumulation(2)
+    training = _grouped(
+        poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1)),
+        poptorch.CommGroupType.Consecutive,
+        2,
+    )
+    training(torch.ones(16, 3), torch.ones(16))
+    replication = json.loads(training.profile.to_json())["replication"]
+    timeline = replication["timeline"]
+    runs = [(e["replica"], e["program"], e.get("micro_batch")) for e in timeline if e["lane"] != "all-reduce"]
+    expected = [
+        (r, program, a) for r in range(4) for program, a in [("accumulate", 0), ("accumulate", 1), ("apply", None)]
+    ]
+    assert runs == expected
+    collective = [e for e in timeline if e["lane"] == "all-reduce"]
+    assert [e["collective"] for e in collective] == [level["name"] for level in replication["all_reduce"]["levels"]]
+    assert collective[0]["start"] == replication["replica_step_cycles"]
+
+
+def test_running_means_of_a_group_spread_unevenly_over_processes_are_refused():
+    opts = _opts(3)
+    opts.Distributed.configureProcessId(0, 2)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    # 6 replicas in groups of 2: group 1 (replicas 2, 3) has one replica on each process, group 0 both on
+    # process 0: their running means are averaged over 2 and 1 processes.
+    groups = replica_groups("test", poptorch.CommGroupType.Consecutive, 2, 6)
+    assert _replication._gradient_scale("w", groups, opts).tolist() == [2.0, 1.0, 2.0]
+    # Groups of 4: group 0 has 3 replicas on process 0 and 1 on process 1.
+    groups = replica_groups("test", poptorch.CommGroupType.Consecutive, 4, 12)
+    opts = _opts(3)
+    opts.Distributed.configureProcessId(0, 4)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    with pytest.raises(
+        poptorch.Error, match=r"group 0 spreads unevenly over the processes \(replicas per process: \{0: 3, 1: 1\}"
+    ):
+        _replication._gradient_scale("w", groups, opts)

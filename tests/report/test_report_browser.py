@@ -1,8 +1,9 @@
 """The tutorial CNN's HTML profile report in headless Chromium (Debian's, driven by Selenium): the summary,
 timeline and tile heat map are drawn without console errors, clicking a tile lists its tensors, the
-operation table sorts, and the comparison view shows. Screenshots go to ``REPORT_ARTIFACTS`` (the nox
-session's tmp folder) or pytest's tmp_path."""
+operation table sorts, and the comparison view shows. Screenshots and the HTML reports go to the folder
+``REPORT_ARTIFACTS`` names (the nox session sets build/report-artifacts), else pytest's tmp_path."""
 
+import base64
 import json
 import os
 import pathlib
@@ -19,6 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 import popir
 import popsim
 import poptorch
+from popsim.provenance import CATEGORIES
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 from train_digits import ClassificationModel, ModelWithLoss  # noqa: E402
@@ -77,6 +79,18 @@ def _open(browser, path):
     )
 
 
+def _screenshot(browser, section, path):
+    """A screenshot of the whole ``section`` element, also the part below the window (Chromium's DevTools
+    capture; an element screenshot shows only what fits in the window)."""
+    box = browser.execute_script(
+        """const r = document.getElementById(arguments[0]).getBoundingClientRect();
+        return {x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height, scale: 1};""",
+        section,
+    )
+    shot = browser.execute_cdp_cmd("Page.captureScreenshot", {"clip": box, "captureBeyondViewport": True})
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
 def _errors(browser):
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -96,6 +110,26 @@ def _click_tile(browser, tile):
     )
 
 
+def _live_at_peak(program, tile):
+    """{name: bytes} of the tensors live on ``tile`` where their bytes peak (the earliest such point), from the
+    profile's live ranges."""
+    count = len(program["liveness"]["points"])
+    on_tile = []
+    for t in program["tensors"]:
+        for first, n, nbytes in t["tile_runs"]:
+            if first <= tile < first + n:
+                last = count - 1 if t["last"] is None else t["last"]
+                on_tile.append((t["name"], nbytes, range(max(t["first"], 0), last + 1)))
+    at = [sum(b for _, b, live in on_tile if point in live) for point in range(count)]
+    peak = at.index(max(at))
+    return {name: b for name, b, live in on_tile if peak in live}
+
+
+def _rows(browser, table):
+    rows = browser.find_elements(By.CSS_SELECTOR, f"#{table} tr:not(:first-child)")
+    return {r.find_element(By.CSS_SELECTOR, "td").text: r.find_elements(By.CSS_SELECTOR, "td")[2].text for r in rows}
+
+
 def _column(browser, index):
     cells = browser.find_elements(By.CSS_SELECTOR, f"#operations-table tbody tr td:nth-child({index})")
     return [int(c.text.replace(",", "")) for c in cells]
@@ -107,12 +141,13 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     assert _errors(browser) == []
     summary = browser.find_element(By.ID, "summary-body").text
     program = profile.programs["train"]
-    assert f"{program['total_cycles']:,}" in summary and "samples/s" in summary and "FLOPs utilisation" in summary
+    assert f"{program['total_cycles']:,}" in summary and "samples/s" in summary
+    assert f"FLOPs utilisation {100 * program['flops_utilisation']:.1f}% of the AMP peak" in summary
     # The main plot's bars, one per step (the range slider below draws a small copy).
     bars = browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .cartesianlayer .subplot.xy .barlayer .point")
     assert len(bars) == len(program["steps"])
-    browser.find_element(By.ID, "summary").screenshot(str(artifacts / "summary.png"))
-    browser.find_element(By.ID, "timeline").screenshot(str(artifacts / "timeline.png"))
+    _screenshot(browser, "summary", artifacts / "summary.png")
+    _screenshot(browser, "timeline", artifacts / "timeline.png")
 
     # The tile holding the most tensors: clicking it lists exactly those tensors.
     on_tile = {}
@@ -122,10 +157,19 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
                 on_tile.setdefault(tile, set()).add(t["name"])
     tile = max(on_tile, key=lambda k: (len(on_tile[k]), -k))
     _click_tile(browser, tile)
-    rows = browser.find_elements(By.CSS_SELECTOR, "#tile-tensors tr.tile-tensor")
-    assert {r.find_element(By.CSS_SELECTOR, "td").text for r in rows} == on_tile[tile]
+    assert set(_rows(browser, "tile-tensors")) == on_tile[tile]
     assert f"Tile {tile}:" in browser.find_element(By.ID, "tile-detail").text
-    browser.find_element(By.ID, "memory").screenshot(str(artifacts / "tile_memory.png"))
+    # The tensors live at the tile's peak, and the live-at-peak bar's categories add up to the heat map's peak:
+    # those tensors, the alignment and gaps the allocator left between them, vertex state and code.
+    live = _live_at_peak(program, tile)
+    shown = _rows(browser, "tile-peak-tensors")
+    assert shown == {name: f"{b:,}" for name, b in live.items()}
+    bars = dict(browser.execute_script('return document.getElementById("tile-chart").data.map(t => [t.name, t.x[0]])'))
+    memory = program["memory"]
+    assert sum(bars.values()) == memory["tensors"][tile] + memory["vertex_state"][tile] + memory["code"][tile]
+    assert 0 <= bars.get("alignment and gaps", 0) == memory["tensors"][tile] - sum(live.values())
+    assert sum(b for c, b in bars.items() if c in CATEGORIES) == sum(live.values())
+    _screenshot(browser, "memory", artifacts / "tile_memory.png")
 
     # Sorting the operation table by memory bytes, then back by cycles.
     browser.find_element(By.CSS_SELECTOR, '#operations-table th[data-sort="memory_bytes"]').click()
@@ -136,7 +180,15 @@ def test_tutorial_cnn_report_in_chromium(browser, profile, artifacts):
     assert cycles == sorted(cycles, reverse=True)
     modules = {c.text for c in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr td:first-child")}
     assert {"model.conv1", "model.conv2", "model.fc1"} <= modules
-    browser.find_element(By.ID, "operations").screenshot(str(artifacts / "operations.png"))
+    # Every node a fused compute set computes has its row (module, role, op), not only the node that reads the
+    # expression: the momentum's scaling and sum fused into each optimizer update among them.
+    table = {
+        tuple(c.text for c in r.find_elements(By.CSS_SELECTOR, "td")[:3])
+        for r in browser.find_elements(By.CSS_SELECTOR, "#operations-table tbody tr")
+    }
+    fused = {(o["module"], o["role"], o.get("aten") or o["op"]) for s in program["steps"] for o in s.get("fused", ())}
+    assert ("model.fc1", "optimizer", "mul") in fused and fused <= table
+    _screenshot(browser, "operations", artifacts / "operations.png")
     assert _errors(browser) == []
 
 
@@ -149,7 +201,67 @@ def test_comparison_view_in_chromium(browser, profile, artifacts, tmp_path):
     table = browser.find_element(By.ID, "compare-table").text
     assert "-50.0%" in table
     assert browser.find_elements(By.CSS_SELECTOR, "#compare-chart .barlayer .point")
-    browser.find_element(By.ID, "compare").screenshot(str(artifacts / "compare.png"))
+    _screenshot(browser, "compare", artifacts / "compare.png")
+    assert _errors(browser) == []
+
+
+class _Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        out = self.fc(x).squeeze(-1)
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser, artifacts):
+    net = _Regression()
+    training = poptorch.trainingModel(
+        net, poptorch.Options().replicationFactor(2), torch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    training(torch.ones(4, 3), torch.ones(4))
+    replication = training.profile.replication
+    _open(browser, training.profile.save_html(artifacts / "replicas.html"))
+    table = browser.find_element(By.ID, "replicas-table").text
+    assert f"{replication['step_cycles']:,} = {replication['replica_step_cycles']:,} per replica" in table
+    bars = browser.execute_script(
+        """return document.getElementById("replicas-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+    expected = [[e["lane"], e.get("program", "all-reduce"), e["start"], e["cycles"]] for e in replication["timeline"]]
+    assert sorted(bars) == sorted(expected)
+    assert {"replica 0", "replica 1", "all-reduce"} == {lane for lane, *_ in bars}
+    _screenshot(browser, "replicas", artifacts / "replicas.png")
+    assert _errors(browser) == []
+
+
+def test_replicated_inference_shows_each_replicas_runs_without_a_collective(browser, artifacts):
+    inference = poptorch.inferenceModel(_Regression(), poptorch.Options().replicationFactor(2).deviceIterations(2))
+    inference(torch.ones(4, 3), torch.ones(4))
+    replication = inference.profile.replication
+    _open(browser, inference.profile.save_html(artifacts / "replicas_inference.html"))
+    table = browser.find_element(By.ID, "replicas-table").text
+    assert f"Cycles per inference call (no collective) {replication['step_cycles']:,}" in table
+    bars = browser.execute_script(
+        """return document.getElementById("replicas-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+    assert sorted(bars) == sorted([[e["lane"], e["program"], e["start"], e["cycles"]] for e in replication["timeline"]])
+    assert {lane for lane, *_ in bars} == {"replica 0", "replica 1"}
+    assert _errors(browser) == []
+
+
+def test_the_summary_gives_the_bytes_in_streaming_memory(browser, artifacts):
+    g = popir.Graph("main")
+    x = g.add_input("x", (4, 8), "float32")
+    w = g.add_input("w", (8, 8), "float32", kind="parameter")
+    g.output("y", x @ w)
+    profile = popsim.compile(g, popsim.Target.small(), remote={"w"}).profile
+    _open(browser, profile.save_html(artifacts / "streaming.html"))
+    summary = browser.find_element(By.ID, "summary-body").text
+    assert f"Streaming memory {8 * 8 * 4:,} bytes off the tiles" in summary
+    assert f"{8 * 8 * 4} in streaming memory" in profile.summary()
     assert _errors(browser) == []
 
 

@@ -6,7 +6,7 @@ movement is an exchange the engine performs and charges for.
     exe = popsim.compile(graph_or_programs, target="ipu2")
     outputs = exe.run(feeds, program=None)
 
-A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy) compiles with
+A hand-built DeviceGraph program (Sequence, Execute, Copy, Repeat, If, Sync, StreamCopy, HostCall) compiles with
 ``popsim.compile_device_graph(dg, inputs, outputs)``. ``popsim.register_lowering(op_name)`` adds the lowering
 of a popir op defined outside popir (see docs/frontends.md).
 """
@@ -19,6 +19,7 @@ from popsim.device_graph import (
     Copy,
     DeviceGraph,
     Execute,
+    HostCall,
     If,
     Region,
     Regions,
@@ -29,7 +30,7 @@ from popsim.device_graph import (
     Tensor,
     Vertices,
 )
-from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, HostCallbackError, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.executable import Executable, compile, compile_device_graph, supported_ops
 from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
@@ -49,6 +50,8 @@ __all__ = [
     "Error",
     "Executable",
     "Execute",
+    "HostCall",
+    "HostCallbackError",
     "If",
     "IndexRangeError",
     "Lowerer",

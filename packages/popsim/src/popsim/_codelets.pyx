@@ -137,6 +137,9 @@ cdef extern from *:
 DEF BLOCK = 256
 # Below this many multiply-adds a plain loop beats the overhead of a BLAS call.
 DEF SMALL_GEMM_MACS = 32768
+# A conv block of at most this many output channels keeps its rows in registers over all taps and positions
+# (BLAS repacks the long window columns for each call, which costs more than such a skinny product).
+DEF CONV_REGISTER_ROWS = 8
 
 
 cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
@@ -790,6 +793,124 @@ cdef Py_ssize_t run_gather(byte_t* base, const offset_t* row) noexcept nogil:
     return bad
 
 
+cdef inline bint conv_geometry_ok(const int32_t* g, const offset_t* row) noexcept nogil:
+    """Whether a CONV vertex's geometry stays inside its fields: its sizes must equal the row's own."""
+    cdef int i
+    for i in range(CG_FIRST_ROW):
+        if g[i] < 0 or (g[i] == 0 and i >= CG_KERNEL_ROWS):
+            return False  # strides and dilations must be positive, every size non-negative
+    return (<offset_t> g[CG_BATCH] * g[CG_CHANNELS] * g[CG_ROWS] * g[CG_COLS] == row[C_P0]
+            and <offset_t> g[CG_OUT_CHANNELS] * row[C_P2] == row[C_P1]
+            and <offset_t> g[CG_CHANNELS] * g[CG_KERNEL_ROWS] * g[CG_KERNEL_COLS] == row[C_P2]
+            and <offset_t> g[CG_BATCH] * g[CG_OUT_CHANNELS] * g[CG_OUT_ROWS] * g[CG_OUT_COLS] == row[C_N])
+
+
+cdef inline Py_ssize_t spaced(Py_ssize_t at, Py_ssize_t step, Py_ssize_t size) noexcept nogil:
+    """The patch index at spaced coordinate ``at`` (elements ``step`` apart), or -1 for a zero there."""
+    if at < 0 or at % step != 0 or at // step >= size:
+        return -1
+    return at // step
+
+
+cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexcept nogil:
+    """The (taps, out_rows * out_cols) window columns of one batch item's patch, zero where a window reads
+    padding (outside the patch) or between spaced elements: the operand the AMP streams as it walks the
+    windows in place."""
+    cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
+    cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
+    cdef Py_ssize_t ur = g[CG_IN_DILATION_ROWS], uc = g[CG_IN_DILATION_COLS]
+    cdef Py_ssize_t c, i, j, y, x, r, q, rem, first, lo, hi
+    cdef float* dst
+    cdef const float* src
+    for c in range(g[CG_CHANNELS]):
+        for i in range(kh):
+            for j in range(kw):
+                dst = cols + ((c * kh + i) * kw + j) * pos
+                # Outputs lo..hi-1 of a row read inside the patch at this tap; the rest read padding.
+                first = g[CG_FIRST_COL] + j * g[CG_DILATION_COLS]
+                lo = 0 if first >= 0 else min(ow, (sw - 1 - first) // sw)
+                hi = 0 if first >= width else min(ow, (width - 1 - first) // sw + 1)
+                hi = max(hi, lo)
+                # Plain loops, no calls: rows are short (a tile's block of an output row).
+                for y in range(oh):
+                    r = spaced(g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS], ur, rows)
+                    if r < 0:
+                        for x in range(ow):
+                            dst[x] = 0.0
+                    elif uc != 1:
+                        # Walk the spaced columns with a running quotient and remainder (no division per
+                        # element): output x reads patch column q when the remainder is 0.
+                        src = patch + (c * rows + r) * width
+                        q = first // uc if first >= 0 else -((uc - 1 - first) // uc)
+                        rem = first - q * uc
+                        for x in range(ow):
+                            dst[x] = src[q] if rem == 0 and 0 <= q < width else 0.0
+                            rem += sw
+                            while rem >= uc:
+                                rem -= uc
+                                q += 1
+                    else:
+                        src = patch + (c * rows + r) * width + first
+                        for x in range(lo):
+                            dst[x] = 0.0
+                        if sw == 1:
+                            for x in range(lo, hi):
+                                dst[x] = src[x]
+                        else:
+                            for x in range(lo, hi):
+                                dst[x] = src[x * sw]
+                        for x in range(hi, ow):
+                            dst[x] = 0.0
+                    dst += ow
+
+
+cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
+    """CONV: out (batch, out_channels, positions) = weights (out_channels, taps) @ the window columns of each
+    batch item's patch, accumulated in float32 (then rounded once into float16 partials when out is
+    float16). Returns TRAPPED, doing nothing, when the geometry disagrees with the row's field sizes."""
+    cdef const int32_t* g = <const int32_t*> (base + row[C_C])
+    cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
+    cdef Py_ssize_t taps = row[C_P2], oc = g[CG_OUT_CHANNELS], pos = <Py_ssize_t> g[CG_OUT_ROWS] * g[CG_OUT_COLS]
+    cdef Py_ssize_t per_item = g[CG_CHANNELS] * g[CG_ROWS] * g[CG_COLS], b, i
+    cdef float* patch
+    cdef float* weights
+    cdef float* cols
+    cdef float* out
+    cdef double v
+    if not conv_geometry_ok(g, row):
+        return TRAPPED
+    if row[C_N] == 0:
+        return 0
+    patch = <float*> (base + row[C_A]) if dta == DT_FLOAT32 else <float*> malloc(max(row[C_P0], 1) * sizeof(float))
+    weights = <float*> (base + row[C_B]) if dtb == DT_FLOAT32 else <float*> malloc(max(row[C_P1], 1) * sizeof(float))
+    out = <float*> (base + row[C_OUT]) if dto == DT_FLOAT32 else <float*> malloc(row[C_N] * sizeof(float))
+    cols = <float*> malloc(max(taps * pos, 1) * sizeof(float))
+    if dta != DT_FLOAT32:
+        widen(base + row[C_A], dta, patch, row[C_P0])
+    if dtb != DT_FLOAT32:
+        widen(base + row[C_B], dtb, weights, row[C_P1])
+    for b in range(g[CG_BATCH]):
+        if taps == 0:
+            memset(out + b * oc * pos, 0, oc * pos * sizeof(float))
+            continue
+        conv_columns(patch + b * per_item, g, cols)
+        if oc <= CONV_REGISTER_ROWS:
+            ps_small_gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
+        else:
+            gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
+    if dto != DT_FLOAT32:
+        for i in range(row[C_N]):
+            v = out[i]
+            store(base + row[C_OUT], dto, i, 1, &v)
+        free(out)
+    if dta != DT_FLOAT32:
+        free(patch)
+    if dtb != DT_FLOAT32:
+        free(weights)
+    free(cols)
+    return 0
+
+
 cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam,
                                 const offset_t* table) noexcept nogil:
     """Run one vertex (``table``: the instruction table, where EXPR programs sit); returns how many of its
@@ -839,4 +960,6 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
             s += cnt
     elif op == K_GATHER or op == K_SCATTER_ADD:
         return run_gather(base, row)
+    elif op == K_CONV:
+        return run_conv(base, row)
     return 0

@@ -164,7 +164,7 @@ class _Arrays:
 def _restore(cls, header, arrays, num_threads, max_arena_bytes):
     target = Target(**header["target"])
     num_tiles, tile_bytes = (int(x) for x in header["arena"])
-    if num_tiles != target.num_tiles or not 0 < num_tiles * tile_bytes <= max_arena_bytes:
+    if num_tiles < target.num_tiles or not 0 < num_tiles * tile_bytes <= max_arena_bytes:
         raise Error(f"not a valid popsim executable: an arena of {num_tiles} x {tile_bytes} bytes for {target.name}")
     arena_bytes = num_tiles * tile_bytes
     exe = cls.__new__(cls)

@@ -33,6 +33,7 @@ cdef struct Engine:
     offset_t* counters
     const offset_t* stream_rows
     offset_t* streams
+    Py_ssize_t start  # the phase the run starts at (after a host call, the one following it)
     long long trap  # the first instruction row that trapped, else -1
     ps_team team
     long long refs  # threads still using this struct: the last to leave frees it
@@ -98,8 +99,9 @@ cdef void* helper_main(void* arg) noexcept nogil:
 
 cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) noexcept nogil:
     """Thread 0: walk the phases (control flow included); with ``shared``, publish each compute or exchange
-    phase to the helpers, work on it too, and wait only for the rows claimed. result: bad, cycles, dry."""
-    cdef Py_ssize_t p = 0, i, start, stop, kind, bad = 0, dry = -1
+    phase to the helpers, work on it too, and wait only for the rows claimed. result: bad, cycles, dry, and
+    the phase after a HOST_CALL phase where the run paused (else -1)."""
+    cdef Py_ssize_t p = e.start, i, start, stop, kind, bad = 0, dry = -1, paused = -1
     cdef offset_t cycles = 0
     cdef long long gen = 0
     cdef const offset_t* ph
@@ -130,6 +132,9 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
             if not stream_copy(e.base, e.host, e.streams + ST_COLS * start, e.stream_rows, stop, ph[PC_C]):
                 dry = start
                 break
+        elif kind == PH_HOST_CALL:
+            paused = p
+            break
         elif shared and stop - start > 1:
             gen += 1
             ps_close(team, gen)
@@ -145,7 +150,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
             bad += run_rows(e, kind, start, stop)
     if shared:
         ps_quit(team)
-    result[0], result[1], result[2] = bad, cycles, dry
+    result[0], result[1], result[2], result[3] = bad, cycles, dry, paused
 
 
 cdef bint worth_sharing(Engine* e) noexcept nogil:
@@ -181,24 +186,29 @@ cdef void run_team(Engine* e, int num_threads, offset_t* result) noexcept nogil:
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
                 const offset_t[:, ::1] instructions, const double[::1] fparams, const copy_t[:, ::1] copies,
                 offset_t[::1] counters, const offset_t[:, ::1] stream_rows, offset_t[:, ::1] streams,
-                byte_t[::1] host, int num_threads=1):
+                byte_t[::1] host, int num_threads=1, Py_ssize_t start=0):
     """Run a program's phases (see popsim/program.py for the phase kinds): a COMPUTE phase runs instruction
     rows start..stop-1 (one compute set), an EXCHANGE phase performs copy rows start..stop-1 (one exchange,
     see copy_run), control phases branch on a tile-memory condition, jump or step loop counters in
-    ``counters``, and a STREAM phase moves one slice of a host stream (see stream_copy).
+    ``counters``, and a STREAM phase moves one slice of a host stream (see stream_copy). A HOST_CALL phase
+    pauses the run so the host can run a callback; the caller resumes it from the phase returned (``start``),
+    with the same ``counters`` and ``streams``.
 
     The rows of one compute or exchange phase are independent (BSP), so ``num_threads - 1`` helper threads
     claim chunks of them while thread 0 works too (see ps_team); phases run one after another. Returns how
     many dynamic gather/scatter indices were out of range, the sum of ``phase_cycles`` of the phases run, the
-    slot of a host stream that ran dry (the run stops there) else -1, and the first instruction row that
-    trapped (an unknown kind or sub-op; it did nothing) else -1. The arrays must have passed
+    slot of a host stream that ran dry (the run stops there) else -1, the first instruction row that
+    trapped (an unknown kind or sub-op; it did nothing) else -1, and the phase to resume at after a host
+    call else -1. The arrays must have passed
     popsim.validate.check_program for this arena.
     """
     cdef Engine* e
-    cdef offset_t result[3]
+    cdef offset_t result[4]
     cdef long long bad, trap
     if not 1 <= num_threads <= MAX_THREADS:
         raise ValueError(f"num_threads must be between 1 and {MAX_THREADS}, got {num_threads}")
+    if not 0 <= start <= phases.shape[0]:
+        raise ValueError(f"start must be a phase from 0 to {phases.shape[0]}, got {start}")
     e = <Engine*> malloc(sizeof(Engine))
     if e == NULL:
         raise MemoryError()
@@ -214,10 +224,11 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
     e.counters = &counters[0] if counters.shape[0] else NULL
     e.stream_rows = &stream_rows[0, 0] if stream_rows.shape[0] else NULL
     e.streams = &streams[0, 0] if streams.shape[0] else NULL
+    e.start = start
     e.trap = -1
     e.refs = 1
     with nogil:
         run_team(e, num_threads, result)
         bad, trap = result[0] + ps_load(&e.team.helper_bad), ps_load(&e.trap)
         leave(e)
-    return bad, result[1], result[2], trap
+    return bad, result[1], result[2], trap, result[3]

@@ -12,9 +12,11 @@ declared sub-op has no codelet or a codelet computes another op than its name sa
 """
 
 # Vertex kinds (an instruction row's OP column). 0 is no kind, so a zeroed row traps.
-KIND_NAMES = ("UNARY", "BINARY", "WHERE", "REDUCE", "MATMUL", "RNG", "COPY", "GATHER", "SCATTER_ADD", "FILL", "EXPR")
+KIND_NAMES = (
+    "UNARY", "BINARY", "WHERE", "REDUCE", "MATMUL", "RNG", "COPY", "GATHER", "SCATTER_ADD", "FILL", "EXPR", "CONV"
+)  # fmt: skip
 KINDS = {name: code for code, name in enumerate(KIND_NAMES, start=1)}
-UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR = (KINDS[n] for n in KIND_NAMES)
+UNARY, BINARY, WHERE, REDUCE, MATMUL, RNG, COPY, GATHER, SCATTER_ADD, FILL, EXPR, CONV = (KINDS[n] for n in KIND_NAMES)
 
 # Element types in tile memory (the DTA/DTB/DTOUT columns; popir dtype names).
 DTYPE_CODES = {"float32": 0, "float16": 1, "int32": 2, "bool": 3}
@@ -105,6 +107,7 @@ SUB_OPS = {
     SCATTER_ADD: GATHER_MODES,
     FILL: SINGLE,
     EXPR: SINGLE,
+    CONV: SINGLE,
 }
 # Prefix of each table's generated enum names.
 SUB_OP_PREFIXES = {"U": UNARY_OPS, "B": BINARY_OPS, "R": REDUCE_OPS, "G": GATHER_MODES, "S": SINGLE}
@@ -131,6 +134,7 @@ VERTEX_FIELDS = {
     SCATTER_ADD: ("a", "b", "c", "out"),
     FILL: ("out",),
     EXPR: ("out", "a", "b", "c", "d", "e", "f"),
+    CONV: ("a", "b", "c", "out"),
 }
 VERTEX_PARAMS = {
     UNARY: {"scalars": "p0"},
@@ -144,6 +148,7 @@ VERTEX_PARAMS = {
     SCATTER_ADD: {"rows": "p0", "inner": "p1", "size": "p2"},
     FILL: {},
     EXPR: {},  # its P0 is the table row of its program, set when the program is flattened
+    CONV: {"patch": "p0", "weights": "p1", "taps": "p2"},
 }
 
 
@@ -215,6 +220,20 @@ def scatter_add(add, cs, tile, n, cycles, *, table, indices, updates, out, rows,
     return add(cs, SCATTER_ADD, sub, tile, n, fields, cycles, rows=rows, inner=inner, size=size)
 
 
+def conv(add, cs, tile, n, cycles, *, patch, weights, geometry, out, patch_size, weights_size, taps):
+    """CONV: a direct convolution over an input patch already on the tile. ``geometry`` is CONV_GEOMETRY
+    (int32) of the patch (batch, channels, rows, cols), the weights (out_channels, channels, kernel_rows,
+    kernel_cols) and the output block (batch, out_channels, out_rows, out_cols = n elements); ``patch_size``
+    and ``weights_size`` are the element counts of those fields and ``taps`` is channels * kernel_rows *
+    kernel_cols (the row's own copy of the sizes, which the engine checks the geometry against). Output
+    (y, x) at kernel tap (i, j) reads patch row first_row + y * stride_rows + i * dilation_rows (likewise
+    columns), with patch row r at row r * in_dilation_rows; a position outside the patch or between its spaced
+    rows is zero, which the vertex supplies without reading."""
+    fields = {"a": patch, "b": weights, "c": geometry, "out": out}
+    sizes = {"patch": patch_size, "weights": weights_size, "taps": taps}
+    return add(cs, CONV, SINGLE["default"], tile, n, fields, cycles, **sizes)
+
+
 # Every kind's builder (a test checks each kind has one).
 BUILDERS = {
     UNARY: elementwise,
@@ -228,6 +247,7 @@ BUILDERS = {
     SCATTER_ADD: scatter_add,
     FILL: fill,
     EXPR: expression,
+    CONV: conv,
 }
 
 # Elementwise vertices (UNARY, BINARY, WHERE): bit i of their ``scalars`` parameter is set when field i (a, b,
@@ -249,8 +269,19 @@ EXPR_OP = {name: i for i, name in enumerate(EXPR_OP_ROW) if name}
 EXPR_SRCS = 3  # an op reads registers src, src + 1 and src + 2 of its row (a, b, c)
 EXPR_SCALARS, EXPR_FLOAT32 = EXPR_HEAD["scalars"], EXPR_HEAD["float32"]
 
+# A CONV vertex's geometry (its int32 field c, vertex state on its tile), in this order. in_dilation spaces the
+# patch's elements apart (zeros between them, as a strided conv's input gradient reads its output gradient);
+# first_row/first_col are in those spaced coordinates and may be negative (the first window starts in the
+# padding).
+CONV_GEOMETRY = (
+    "batch", "channels", "rows", "cols", "out_channels", "out_rows", "out_cols", "kernel_rows", "kernel_cols",
+    "stride_rows", "stride_cols", "dilation_rows", "dilation_cols", "in_dilation_rows", "in_dilation_cols",
+    "first_row", "first_col",
+)  # fmt: skip
+CONV_GEOM = {name: i for i, name in enumerate(CONV_GEOMETRY)}
+
 # Phase kinds (a phase row is (kind, a, b, c); see program.py).
-PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM")
+PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM", "HOST_CALL")
 PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
 PHASE_COLUMNS = ("kind", "a", "b", "c")
 PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}
@@ -272,6 +303,7 @@ def enums():
         ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
         ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
         ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
+        ("conv_geometry", _columns("CG", CONV_GEOMETRY, "CG_LEN")),
         ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
         ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),
         ("copy_columns", _columns("CP", COPY_COLUMNS, "COPY_COLS")),

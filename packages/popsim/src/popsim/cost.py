@@ -6,6 +6,8 @@ round-robin, so work split evenly over the workers costs ``workers`` tile cycles
 
 import math
 
+import numpy as np
+
 # Worker cycles per vector of results, by codelet family (*estimates*, as in the PopLibs tables).
 _SIMPLE = (
     "copy neg abs relu sign logical_not cast add sub mul maximum minimum eq ne lt le gt ge logical_and logical_or"
@@ -19,6 +21,11 @@ _COMPLEX = {
 CYCLES_PER_VECTOR = {**dict.fromkeys(_SIMPLE.split(), 1), **_COMPLEX}
 WORKER_OVERHEAD = 10  # worker cycles to start a vertex and set up its pointers
 AMP_OVERHEAD = 50  # tile cycles to load AMP weights and drain partials per matmul vertex
+# poplin's PerformanceEstimation.hpp: convNx1Overhead() = 101 supervisor cycles per ConvPartialnx1 vertex.
+CONV_NX1_OVERHEAD = 101
+# The same file's nx1 inner-loop estimate loads the AMP's coefficients at every kernel position in
+# numLoads + 9 cycles, numLoads = 4 elements x 4 loads x 8 units x (4 B float, 2 B half) / 8 B per cycle.
+CONV_WEIGHT_LOAD_CYCLES = {4: 64 + 9, 2: 32 + 9}  # by activation itemsize
 
 
 def elementwise_cycles(target, n, dtype, codelet):
@@ -49,7 +56,16 @@ def reduce_cycles(target, rows, group, dtype):
 
 def amp_cycles(target, m, k, n, dtype):
     """Cycles of a matmul partial (m x k) @ (k x n) on the AMP unit: MACs at the AMP rate plus overhead."""
-    return math.ceil(m * k * n / target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
+    return _ceil_div(m * k * n, target.amp_macs(dtype)) + AMP_OVERHEAD + target.workers * m
+
+
+def conv_cycles(target, out_channels, taps, kernel_positions, positions, dtype):
+    """Cycles of a direct-convolution vertex (poplin's ConvPartialnx1 on the AMP): ``out_channels x taps x
+    positions`` MACs at the AMP rate, the vertex's supervisor overhead, and a reload of the AMP's weights at
+    each kernel position (all integers or arrays, one per vertex)."""
+    macs = out_channels * taps * positions
+    reload = CONV_WEIGHT_LOAD_CYCLES[dtype.itemsize]
+    return _ceil_div(macs, target.amp_macs(dtype)) + CONV_NX1_OVERHEAD + kernel_positions * reload
 
 
 def gather_cycles(target, rows, count, inner, itemsize):
@@ -60,10 +76,12 @@ def gather_cycles(target, rows, count, inner, itemsize):
 
 
 def exchange_cycles(target, busiest_tile_bytes):
-    """Cycles of one exchange phase: the busiest tile's bytes at the exchange rate plus a fixed cost."""
-    if busiest_tile_bytes == 0:
-        return 0
-    return math.ceil(busiest_tile_bytes / target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
+    """Cycles of one exchange phase: the busiest tile's bytes at the exchange rate plus a fixed cost (an
+    integer, or an array of candidate phases' bytes as the planners cost them)."""
+    cycles = _ceil_div(busiest_tile_bytes, target.exchange_bytes_per_cycle) + target.exchange_fixed_cycles
+    if np.ndim(busiest_tile_bytes):
+        return np.where(busiest_tile_bytes == 0, 0, cycles)
+    return int(cycles) if busiest_tile_bytes else 0
 
 
 def link_cycles(target, busiest_ipu_bytes):

@@ -103,6 +103,7 @@ class ComputeSet:
     name: str
     batches: list = field(default_factory=list)
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    fused: tuple = ()  # the popir nodes computed in its fused vertices, the reader last (see DeviceGraph.fused)
 
     @property
     def num_vertices(self):
@@ -137,7 +138,8 @@ class DeviceGraph:
     """Tensors, compute sets and the program (a list of steps, run in order) being built for one target.
 
     Provenance for profiles: tensors, compute sets and copies made while ``origin`` is set record it (the
-    popir node being lowered); ``node_outputs`` holds the ids of storages that hold a popir value (the
+    popir node being lowered) and compute sets record ``fused``, the popir nodes fused into one expression while
+    it is lowered; ``node_outputs`` holds the ids of storages that hold a popir value (the
     rest are planner temporaries); ``state_kinds`` maps variable names to their popir input kind."""
 
     def __init__(self, target):
@@ -145,8 +147,11 @@ class DeviceGraph:
         self.tensors = []
         self.program = []
         self.origin = None
+        self.fused = ()
         self.node_outputs = set()
         self.state_kinds = {}
+        self.remote = set()  # variable storages kept in streaming memory (see popsim.remote)
+        self.remote_shards = {}  # remote storage -> replicas it is sharded over (replicated tensor sharding)
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""
@@ -186,7 +191,7 @@ class DeviceGraph:
 
     def add_compute_set(self, name):
         """A new compute set appended to the program (an Execute step)."""
-        cs = ComputeSet(name, origin=self.origin)
+        cs = ComputeSet(name, origin=self.origin, fused=self.fused)
         self.program.append(cs)
         return cs
 
@@ -355,6 +360,30 @@ class StreamCopy:
             raise Error(f"StreamCopy {self.stream!r} needs a device Tensor, got {self.tensor!r}")
 
 
+@dataclass
+class HostCall:
+    """Call host function ``callback`` (a name registered with ``popir.register_host_callback``) in the
+    middle of a program: each tensor of ``inputs`` streams to the host, the engine stops while the host
+    runs the callback on them, and its results stream back into ``outputs``. The transfers are the
+    StreamCopy steps ``sends`` and ``receives`` (host streams named after ``name``), costed as such and
+    credited in the profile to ``origin`` (the popir node lowered to the call, if any)."""
+
+    name: str
+    callback: str
+    inputs: list
+    outputs: list
+    origin: object = None
+
+    def __post_init__(self):
+        for t in [*self.inputs, *self.outputs]:
+            if not isinstance(t, Tensor):
+                raise Error(f"HostCall {self.name!r} needs device Tensors, got {t!r}")
+        self.sends = [StreamCopy(f"{self.name}.in{i}", t, False) for i, t in enumerate(self.inputs)]
+        self.receives = [StreamCopy(f"{self.name}.out{i}", t, True) for i, t in enumerate(self.outputs)]
+        for copy in [*self.sends, *self.receives]:
+            copy.origin = self.origin
+
+
 def children(step):
     """The sub-programs of a program step, in program order (none for ComputeSet, Copy, Execute, Sync)."""
     if isinstance(step, list):
@@ -365,6 +394,8 @@ def children(step):
         return [step.body]
     if isinstance(step, If):
         return [step.then_body] + ([step.else_body] if step.else_body is not None else [])
+    if isinstance(step, HostCall):
+        return [*step.sends, *step.receives]
     if isinstance(step, ComputeSet | Copy | Execute | Sync | StreamCopy):
         return []
     raise Error(f"not a program step: {step!r}")

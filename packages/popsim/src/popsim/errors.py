@@ -29,3 +29,8 @@ class UnsupportedOpError(Error):
     def __init__(self, message, ops=()):
         super().__init__(message)
         self.ops = tuple(ops)
+
+
+class HostCallbackError(Error):
+    """A host callback raised during a run (the original exception is its ``__cause__``); the run stopped
+    there and its results are invalid."""

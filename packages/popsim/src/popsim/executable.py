@@ -5,11 +5,12 @@ import os
 import numpy as np
 
 import popir
-from popsim import _exchange, _executable_format, _kernels, cost, provenance
+from popsim import _exchange, _executable_format, _kernels, cost, provenance, remote
+from popsim import _opcodes as oc
 from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
-from popsim.errors import EngineFault, Error, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.errors import EngineFault, Error, HostCallbackError, IndexRangeError, OutOfMemoryError, UnsupportedOpError
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.mapping import TileMapping
 from popsim.placement import Placement
@@ -41,12 +42,15 @@ def _check_supported(graphs):
         )
 
 
-def _check_fits(graphs, target, relax_memory):
+def _check_fits(graphs, target, relax_memory, remote=()):
     """Refuse, from sizes alone and before any planning, a program set whose variables plus one program's
     streamed inputs exceed the tile memory of ``target`` (with ``relax_memory``, what the simulator can
-    address). Both are always resident at once; intermediates are not counted (fusion and aliasing may keep
+    address); variables named in ``remote`` live in streaming memory and do not count. Both are always resident
+    at once; intermediates are not counted (fusion and aliasing may keep
     them off the tiles), so this is a lower bound and the allocator still has the last word."""
-    variables = {v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    variables = {
+        v.name: v.type.nbytes for g in graphs.values() for v in g.inputs if v.kind != "input" and v.name not in remote
+    }
     fixed = sum(variables.values())
     streamed = max(sum(v.type.nbytes for v in g.inputs if v.kind == "input") for g in graphs.values())
     capacity = MAX_ARENA_BYTES if relax_memory else target.num_tiles * target.tile_bytes
@@ -67,7 +71,16 @@ def _check_fits(graphs, target, relax_memory):
 
 
 def compile(  # noqa: A001
-    graphs, target="ipu2", *, relax_memory=False, partials_type="float32", optimize=True, available_memory=None
+    graphs,
+    target="ipu2",
+    *,
+    relax_memory=False,
+    partials_type="float32",
+    optimize=True,
+    available_memory=None,
+    remote=(),
+    spill=None,
+    shards=None,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -76,6 +89,12 @@ def compile(  # noqa: A001
     annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
+    Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
+    loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
+    "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
+    ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
+    a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
+    cycles (the simulated program still loads and updates the whole tensor on its tiles).
     Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
     an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
@@ -90,7 +109,9 @@ def compile(  # noqa: A001
         raise Error(f"partials_type must be 'float32' or 'float16', got {partials_type!r}")
     _check_available_memory(available_memory, target.num_ipus)
     _check_supported(graphs)
-    _check_fits(graphs, target, relax_memory)
+    remote = _check_remote(graphs, remote)
+    shards = _check_shards(shards, remote)
+    _check_fits(graphs, target, relax_memory, remote)
     placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
     variables = {}
@@ -114,13 +135,38 @@ def compile(  # noqa: A001
                 mapping = TileMapping.linear(v.type.size, v.dtype.itemsize, where)
                 variables[v.name] = dg.add_tensor(v.shape, v.dtype, mapping, v.name, "variable")
                 dg.state_kinds[v.name] = v.kind
+                if v.name in remote:
+                    dg.remote.add(variables[v.name])
+                if v.name in shards:
+                    dg.remote_shards[variables[v.name]] = shards[v.name]
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
-        inputs, outputs = lower_graph(lw, g, variables, placement, name)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
+
+
+def _check_shards(shards, remote):
+    """``shards`` as {variable name: replicas}, each a remote variable sharded over at least one replica."""
+    shards = dict(shards or {})
+    for name, replicas in shards.items():
+        if name not in remote:
+            raise Error(f"shards: {name!r} is not a remote variable (only streaming-memory variables are sharded)")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise Error(f"shards: {name!r} must be sharded over a positive whole number of replicas, got {replicas!r}")
+    return shards
+
+
+def _check_remote(graphs, remote):
+    """``remote`` as a set of variable names, each a variable (not a streamed input) of ``graphs``."""
+    remote = set(remote)
+    variables = {v.name for g in graphs.values() for v in g.inputs if v.kind != "input"}
+    unknown = sorted(remote - variables)
+    if unknown:
+        raise Error(f"remote: {', '.join(map(repr, unknown))} name(s) no variable of these programs")
+    return remote
 
 
 def _check_available_memory(available_memory, num_ipus):
@@ -171,6 +217,8 @@ class Executable:
     between runs.
 
     ``num_threads`` host threads share the independent rows of each BSP phase (see ``default_threads``).
+    ``host_callbacks`` (callback name -> function) gives this executable's own host-call functions; a name
+    not in it runs the function registered with ``popir.ops.register_host_callback``.
     ``to_bytes`` / ``from_bytes`` store it with its programs, tile plans and variable values, so a cache can
     skip compiling.
     """
@@ -178,6 +226,7 @@ class Executable:
     def __init__(self, target, dg, variables, lowered, relax_memory):
         self.target = target
         self.num_threads = default_threads()
+        self.host_callbacks = {}
         self._vars = variables
         self.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in variables.items()}
         overhead = _vertex_memory(target, [program for program, _, _ in lowered.values()])
@@ -185,7 +234,9 @@ class Executable:
             t: target.tile_bytes - overhead["vertex_state"][t] - overhead["code"][t] for t in range(target.num_tiles)
         }
         base = TileAllocator(list(budget.values()))
-        pinned = [t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant")]
+        pinned = [
+            t for t in dg.tensors if t.storage is t and t.category in ("variable", "constant") and t not in dg.remote
+        ]
         alloc = {}
         for t in pinned:
             alloc[t.id] = base.place(t, *t.mapping.tile_bytes(t.itemsize), -1, np.inf)
@@ -202,16 +253,23 @@ class Executable:
         # the tiles' data lie densely, so a step touches few host pages.
         peak = max(int(a.peak.max(initial=0)) for a in [base, *per_program.values()])
         tile_size = max(64, -(-peak // 64) * 64)
-        if target.num_tiles * tile_size > MAX_ARENA_BYTES:
+        # Streaming memory sits beyond the last tile, in whole tile-sized slices of the arena.
+        remote_at, remote_bytes = remote.region_bytes(sorted(dg.remote, key=lambda t: t.id))
+        arena_tiles = target.num_tiles + -(-remote_bytes // tile_size)
+        remote_start = target.num_tiles * tile_size
+        if arena_tiles * tile_size > MAX_ARENA_BYTES:
             raise Error(
                 f"the simulator addresses at most {MAX_ARENA_BYTES:,} bytes of tile memory, and this program set "
                 f"needs {peak:,} bytes on its busiest tile over {target.num_tiles:,} tiles "
-                f"({target.num_tiles * tile_size:,} bytes); use fewer IPUs or less memory per tile"
+                f"({target.num_tiles * tile_size:,} bytes) and {remote_bytes:,} bytes of streaming memory; use fewer "
+                "IPUs or less memory per tile"
             )
-        self.arena = TileArena(target.num_tiles, tile_size)
+        self.arena = TileArena(arena_tiles, tile_size)
         self._block_base = {}
 
         def block_base(storage):
+            if storage.id not in self._block_base and storage in remote_at:
+                self._block_base[storage.id] = remote.block_base(storage, remote_start + remote_at[storage])
             if storage.id not in self._block_base:
                 m = storage.mapping
                 tile_off = alloc[storage.id][m.tiles]
@@ -247,6 +305,9 @@ class Executable:
                 relax_memory,
                 *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
+            # Bytes of the program set's variables and activations in streaming memory (popsim.remote).
+            # One replica's bytes: a storage sharded over replicas counts its shard only.
+            self.profile.programs[name]["streaming_memory_bytes"] = remote.replica_bytes(dg.remote, dg.remote_shards)
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]
@@ -309,8 +370,13 @@ class Executable:
         if not isinstance(self.num_threads, int) or not 1 <= self.num_threads <= _kernels.MAX_THREADS:
             raise Error(f"num_threads must be an integer from 1 to {_kernels.MAX_THREADS}, got {self.num_threads!r}")
         feeds = dict(feeds or {})
-        stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device}
-        unknown = set(feeds) - set(inputs) - stream_feeds
+        called = _host_call_streams(flat)
+        fed_calls = sorted(called & set(feeds))
+        if fed_calls:
+            raise Error(f"program {program!r} feeds: {fed_calls} are host-call streams (the run feeds them)")
+        feeds.update(self._host_call_feeds(flat, called))
+        stream_feeds = {n for n in flat.stream_uses if self._streams[n].to_device} - called
+        unknown = set(feeds) - set(inputs) - stream_feeds - called
         missing = (set(inputs) | stream_feeds) - set(feeds)
         if unknown or missing:
             raise Error(f"program {program!r} feeds: missing {sorted(missing)}, unknown {sorted(unknown)}")
@@ -320,19 +386,7 @@ class Executable:
                 raise Error(f"feed {name!r}: expected shape {tensor.shape}, got {array.shape}")
             self._write(tensor, feed_blocks[name], array)
         table, host = self._stream_buffers(flat.stream_uses, feeds)
-        bad, cycles, dry, trap = _kernels.run_program(
-            self.arena,
-            flat.phases,
-            flat.phase_cycles,
-            flat.instructions,
-            flat.fparams,
-            flat.copies,
-            np.zeros(flat.num_counters, np.int64),
-            flat.stream_rows,
-            table,
-            host,
-            self.num_threads,
-        )
+        bad, cycles, dry, trap = self._run_phases(flat, table, host)
         # The phases actually run: a Repeat counts every iteration, an If only the branch taken.
         self.last_run_cycles = cycles + self.profile.programs[program]["host_cycles"] - flat.totals["host"]
         if trap >= 0:
@@ -355,11 +409,69 @@ class Executable:
             )
         results = {name: self._read(t, out_blocks[name]) for name, t in outputs.items()}
         for slot, (name, stream) in enumerate(self._streams.items()):
-            if name in flat.stream_uses and not stream.to_device:
+            if name in flat.stream_uses and not stream.to_device and name not in called:
                 start, done = table[slot, 1], table[slot, 3]
                 t = stream.tensor
                 results[name] = host[start : start + done].view(t.dtype.numpy).reshape((-1, *t.shape)).copy()
         return results
+
+    def _run_phases(self, flat, table, host):
+        """Run the engine over ``flat``'s phases; at each host call it pauses, the host runs the callback on
+        the slices just streamed out and puts its results where the next stream-ins read, and the engine
+        resumes. Returns (bad indices, cycles, dry stream, trapped row) as ``_kernels.run_program``."""
+        counters = np.zeros(flat.num_counters, np.int64)
+        start, bad, cycles = 0, 0, 0
+        while True:
+            run = _kernels.run_program(
+                self.arena,
+                flat.phases,
+                flat.phase_cycles,
+                flat.instructions,
+                flat.fparams,
+                flat.copies,
+                counters,
+                flat.stream_rows,
+                table,
+                host,
+                self.num_threads,
+                start,
+            )
+            bad, cycles = bad + run[0], cycles + run[1]
+            dry, trap, start = run[2:]
+            if start < 0 or dry >= 0 or trap >= 0:
+                return bad, cycles, dry, trap
+            self._host_call(flat.host_calls[flat.phases[start - 1, oc.PHASE_COL["a"]]], table, host)
+
+    def _host_call(self, call, table, host):
+        """Run one host call between engine phases: its inputs are each send stream's last slice, its results
+        go into each receive stream's next slice."""
+        slots = {name: slot for slot, name in enumerate(self._streams)}
+
+        def slice_of(name, ahead):
+            slot, t = slots[name], self._streams[name].tensor
+            at = table[slot, 1] + table[slot, 3] - (0 if ahead else table[slot, 4])
+            return host[at : at + table[slot, 4]].view(t.dtype.numpy).reshape(t.shape), t
+
+        arrays = [slice_of(name, ahead=False)[0].copy() for name in call["sends"]]
+        receives = [slice_of(name, ahead=True) for name in call["receives"]]
+        out_types = [(t.shape, str(t.dtype)) for _, t in receives]
+        try:
+            own = getattr(self, "host_callbacks", {}).get(call["callback"])
+            results = popir.ops.run_host_callback(call["callback"], arrays, out_types, own)
+        except popir.IRError as exc:
+            raise Error(str(exc)) from None
+        except Exception as exc:
+            raise HostCallbackError(f"host callback {call['callback']!r} raised {type(exc).__name__}: {exc}") from exc
+        for (buffer, _), result in zip(receives, results):
+            buffer[...] = result
+
+    def _host_call_feeds(self, flat, called):
+        """Zero slices for the streams that carry host-call results (the callbacks fill them during the run)."""
+        return {
+            n: np.zeros((flat.stream_uses[n], *self._streams[n].tensor.shape), self._streams[n].tensor.dtype.numpy)
+            for n in called
+            if self._streams[n].to_device and n in flat.stream_uses
+        }
 
     def _stream_buffers(self, uses, feeds):
         """The engine's stream table (to_device, host offset, capacity, cursor, slice bytes) and one host
@@ -432,6 +544,11 @@ def _host_streams(lowered):
 def _stream_kind(step):
     direction = "host-to-device" if step.to_device else "device-to-host"
     return f"{direction} {step.tensor.dtype}{list(step.tensor.shape)}"
+
+
+def _host_call_streams(flat):
+    """The host streams of ``flat``'s host calls: the executable feeds and reads them itself."""
+    return {name for call in getattr(flat, "host_calls", ()) for name in (*call["sends"], *call["receives"])}
 
 
 def _stream_executions(step):

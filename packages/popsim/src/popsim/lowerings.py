@@ -8,7 +8,8 @@ import numpy as np
 
 from popir import DType, IRError, get_op
 from popsim import _opcodes as oc
-from popsim import cost, window
+from popsim import conv_plan, cost, remote, window
+from popsim.device_graph import HostCall
 from popsim.errors import Error
 from popsim.mapping import TileMapping
 
@@ -50,15 +51,21 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables, placement=None, name=None):
+def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
 
     On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
     vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
+    ``spill`` ("backward" or "phase") moves activations to streaming memory between passes or phases (see
+    ``remote.Spiller``).
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
-    lw.in_place = {value: variables[name] for value, name in _in_place_updates(graph, at).items()}
+    lw.in_place = {
+        value: variables[name]
+        for value, name in _in_place_updates(graph, at).items()
+        if variables[name] not in lw.dg.remote  # a streamed variable is updated by a store, never in place
+    }
     device_target = lw.target
     ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
@@ -69,8 +76,17 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
         else:
             env[v.id] = variables[v.name]
     crossings = {}
-    for node in graph.nodes:
+    stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
+    stored = set()
+    spiller = remote.Spiller(lw.dg, graph, spill)
+    for index, node in enumerate(graph.nodes):
+        spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]
+        if lw.dg.remote:
+            lw.dg.origin = node
+            where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
+            args = remote.load_operands(lw.dg, spiller.operands(node, args, where), where)
+            lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
             continue
@@ -93,9 +109,17 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
             lw.dg.node_outputs.add(t.storage.id)
+        for state, value in stores.get(index, ()):
+            lw.dg.origin = node
+            remote.store(lw.dg, variables[state.name], env[value.id])
+            lw.dg.origin = None
+            stored.add(state.name)
+    spiller.store_due(len(graph.nodes) - 1, env)
     outputs = {}
     for name, v in graph.outputs.items():
         t = env[v.id]
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         # Outputs of device variables are read after the updates: snapshot them first (on their IPU).
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
@@ -103,13 +127,18 @@ def lower_graph(lw, graph, variables, placement=None, name=None):
     staged = {}
     for state, v in graph.updates.items():
         t = env[v.id]
-        if t.storage is variables[state.name].storage:
+        if state.name in stored or t.storage is variables[state.name].storage:
             continue
+        if remote.is_remote(lw.dg, t):
+            t = remote.load_operands(lw.dg, [t], device_target)[0]
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"stage {state.name}")
         staged[state.name] = t
     for name, t in staged.items():
         var = variables[name]
+        if var in lw.dg.remote:
+            remote.store(lw.dg, var, t)
+            continue
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
     return inputs, outputs
 
@@ -219,22 +248,34 @@ def _fusion(graph):
 def _fused(lw, node, args):
     """Lower ``node`` with the deferred nodes among its inputs (recursively) as one fused vertex; when that
     would need more leaves or ops than a fused vertex holds, the deferred inputs are lowered first."""
-    leaves, steps = [], []
+    leaves, steps, nodes = [], [], []
 
     def visit(node, args):
         regs = [visit(a.node, a.args) if isinstance(a, _Deferred) else _leaf(leaves, a) for a in args]
         steps.append((node.op, regs, node.outputs[0].dtype, node.inputs[-1].dtype))
+        nodes.append(node)
         return -len(steps)
 
     visit(node, args)
     if len(leaves) > len(oc.EXPR_FIELDS) or len(steps) > oc.EXPR_MAX_OPS:
-        return _elementwise(
-            lw, node, *[_elementwise(lw, a.node, *a.args) if isinstance(a, _Deferred) else a for a in args]
-        )
+        return _elementwise(lw, node, *[_lower_deferred(lw, a) if isinstance(a, _Deferred) else a for a in args])
     # Registers: the leaves, then one per step (a step's result was numbered -1, -2, ... as it was added).
     steps = [(op, [r if r >= 0 else len(leaves) - r - 1 for r in regs], dt, operand) for op, regs, dt, operand in steps]
     result = node.outputs[0]
-    return lw.expression(steps, leaves, result.shape, result.dtype, out=lw.in_place.get(result.id))
+    lw.dg.fused = tuple(nodes)  # the profile credits the fused compute set to every node it computes
+    try:
+        return lw.expression(steps, leaves, result.shape, result.dtype, out=lw.in_place.get(result.id))
+    finally:
+        lw.dg.fused = ()
+
+
+def _lower_deferred(lw, deferred):
+    """Lower a deferred node before its reader (its work then credited to it, not to the reader)."""
+    reader, lw.dg.origin = lw.dg.origin, deferred.node
+    try:
+        return _elementwise(lw, deferred.node, *deferred.args)
+    finally:
+        lw.dg.origin = reader
 
 
 def _leaf(leaves, tensor):
@@ -270,6 +311,14 @@ def _stop_gradient(lw, node, x):
 
 
 # -- movement: index maps --------------------------------------------------------------------------
+@lowering("host_call")
+def _host_call(lw, node, *inputs, callback, out_types):
+    # The results land in new tensors spread over the tiles; the first one's id names the call's streams.
+    outs = [lw.new(v.shape, v.dtype, name=f"{callback} result {i}") for i, v in enumerate(node.outputs)]
+    lw.dg.program.append(HostCall(f"host_call {callback} #{outs[0].id}", callback, list(inputs), outs, lw.dg.origin))
+    return outs
+
+
 @lowering("reshape")
 def _reshape(lw, node, x, shape):
     return lw.reshape(x, shape)
@@ -553,11 +602,42 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     return lw.gather(x.shape, x.dtype, parts, np.arange(x.size), name="scatter-slices")
 
 
-# -- convolution and pooling: index maps feeding the matmul and reduction planners ----------------
-# Convolutions run as (output channels x K) @ (K x positions) so that operand and result runs follow the
-# contiguous spatial axes of NCHW (long exchange runs), with kernel taps folded into K.
+# -- convolution and pooling: index maps feeding the direct-conv, matmul and reduction planners --------
+# conv2d runs as CONV vertices over input windows already on their tiles (conv_plan). The gradients that are
+# not a plain window over their operands run as (output channels x K) @ (K x positions) matmuls so that
+# operand and result runs follow the contiguous spatial axes of NCHW, with kernel taps folded into K.
+def _grouped(shape, groups):
+    """Flat indices of an (N, G * C, H, W) tensor as (G, N, C, H, W)."""
+    n, c, h, w = shape
+    return np.arange(n * c * h * w).reshape(n, groups, c // groups, h, w).transpose(1, 0, 2, 3, 4)
+
+
+def _ungrouped(shape, groups):
+    """For each element of an (N, G * C, H, W) tensor, its flat position in the (G, N, C, H, W) layout."""
+    n, c, h, w = shape
+    return np.arange(n * c * h * w).reshape(groups, n, c // groups, h, w).transpose(1, 0, 2, 3, 4)
+
+
 @lowering("conv2d")
 def _conv2d(lw, node, x, w, stride, padding, dilation, groups):
+    """As poplin's planner: CONV vertices over windows on their tiles, or the kernel folded into the input
+    channels (a matmul over im2col columns) when that is estimated faster (few input channels, where each
+    AMP weight reload at a kernel position does little work)."""
+    o, cg, kh, kw = w.shape
+    out_shape = node.outputs[0].shape
+    spec = conv_plan.ConvSpec(
+        groups, x.shape[0], cg, o // groups, x.shape[2:], out_shape[2:], (kh, kw), tuple(stride),
+        tuple(dilation), (padding[0][0], padding[1][0]),
+    )  # fmt: skip
+    if not conv_plan.direct_is_faster(lw, spec, x.dtype):
+        return _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups)
+    w_index = np.arange(w.size).reshape(groups, o // groups, cg, kh, kw)
+    return conv_plan.direct_conv(
+        lw, [x], _grouped(x.shape, groups), [w], w_index, spec, x.dtype, out_shape, _ungrouped(out_shape, groups)
+    )
+
+
+def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
     n = x.shape[0]
     o, cg, kh, kw = w.shape
     g, og = groups, o // groups
@@ -586,6 +666,27 @@ def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation
 
 @lowering("conv2d_grad_input")
 def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, groups):
+    """The input gradient is a convolution of the output gradient, its elements spaced ``stride`` apart,
+    with the kernel flipped and its channels swapped: CONV vertices when estimated faster, else a matmul
+    over transposed windows."""
+    o, cg, kh, kw = w.shape
+    (dh, dw), (top, left) = dilation, (padding[0][0], padding[1][0])
+    pad = (dh * (kh - 1) - top, dw * (kw - 1) - left)
+    spec = conv_plan.ConvSpec(
+        groups, gy.shape[0], o // groups, cg, gy.shape[2:], tuple(input_shape[2:]), (kh, kw), (1, 1),
+        tuple(dilation), pad, tuple(stride),
+    )  # fmt: skip
+    if not conv_plan.direct_is_faster(lw, spec, gy.dtype):
+        return _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation, groups)
+    flipped = np.arange(w.size).reshape(groups, o // groups, cg, kh, kw)[..., ::-1, ::-1]
+    order = _ungrouped(tuple(input_shape), groups)
+    return conv_plan.direct_conv(
+        lw, [gy], _grouped(gy.shape, groups), [w], flipped.transpose(0, 2, 1, 3, 4), spec, gy.dtype,
+        tuple(input_shape), order,
+    )  # fmt: skip
+
+
+def _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation, groups):
     n, c, h, wd = input_shape
     o, cg, kh, kw = w.shape
     g, og = groups, o // groups

@@ -4,6 +4,8 @@ import functools
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from popir import DType
 from popsim import cost
 
@@ -34,22 +36,20 @@ def _splits(size):
     return sorted({-(-size // (-(-size // g))) for g in counts})
 
 
-def _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials):
-    """Estimated cycles of one split: operand exchange + AMP compute + reduction of the ``partials``, each
-    BSP phase with its sync (a K-split or a cast of the partials adds a compute phase to the result's
-    exchange)."""
+def _plan_cycles(target, batch, m, n, gk, mb, nb, kb, dtype, per_tile, partials):
+    """Estimated cycles of candidate splits (arrays, one entry per candidate): operand exchange + AMP compute
+    + reduction of the ``partials``, each BSP phase with its sync (a K-split or a cast of the partials adds a
+    compute phase to the result's exchange)."""
     operand_bytes = (mb * kb + kb * nb) * dtype.itemsize
-    phases = 4 if gk > 1 or dtype != partials else 3
-    cycles = phases * target.bsp_sync_cycles + per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
+    reduced = (gk > 1) | (dtype != partials)
+    cycles = np.where(reduced, 4, 3) * target.bsp_sync_cycles + per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
     # Each contiguous operand row received is one exchange region with its own setup cycles.
     cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
     rows = math.ceil(batch * m * n / target.num_tiles)
-    if gk > 1 or dtype != partials:
-        cycles += cost.exchange_cycles(target, rows * gk * partials.itemsize)
-        cycles += cost.reduce_cycles(target, rows, gk, partials)
-    else:
-        cycles += cost.exchange_cycles(target, rows * 4)
-    return cycles
+    reduction = cost.exchange_cycles(target, rows * gk * partials.itemsize) + cost.reduce_cycles(
+        target, rows, gk, partials
+    )
+    return cycles + np.where(reduced, reduction, cost.exchange_cycles(target, rows * 4))
 
 
 @functools.lru_cache(maxsize=512)
@@ -60,27 +60,18 @@ def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32, available
     K-split reduces.
 
     Each task (b, i, j, kk) computes an (mb x kb) @ (kb x nb) partial on one tile; tasks beyond the tile
-    count share tiles round-robin.
+    count share tiles round-robin. Candidates are costed together as arrays; ties go to the first in
+    (gm, gn, gk) order.
     """
-    tiles = target.num_tiles
-    budget = int(target.tile_bytes * available_memory)
-    best = smallest = None
-    for gm in _splits(m):
-        for gn in _splits(n):
-            for gk in _splits(k):
-                tasks = batch * gm * gn * gk
-                if tasks > max(tiles, batch):
-                    continue
-                mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
-                per_tile = math.ceil(tasks / tiles)
-                memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * partials.itemsize)
-                if memory > budget and smallest is not None and memory > smallest.memory:
-                    continue
-                cycles = _plan_cycles(target, batch, m, n, k, gk, mb, nb, kb, dtype, per_tile, partials)
-                plan = MatmulPlan(gm, gn, gk, mb, nb, kb, cycles, memory)
-                if smallest is None or (memory, cycles) < (smallest.memory, smallest.cycles):
-                    smallest = plan
-                if memory <= budget and (best is None or cycles < best.cycles):
-                    best = plan
+    grids = np.meshgrid(*(np.array(_splits(size), np.int64) for size in (m, n, k)), indexing="ij")
+    gm, gn, gk = (a.reshape(-1) for a in grids)
+    keep = batch * gm * gn * gk <= max(target.num_tiles, batch)
+    gm, gn, gk = gm[keep], gn[keep], gk[keep]
+    mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
+    per_tile = -(-(batch * gm * gn * gk) // target.num_tiles)
+    memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * partials.itemsize)
+    cycles = _plan_cycles(target, batch, m, n, gk, mb, nb, kb, dtype, per_tile, partials)
+    fits = np.flatnonzero(memory <= int(target.tile_bytes * available_memory))
     # Nothing fits: the fastest of the plans needing the least memory (the allocator reports any overflow).
-    return best if best is not None else smallest
+    pick = fits[np.argmin(cycles[fits])] if fits.size else np.lexsort((cycles, memory))[0]
+    return MatmulPlan(*(int(a[pick]) for a in (gm, gn, gk, mb, nb, kb, cycles, memory)))

@@ -65,6 +65,7 @@ class Lowerer:
         self._scalars = {}  # (scalar tensor, IPU's first tile, tile count) -> its copy on each of those tiles
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
         self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
+        self.conv_layouts = {}  # everything a direct convolution's layout depends on -> its conv_plan.ConvLayout
 
     def budget_node(self, node, ipu):
         """Plan ``node``'s matmuls within its own available-memory proportion, else its IPU's, else Poplar's

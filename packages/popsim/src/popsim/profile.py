@@ -1,5 +1,6 @@
 """Profile: simulated cycles per program and step, split by phase kind, per tile, and memory per tile."""
 
+import itertools
 import json
 import os
 
@@ -49,7 +50,9 @@ class Profile:
             "control_cycles": int(control),
             "host_cycles": int(host_cycles),
             "seconds": total / self.target.clock_hz,
-            "flops": int(flops),
+            "flops": int(sum(flops.values())),
+            "flops_by_dtype": {dtype: int(n) for dtype, n in flops.items()},
+            "flops_utilisation": self._flops_utilisation(flops, total),
             "steps": steps,
             "tile_compute_cycles": tile_compute.tolist(),
             "tile_exchange_bytes": tile_exchange.tolist(),
@@ -64,18 +67,26 @@ class Profile:
             "liveness": liveness or {},
         }
 
-    def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
+    def _flops_utilisation(self, flops, cycles):
+        """The share of ``cycles`` the AMP units of every tile would need for ``flops`` (matmul FLOPs by operand
+        dtype) at their peak rate for each dtype: FLOP/s against the peak, for any mix of precisions."""
+        t = self.target
+        busy = sum(n / (2 * t.amp_macs(dtype) * t.num_tiles) for dtype, n in flops.items())
+        return busy / cycles if cycles else 0.0
+
+    def add_replication(self, replicas, replica_step, all_reduce=None, optimizer_step=0):
         """A training step of ``replicas`` replicas running in parallel: each replica's cycles
         (``replica_step``), the gradient ``all_reduce`` (a ``collectives.AllReduce``) and the cycles of the
-        ``optimizer_step`` that follows it."""
-        total = replica_step + all_reduce.cycles + optimizer_step
+        ``optimizer_step`` that follows it. Inference (``all_reduce`` None): a call's runs, no collective."""
+        reduce_cycles = all_reduce.cycles if all_reduce is not None else 0
+        total = replica_step + reduce_cycles + optimizer_step
         self.replication = {
             "replicas": replicas,
             "replica_step_cycles": int(replica_step),
-            "all_reduce": all_reduce.to_dict(),
+            "all_reduce": all_reduce.to_dict() if all_reduce is not None else None,
             "optimizer_step_cycles": int(optimizer_step),
             "step_cycles": int(total),
-            "all_reduce_share": all_reduce.cycles / total if total else 0.0,
+            "all_reduce_share": reduce_cycles / total if total else 0.0,
         }
 
     def to_json(self, path=None):
@@ -130,6 +141,7 @@ class Profile:
             lines.append(
                 f"  memory: {p['memory_total_bytes']} bytes in all, busiest tile {p['memory_max_tile_bytes']} bytes"
                 + (f"; {len(p['tiles_over_budget'])} tiles over budget" if p["tiles_over_budget"] else "")
+                + (f"; {p['streaming_memory_bytes']} in streaming memory" if p.get("streaming_memory_bytes") else "")
             )
             for r in self.operations(name)[:SUMMARY_ROWS]:
                 split = f"compute {r['compute_cycles']}, exchange {r['exchange_cycles']}"
@@ -158,8 +170,9 @@ def short_source(source):
 def operations(p):
     """The cycles and bytes of a program's profile ``p`` grouped by where they came from: one row per (module, role,
     ATen op, source line), costliest first, with compute and exchange cycles, exchange bytes, the bytes
-    of the tensors it made, and its steps. Work no node owns (the copies of outputs and state updates,
-    host streams) is grouped by step name."""
+    of the tensors it made, and its steps. A fused compute set, or an exchange phase that copies of several nodes
+    share, counts as a step of each of them, its cycles and bytes split among them (see ``_credits``). Work no
+    node owns (the copies of outputs and state updates, host streams) is grouped by step name."""
     rows = {}
 
     def row(origin, name):
@@ -181,19 +194,42 @@ def operations(p):
         return rows[key]
 
     for step in p["steps"]:
-        r = row(step.get("origin"), step["name"])
-        r["cycles"] += step["cycles"]
-        r[f"{step['kind']}_cycles"] += step["cycles"]
-        r["exchange_bytes"] += step.get("bytes", 0)
-        r["steps"] += 1
+        origins, weights = _credits(step)
+        cycles, nbytes = _split(step["cycles"], weights), _split(step.get("bytes", 0), weights)
+        for origin, share, shared_bytes in zip(origins, cycles, nbytes):
+            r = row(origin, step["name"])
+            r["cycles"] += share
+            r[f"{step['kind']}_cycles"] += share
+            r["exchange_bytes"] += shared_bytes
+            r["steps"] += 1
     for tensor in p.get("tensors", ()):
         if "op" in tensor:
             row(tensor, tensor["name"])["memory_bytes"] += tensor["bytes"]
     return sorted(rows.values(), key=lambda r: (-r["cycles"], -r["memory_bytes"]))
 
 
+def _credits(step):
+    """The origins a step's cycles are credited to, and their weights: each node a fused compute set computes
+    by the elements it makes, each node whose copies share an exchange phase by the bytes they receive."""
+    for parts, weight in (("fused", "elements"), ("merged", "bytes")):
+        if parts in step:
+            origins = [{k: v for k, v in o.items() if k != weight} for o in step[parts]]
+            return origins, [o[weight] for o in step[parts]]
+    return [step.get("origin")], [1]
+
+
+def _split(total, weights):
+    """``total`` split in proportion to ``weights`` into integers that add up to ``total``."""
+    reached = list(itertools.accumulate(weights))
+    ends = [total * w // reached[-1] if reached[-1] else 0 for w in reached]
+    ends[-1] = total
+    return [b - a for a, b in zip([0, *ends], ends)]
+
+
 def _replication_lines(r):
     reduce = r["all_reduce"]
+    if reduce is None:
+        return [f"{r['replicas']} replicas in parallel (inference, no collective): {r['step_cycles']} cycles per call"]
     lines = [
         f"{r['replicas']} replicas in parallel: {r['step_cycles']} cycles per step = {r['replica_step_cycles']} per"
         f" replica + all-reduce {reduce['cycles']} ({100 * r['all_reduce_share']:.1f}%) of {reduce['bytes']} bytes"

@@ -11,6 +11,7 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
 - SYNC (6): an explicit sync; no work.
 - STREAM (7, slot, start, stop): a StreamCopy; stream rows start..stop-1 move one slice between host stream
   ``slot`` and tile memory.
+- HOST_CALL (8, call): the engine stops so the host runs host call ``call`` (see ``HostCall``), then resumes.
 """
 
 from types import SimpleNamespace
@@ -18,13 +19,15 @@ from types import SimpleNamespace
 import numpy as np
 
 from popir import DType
-from popsim import _exchange, cost
+from popsim import _exchange, cost, remote
 from popsim import _opcodes as oc
-from popsim.device_graph import ComputeSet, Copy, Execute, If, Repeat, StreamCopy, Sync, children
-from popsim.provenance import busy_ipus, origin_of
+from popsim.device_graph import ComputeSet, Copy, Execute, HostCall, If, Repeat, StreamCopy, Sync, children
+from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
 
 NCOLS = oc.NCOLS
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM = (oc.PHASES[n] for n in oc.PHASE_NAMES)
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL = (
+    oc.PHASES[n] for n in oc.PHASE_NAMES
+)
 DT = oc.DTYPE_CODES
 _TARGET_OF = {BRANCH_IF_ZERO: oc.PHASE_COL["c"], JUMP: oc.PHASE_COL["a"]}  # the column of a jump's target
 
@@ -98,6 +101,7 @@ def flatten_program(target, program, block_base, streams):
         fparams=np.concatenate([*f.fparams, np.zeros(len(f.expr_rows))]),
         copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
         stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
+        host_calls=f.host_calls,
         steps=f.steps,
         totals=dict(zip(("compute", "exchange", "sync", "control", "host"), totals.tolist())),
         tile_compute=f.tile_compute,
@@ -125,12 +129,13 @@ class _Flattener:
         self.target = target
         self.streams = streams
         self.stream_rows = []
+        self.host_calls = []  # {"callback", "sends", "receives"} of each HOST_CALL phase's call
         self.block_base = block_base
         self.phases, self.cycles, self.fparams, self.copies, self.steps = [], [], [], [], []
         self.rows, self.nrows = [], 0  # instruction rows: one array per batch of vertices, and their count
         self.tile_compute = np.zeros(target.num_tiles, np.int64)
         self.tile_exchange = np.zeros(target.num_tiles, np.int64)
-        self.flops = 0
+        self.flops = {}  # matmul FLOPs by operand dtype: the AMP's peak rate depends on it
         self.ncopies = 0
         self.counters = 0
         # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
@@ -167,6 +172,8 @@ class _Flattener:
             step = step.compute_set
         if isinstance(step, ComputeSet):
             return self.compute_set(step)
+        if isinstance(step, remote.RemoteCopy):
+            return self.remote_copy(step)
         if isinstance(step, Copy):
             return self.copy(step)
         if isinstance(step, Sync):
@@ -178,6 +185,8 @@ class _Flattener:
             return self.repeat(step)
         if isinstance(step, If):
             return self.branch(step)
+        if isinstance(step, HostCall):
+            return self.host_call(step)
         return sum((self.emit(child) for child in children(step)), _totals())
 
     def repeat(self, step):
@@ -221,8 +230,40 @@ class _Flattener:
         sync = self.target.bsp_sync_cycles
         self.phase(STREAM, self.streams[step.stream], start, len(self.stream_rows), cycles=host + sync)
         direction = "in" if step.to_device else "out"
-        self.steps.append({"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host)})
+        origin = origin_of(getattr(step, "origin", None))
+        self.steps.append(
+            {"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host), "origin": origin}
+        )
         return _totals(sync=sync, host=host)
+
+    def host_call(self, step):
+        """The inputs stream out, the host runs the callback while the tiles wait, the results stream in."""
+        sent = sum((self.stream(s) for s in step.sends), _totals())
+        names = {"sends": [s.stream for s in step.sends], "receives": [s.stream for s in step.receives]}
+        self.host_calls.append({"callback": step.callback, **names})
+        self.phase(HOST_CALL, len(self.host_calls) - 1)
+        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": 0}
+        self.steps.append({**entry, "origin": origin_of(step.origin)})
+        return sum((self.stream(s) for s in step.receives), sent)
+
+    def remote_copy(self, step):
+        """A streaming-memory load or store: a sync, then every byte crosses the streaming-memory link."""
+        elements = np.arange(step.dst.size)
+        src_addr, _ = element_addresses(step.srcs[0], elements, self.block_base)
+        dst_addr, _ = element_addresses(step.dst, elements, self.block_base)
+        rows = _exchange.copy_runs(src_addr, dst_addr, step.dst.itemsize)
+        if not len(rows):
+            return _totals()
+        nbytes = -(-step.dst.size * step.dst.itemsize // step.shards)  # a sharded storage: one replica's shard
+        cycles = remote.transfer_cycles(self.target, nbytes)
+        sync = self.target.bsp_sync_cycles
+        self.phase(EXCHANGE, self.ncopies, self.ncopies + len(rows), cycles=cycles + sync)
+        self.open = None
+        self.copies.append(rows)
+        self.ncopies += len(rows)
+        entry = {"name": step.name, "kind": "host", "cycles": int(cycles), "bytes": int(nbytes), **_placed(step)}
+        self.steps.append({**entry, "origin": origin_of(step.origin)})
+        return _totals(sync=sync, host=cycles)
 
     def compute_set(self, step):
         if not step.batches:
@@ -238,7 +279,9 @@ class _Flattener:
             self.nrows += len(batch)
             per_tile += np.bincount(batch.tiles, batch.cycles, target.num_tiles).astype(np.int64)
             if batch.kind == oc.MATMUL:
-                self.flops += int((2 * batch.params["m"] * batch.params["k"] * batch.n).sum())
+                self._count_flops(batch.fields["a"], 2 * batch.params["m"] * batch.params["k"] * batch.n)
+            elif batch.kind == oc.CONV:  # a MAC per tap for each output
+                self._count_flops(batch.fields["a"], 2 * batch.params["taps"] * batch.n)
         self.tile_compute += per_tile
         cycles = int(per_tile.max())
         self.phase(COMPUTE, start, self.nrows, cycles=cycles + target.bsp_sync_cycles)
@@ -251,10 +294,16 @@ class _Flattener:
                 "tiles": int((per_tile > 0).sum()),
                 "ipus": busy_ipus(target, per_tile),
                 "origin": origin_of(step.origin),
+                **fused_origins(step),
                 **_placed(step),
             }
         )
         return _totals(compute=cycles, sync=target.bsp_sync_cycles)
+
+    def _count_flops(self, operand, flops):
+        """Add a batch's FLOPs under its operand's dtype (the AMP's peak rate depends on it)."""
+        dtype = operand.tensor.dtype.value
+        self.flops[dtype] = self.flops.get(dtype, 0) + int(flops.sum())
 
     def _instruction_rows(self, batch):
         """The instruction rows of a batch of vertices: one row each, its fields' arena addresses."""
@@ -308,10 +357,8 @@ class _Flattener:
             open_link += link
             dsts.add(step.dst.storage)
             merged["name"] += f"+{step.name}"
+            credit_merged(merged, origin_of(step.origin), int(recv.sum()))
             merged["bytes"] += int(recv.sum())
-            origin = origin_of(step.origin)
-            if origin != merged["origin"] and origin not in merged.setdefault("also", []):
-                merged["also"].append(origin)
             before, sync = merged["cycles"], 0
         else:
             open_load, dsts, open_link = load, {step.dst.storage}, link

@@ -28,6 +28,29 @@ def origin_of(node):
     return origin
 
 
+def fused_origins(compute_set):
+    """``{"fused": [...]}``: the provenance of each popir node a compute set's fused expression computes, with
+    the ``elements`` it makes (the profile splits the set's cycles among them by these); {} when unfused."""
+    if len(compute_set.fused) < 2:
+        return {}
+    return {"fused": [{**origin_of(node), "elements": node.outputs[0].type.size} for node in compute_set.fused]}
+
+
+def credit_merged(step, origin, nbytes):
+    """Record in an exchange ``step`` that a copy from ``origin`` (origin_of) receiving ``nbytes`` joined its
+    phase: ``step["merged"]`` lists each origin with the bytes its copies receive (the profile splits the
+    phase's cycles by these) once copies of two origins share it; call before adding ``nbytes`` to it."""
+    if "merged" not in step:
+        if origin == step["origin"]:
+            return
+        step["merged"] = [{**step["origin"], "bytes": step["bytes"]}]
+    part = next((p for p in step["merged"] if {k: v for k, v in p.items() if k != "bytes"} == origin), None)
+    if part is None:
+        step["merged"].append({**origin, "bytes": nbytes})
+    else:
+        part["bytes"] += nbytes
+
+
 def busy_ipus(target, per_tile):
     """The IPUs with a tile that has work in ``per_tile`` (a value per tile)."""
     if target.num_ipus == 1:
@@ -73,13 +96,14 @@ def memory_map(dg, placed, program, num_tiles):
     ``placed`` lists (storage, first, last) of every storage the program's memory holds (variables and
     constants with first = -1 and last = None: resident throughout). Returns (tensors, per-tile bytes by
     category, liveness): each tensor with its category, provenance, live range and bytes per tile; the
-    liveness gives, at each program point, the bytes live in each category over all tiles. A tensor's bytes per
-    tile are ``tile_runs``."""
+    liveness gives, at each program point, the bytes live in each category over all tiles, and each tile's
+    peak point (``tile_peak_points``, see ``tile_peak_points``). A tensor's bytes per tile are ``tile_runs``."""
     points = program_points(program)
     count = len(points) + 1  # the last point streams the outputs out
     tensors = []
     per_tile = {name: np.zeros(num_tiles, np.int64) for name in CATEGORIES}
     live = {name: np.zeros(count + 1, np.int64) for name in CATEGORIES}
+    spans = []  # (tiles, bytes on each, first live point, point after the last) of each tensor
     for storage, first, last in placed:
         m = storage.mapping
         sizes = np.bincount(m.tiles, weights=(m.stops - m.starts) * storage.itemsize, minlength=num_tiles)
@@ -92,6 +116,7 @@ def memory_map(dg, placed, program, num_tiles):
         start, stop = max(first, 0), count if last is None else min(last, count - 1) + 1
         live[kind][start] += nbytes
         live[kind][stop] -= nbytes
+        spans.append((tiles, sizes[tiles].astype(np.int64), start, stop))
         tensors.append(
             {
                 "name": storage.name,
@@ -108,8 +133,35 @@ def memory_map(dg, placed, program, num_tiles):
         "points": labels,
         "modules": [origin_of(getattr(step, "origin", None)).get("module") for step in points] + [None],
         "bytes": {name: np.cumsum(curve[:-1]).tolist() for name, curve in live.items()},
+        "tile_peak_points": tile_peak_points(spans, num_tiles),
     }
     return tensors, {name: arr.tolist() for name, arr in per_tile.items()}, liveness
+
+
+def tile_peak_points(spans, num_tiles):
+    """Per tile, the program point where the bytes of the tensors live on it peak (the earliest of equal
+    peaks), None on a tile that holds none. ``spans`` gives each tensor's tiles, bytes on each, and live
+    points ``start`` to ``stop`` (exclusive). The allocator's peak on a tile is at least these bytes: the
+    rest is alignment padding and gaps left between tensors of different lifetimes."""
+    spans = [s for s in spans if s[2] < s[3]]
+    points = [None] * num_tiles
+    if not spans:
+        return points
+    # Each span adds its bytes at ``start`` and takes them away at ``stop``; sorted by (tile, point), a running
+    # sum gives a tile's live bytes after each event (each tile's events sum to zero, so tiles do not mix).
+    tile = np.concatenate([t for t, _, _, _ in spans] * 2)
+    delta = np.concatenate([b for _, b, _, _ in spans] + [-b for _, b, _, _ in spans])
+    point = np.concatenate([np.full(t.size, a) for t, _, a, _ in spans] + [np.full(t.size, z) for t, _, _, z in spans])
+    order = np.lexsort((point, tile))
+    tile, point, running = tile[order], point[order], np.cumsum(delta[order])
+    # Bytes live at a point: the running sum after the point's last event on the tile.
+    last = np.r_[(tile[1:] != tile[:-1]) | (point[1:] != point[:-1]), True]
+    tile, point, running = tile[last], point[last], running[last]
+    best = np.lexsort((point, -running, tile))  # per tile: most bytes first, then the earliest point
+    first = best[np.r_[True, tile[best][1:] != tile[best][:-1]]]
+    for t, p, b in zip(tile[first].tolist(), point[first].tolist(), running[first].tolist()):
+        points[t] = p if b > 0 else None
+    return points
 
 
 def tile_runs(tiles, nbytes):

@@ -116,6 +116,19 @@ def _matmul_check(what, n, sizes, dtypes, params, program):
     _need(what, dtypes["out"] in ("float32", "float16"), "out (the partials) must be float32 or float16")
 
 
+def _conv_check(what, n, sizes, dtypes, params, program):
+    for name, param in (("a", "patch"), ("b", "weights")):
+        want = params.get(param, 0)
+        _need(what, sizes[name] == want, f"field {name!r} must hold {param} = {{}} elements", want)
+    _need(what, params.get("taps", 0) >= 1, "needs taps >= 1")
+    geometry = (sizes["c"] == len(oc.CONV_GEOMETRY)) & (dtypes["c"] == "int32")
+    _need(what, geometry, f"field 'c' must be the {len(oc.CONV_GEOMETRY)} int32 geometry words")
+    _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
+    _need(what, dtypes["a"] == dtypes["b"], "a and b must share a dtype")
+    _need(what, dtypes["a"] in ("float32", "float16"), "a and b must be float32 or float16")
+    _need(what, dtypes["out"] in ("float32", "float16"), "out (the partials) must be float32 or float16")
+
+
 def _rng_check(what, n, sizes, dtypes, params, program):
     _need(what, (sizes["a"] == 2) & (dtypes["a"] == "int32"), "field 'a' must be the 2 int32 seed words")
     _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
@@ -174,6 +187,7 @@ _SHAPE_CHECKS = {
     oc.SCATTER_ADD: _gather_check,
     oc.FILL: _fill_check,
     oc.EXPR: _expr_check,
+    oc.CONV: _conv_check,
 }
 
 
@@ -248,6 +262,7 @@ def _instruction_extents(table, rows):
         oc.GATHER: (p0 * p2 * p1 * isa, n * 4, 0, p0 * n * p1 * isa),
         oc.SCATTER_ADD: (0, n * 4, p0 * n * p1 * isa, p0 * p2 * p1 * isa),
         oc.FILL: (0, 0, 0, n * iso),
+        oc.CONV: (p0 * isa, p1 * isb, len(oc.CONV_GEOMETRY) * 4, n * iso),
     }.items():
         sel = kind == k
         for j, extent in enumerate((a, b, c, out)):
@@ -359,6 +374,7 @@ def _check_phase(p, kind, a, b, c, flat, num_phases, num_rows, arena_bytes, num_
         ph["LOOP_BACK"]: 0 <= a < flat.num_counters and 0 <= b <= num_phases,
         ph["SYNC"]: True,
         ph["STREAM"]: 0 <= a < num_streams and 0 <= b <= c <= len(flat.stream_rows),
+        ph["HOST_CALL"]: 0 <= a < len(getattr(flat, "host_calls", ())),
     }
     if kind not in within:
         _fail(f"phase {p} has unknown kind {kind}")

@@ -485,6 +485,13 @@ def _ipu_print_tensor(ctx, x, title, print_gradient):
     return x
 
 
+@lowers(torch.ops.poptorch.host_call.default)
+def _host_call(ctx, inputs, callback):
+    # A poptorch.CPU callback: the device streams ``inputs`` to the host and the function's results back.
+    out_types = tuple((tuple(v.shape), str(popir_dtype(v.dtype))) for v in _meta(ctx))
+    return ctx.graph.apply("host_call", list(inputs), {"callback": callback, "out_types": out_types})
+
+
 @lowers(aten.detach.default)
 def _detach(ctx, x):
     return _op("stop_gradient", x)

@@ -212,9 +212,10 @@ class ShardedExecution(PipelinedExecution):
 
 
 class _PhasedExecution(_ExecutionStrategy):
-    """Phased execution: the phases run one after another, each stage on its IPU, every tensor kept on the
-    chip (Liveness.AlwaysLive). The simulator runs a phase's stages one after another too, and models no
-    streaming memory: other liveness settings and a separate backward phase are refused when compiling."""
+    """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
+    activations wait in streaming memory (see ``spill_mode``). The simulator runs a phase's stages one after
+    another too, never overlaps streaming-memory transfers with compute, and refuses a separate backward
+    phase when compiling."""
 
     def __init__(self, *phases):
         if not phases:
@@ -265,6 +266,22 @@ class ParallelPhasedExecution(_PhasedExecution):
 
 
 STRATEGIES = (PipelinedExecution, ShardedExecution, SerialPhasedExecution, ParallelPhasedExecution)
+
+# popsim's activation spill mode for each Liveness: AlwaysLive keeps every tensor on the chip; OffChipAfterFwd
+# (with or without overlap: the simulator never overlaps transfers with compute) parks the forward values the
+# backward pass reads in streaming memory; OffChipAfterEachPhase parks every value read outside its phase.
+_SPILL = {
+    Liveness.AlwaysLive: None,
+    Liveness.OffChipAfterFwd: "backward",
+    Liveness.OffChipAfterFwdNoOverlap: "backward",
+    Liveness.OffChipAfterEachPhase: "phase",
+}
+
+
+def spill_mode(strategy):
+    """popsim's ``spill`` mode for execution strategy ``strategy`` (None unless phased with an off-chip
+    ``Liveness``)."""
+    return _SPILL[strategy._liveness] if isinstance(strategy, _PhasedExecution) else None
 
 
 # -- recording during capture ---------------------------------------------------------------------------
@@ -515,11 +532,6 @@ def plan(graph, options, training):
 
     strategy = options.execution_strategy
     if isinstance(strategy, _PhasedExecution):
-        if strategy._liveness != Liveness.AlwaysLive:
-            raise not_modelled(
-                f"Phased execution with Liveness.{strategy._liveness.name}",
-                "the simulator has no streaming memory to move tensors to between phases; keep Liveness.AlwaysLive",
-            )
         if strategy._separate_backward_phase:
             raise not_modelled(
                 "useSeparateBackwardPhase(True)", "the backward pass runs with the forward phases' placement"

@@ -4,18 +4,21 @@ by prefix beam search (the decoder PopLibs validates against TensorFlow's).
 Each beam is a label prefix (repeats merged, blanks removed) scored by the log-probability of all the
 alignments that collapse to it, kept apart for alignments ending in a blank and in a label, so a repeated
 label only extends a prefix across a blank. After every time step the ``beam_width`` best prefixes survive.
-The search is data-dependent pruning, which the simulated IPU does not model: it runs on the CPU.
+The search is data-dependent pruning, which the simulated IPU's tiles do not model: in a model captured
+for the IPU it runs as a host callback (the device streams the log-probabilities and lengths to the host
+and the three results back).
 """
 
 import collections
+import functools
 import math
 
 import numpy as np
 import torch
 
 from poptorch._executor_api import isRunningOnIpu
+from poptorch._host_io_ops import CPU
 from poptorch.errors import Error
-from poptorch.options import not_modelled
 
 _NEG_INF = -math.inf
 
@@ -74,24 +77,36 @@ def ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=100, top_paths=1
     log-probabilities ``[batch_size, top_paths]`` (``probs``' dtype), their lengths ``[batch_size,
     top_paths]`` and the decoded paths ``[batch_size, top_paths, input_length]`` (int32, 0 past each path's
     length; a path that does not exist, when fewer prefixes than ``top_paths`` are possible, has
-    log-probability -inf and length 0). Runs on the CPU; refused inside a model captured for the IPU."""
+    log-probability -inf and length 0). Inside a model captured for the IPU (inference) it is a host
+    callback: the search runs on the host between the device's transfers."""
     for name, value in (("probs", probs), ("lengths", lengths)):
         if not isinstance(value, torch.Tensor):
             raise Error(
                 f"ctc_beam_search_decoder: {name} must be a torch.tensor argument. {type(value)} is not supported."
             )
+    _check_arguments(probs, lengths, blank, beam_width, top_paths)
     if isRunningOnIpu():
-        raise not_modelled(
-            "poptorch.ctc_beam_search_decoder",
-            "the beam search's data-dependent pruning runs on the CPU only; return the log-probabilities from "
-            "the model and call poptorch.ctc_beam_search_decoder on them",
-        )
+        return tuple(_host_decoder(blank, beam_width, top_paths)(probs, lengths))
+    return _decode_batch(probs, lengths, blank, beam_width, top_paths)
+
+
+@functools.cache
+def _host_decoder(blank, beam_width, top_paths):
+    """The host callback decoding with these settings (one per distinct setting, kept for the process)."""
+    return CPU(
+        functools.partial(_decode_batch, blank=blank, beam_width=beam_width, top_paths=top_paths),
+        "ctc_beam_search_decoder",
+    )
+
+
+def _check_arguments(probs, lengths, blank, beam_width, top_paths):
+    """Raise unless the shapes, dtypes and settings are valid (the lengths' values are checked on decoding)."""
     if probs.dim() != 3 or not probs.is_floating_point():
         raise Error(
             f"ctc_beam_search_decoder: probs must be a float [input_length, batch_size, num_classes] tensor, "
             f"got {probs.dtype} of shape {tuple(probs.shape)}"
         )
-    input_length, batch_size, num_classes = probs.shape
+    _, batch_size, num_classes = probs.shape
     if lengths.shape != (batch_size,) or lengths.is_floating_point() or lengths.is_complex():
         raise Error(
             f"ctc_beam_search_decoder: lengths must be an integer tensor of shape [{batch_size}], got "
@@ -100,6 +115,10 @@ def ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=100, top_paths=1
     _check_int("blank", blank, 0, num_classes - 1)
     _check_int("beam_width", beam_width, 1)
     _check_int("top_paths", top_paths, 1, beam_width)
+
+
+def _decode_batch(probs, lengths, blank, beam_width, top_paths):
+    input_length, batch_size, _ = probs.shape
     steps = lengths.tolist()
     if any(not 0 <= s <= input_length for s in steps):
         raise Error(f"ctc_beam_search_decoder: lengths must be from 0 to input_length ({input_length}), got {steps}")

@@ -110,8 +110,11 @@ class DeviceWeights:
             for name, tensor in self.tensors.items():
                 record = _weights.record(tensor)
                 if record.holder is self:
-                    value = torch.from_numpy(self._read_value(name))
-                    tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
+                    value = torch.from_numpy(self._read_value(name)).to(tensor.dtype)
+                    if name in self.grouped.all_replicas:  # the host tensor takes every replica's value
+                        tensor.data = value
+                    else:
+                        tensor.copy_(value.reshape(tensor.shape))
                     record.host_current(_weights.version_of(tensor))
         self.download_optimizer_state()
         _weights.forget_holder(self)

@@ -128,9 +128,35 @@ def broadcast_host_tensors(tensors):
             tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
 
 
-def all_reduce_sum(exe, names):
-    """Sum the device variables ``names`` over every process (one gloo all-reduce), in place."""
-    values = [np.asarray(exe.read_variable(name)) for name in names]
+def broadcast_optimizer_state(optimizer):
+    """Give every process process 0's optimizer state (momentum, Adam moments, step; e.g. loaded from a
+    checkpoint on process 0 only), matched by the parameters' order in the optimizer's groups."""
+    if optimizer is None:
+        return
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    state = [dict(optimizer.state.get(param, {})) for param in params]
+    shared = [state if dist.get_rank() == 0 else None]
+    try:
+        dist.broadcast_object_list(shared, src=0)
+    except (RuntimeError, ValueError) as exc:
+        raise _collective_failed("Broadcasting the optimizer state", exc) from exc
+    if len(shared[0]) != len(params):
+        raise Error(
+            f"Process 0's optimizer has {len(shared[0])} parameters, this process's has {len(params)}: every "
+            "process must build the same model and optimizer"
+        )
+    for param, values in zip(params, shared[0]):
+        if values:
+            optimizer.state[param] = values
+        else:
+            optimizer.state.pop(param, None)
+
+
+def all_reduce_sum(exe, names, grouped):
+    """Sum the device variables ``names`` over every process (one gloo all-reduce), in place. A variable
+    in ``grouped`` (a ``GroupedParameters``) is summed group by group: a process holds zeros for the groups
+    none of its replicas belongs to, so each group's sum is over its own replicas only."""
+    values = [grouped.stacked(exe, name) if name in grouped else np.asarray(exe.read_variable(name)) for name in names]
     flat = torch.from_numpy(np.concatenate([v.reshape(-1).astype(np.float32) for v in values]))
     try:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -138,4 +164,7 @@ def all_reduce_sum(exe, names):
         raise _collective_failed("The all-reduce of the gradients", exc) from exc
     pieces = np.split(flat.numpy(), np.cumsum([v.size for v in values])[:-1])
     for name, value, reduced in zip(names, values, pieces):
-        exe.write_variable(name, reduced.reshape(value.shape).astype(value.dtype))
+        if name in grouped:
+            grouped.replace(exe, name, reduced)
+        else:
+            exe.write_variable(name, reduced.reshape(value.shape).astype(value.dtype))

@@ -30,6 +30,7 @@ from poptorch import (
     _distributed,
     _executor_api,
     _fp_exceptions,
+    _host_io_ops,
     _host_print,
     _interrupt,
     _logging,
@@ -242,20 +243,22 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 bar.set_postfix_str(name)
 
             phase("capture")
-            if self._training and self._options.Distributed.numProcesses > 1:
-                # Every process starts from process 0's weights and buffers.
+            if self._options.Distributed.numProcesses > 1:
+                # Every process starts from process 0's weights, buffers and optimizer state.
                 _distributed.join(self._options)
                 _distributed.broadcast_host_tensors([*self._model.parameters(), *self._model.buffers()])
+                _distributed.broadcast_optimizer_state(self._optimizer if self._training else None)
             mode = self._model.training
             self._model.train(self._training)
             try:
                 with (
                     excluding_sources(self._options.source_location_excludes),
-                    _executor_api.running_on_ipu(self._training),
+                    _executor_api.running_on_ipu(self._training, self._options),
+                    _host_io_ops.collecting_host_callbacks() as host_ops,
                     _blocks.recording(self._options.execution_strategy),
                 ):
                     with _replication.per_replica_parameters(
-                        self._model, self.per_replica_params, self._options.replication_factor
+                        self._model, self.per_replica_params, _replication.global_replicas(self._options)
                     ) as stand_ins:
                         captured = capture(self._model, mb_args, mb_kwargs)
                     captured.tensors = {name: stand_ins.get(t, t) for name, t in captured.tensors.items()}
@@ -264,7 +267,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             if self._training:
                 group_of = self._group_of(captured)
-                programs = _training.build_training(captured, self._spec, group_of, self._options, phase)
+                own_counts = _replication.grouped_names(self.per_replica_params, self._options)
+                programs = _training.build_training(captured, self._spec, group_of, self._options, phase, own_counts)
             else:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
@@ -292,10 +296,13 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
+        exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
-        self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options)
+        self._all_reduce_cycles = _replication.all_reduce_cycles(
+            exe, programs, self._options, self.per_replica_params, self._spec
+        )
         self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         self._device.grouped = _replication.GroupedParameters.of(
@@ -520,7 +527,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         cycles += int(replica_cycles.max())
                         replica_cycles[:] = 0
                         if self._shared_gradients:
-                            _distributed.all_reduce_sum(exe, self._shared_gradients)
+                            _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
                             step = programs.graphs[programs.step]
                             self._device.grouped.step(

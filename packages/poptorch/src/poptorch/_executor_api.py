@@ -26,8 +26,8 @@ from poptorch.options import not_modelled
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict, which a plain dict does not allow.
 _PRE_COMPILE_HOOKS = collections.OrderedDict()
 _POST_COMPILE_HOOKS = collections.OrderedDict()
-# (capturing for the IPU, capturing a training model) while a model is being captured.
-_CAPTURE = [(False, False)]
+# (capturing for the IPU, capturing a training model, its Options) while a model is being captured.
+_CAPTURE = [(False, False, None)]
 NO_HARDWARE = (
     "No IPU hardware available on this system: the model runs on the simulated IPU "
     "(poptorch.ipuHardwareIsAvailable() is False)"
@@ -47,10 +47,15 @@ def capturing_training():
     return _CAPTURE[-1][1]
 
 
+def capturing_options():
+    """The Options of the model being captured (None outside a capture)."""
+    return _CAPTURE[-1][2]
+
+
 @contextlib.contextmanager
-def running_on_ipu(training):
-    """Inside: ``isRunningOnIpu()`` is True (the model is being captured for the device)."""
-    _CAPTURE.append((True, training))
+def running_on_ipu(training, options=None):
+    """Inside: ``isRunningOnIpu()`` is True (the model is being captured for the device, with ``options``)."""
+    _CAPTURE.append((True, training, options))
     try:
         yield
     finally:

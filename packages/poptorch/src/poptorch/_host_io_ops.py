@@ -2,14 +2,24 @@
 ``set_overlap_for_output``, ``CPU`` host callbacks and ``MultiConv``.
 
 Each runs as PopTorch's does on the CPU. Captured for the simulated IPU, what the simulator models is real
-(``OverlapMode.NoOverlap`` marks nothing; ``MultiConv``'s convolutions run as ordinary ones), and the rest
-is refused with an error saying it is not modelled, never accepted and ignored.
+(``OverlapMode.NoOverlap`` marks nothing; a ``CPU`` callback becomes a popir ``host_call`` the device runs
+by streaming its inputs to the host and the results back; ``MultiConv``'s convolutions run as ordinary
+ones), and the rest is refused with an error saying it is not modelled, never accepted and ignored.
 """
 
+import contextlib
+import functools
+import uuid
+import weakref
+
+import numpy as np
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
-from poptorch._executor_api import isRunningOnIpu
+import popir
+from poptorch import _memory
+from poptorch._executor_api import capturing_options, capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
 from poptorch.options import not_modelled
@@ -43,10 +53,63 @@ def set_overlap_for_output(output_tensors, mode):
     return _overlap("set_overlap_for_output", output_tensors, mode)
 
 
+# A CPU op's host-callback name is its ID and a random token (two ops may share an ID); a copied or unpickled
+# op keeps its original's name, so each executable runs the ops of its own capture (collecting_host_callbacks).
+# The ops each capture in progress meets: callback name -> op.
+_COLLECTING = []
+# callback name -> the CPU op last captured under it, for the popir interpreter. Weak: a host callback does
+# not keep its model alive.
+_CPU_OPS = weakref.WeakValueDictionary()
+
+
+@contextlib.contextmanager
+def collecting_host_callbacks():
+    """Inside, the CPU ops a capture meets gather in the yielded {callback name: op}: the executor hands
+    their functions to its executable (``host_callbacks``), so a wrapped model runs its own ops."""
+    found = {}
+    _COLLECTING.append(found)
+    try:
+        yield found
+    finally:
+        _COLLECTING.pop()
+
+
+def _op_of(callback):
+    """The CPU op named ``callback`` in the capture in progress (else the last one captured)."""
+    return _COLLECTING[-1][callback] if _COLLECTING and callback in _COLLECTING[-1] else _CPU_OPS[callback]
+
+
+def _callback_name(ID):  # noqa: N803 - PopTorch's argument name
+    return f"{ID}#{uuid.uuid4().hex[:12]}"
+
+
+def _run_registered(callback, *arrays):
+    op = _CPU_OPS.get(callback)
+    if op is None:
+        raise Error(f"host callback {callback!r}: its poptorch.CPU op no longer exists; wrap the model again")
+    return op.run_arrays(*arrays)
+
+
+@torch.library.custom_op("poptorch::host_call", mutates_args=())
+def _host_call(inputs: list[torch.Tensor], callback: str) -> list[torch.Tensor]:
+    return [t.clone() for t in _op_of(callback).run_on_host(inputs)]
+
+
+@_host_call.register_fake
+def _host_call_fake(inputs, callback):
+    # As PopTorch does, the function runs once on zeros of the inputs' shapes to learn its results' shapes.
+    with unset_fake_temporarily():
+        zeros = [torch.zeros(t.shape, dtype=t.dtype) for t in inputs]
+        results = _op_of(callback).run_on_host(zeros)
+    return [torch.empty(r.shape, dtype=r.dtype) for r in results]
+
+
 class CPU:
     """Run ``layer_to_call`` on the host in the middle of a model (PopTorch: inference only). On the CPU the
-    call goes straight through; captured for the simulated IPU it is refused, as the simulator does not
-    stream values to a host callback in the middle of a program."""
+    call goes straight through. In a model captured for the simulated IPU it is a host callback: the device
+    streams the arguments (tensors) to the host, stops while the host runs the function, and streams its
+    results (a tensor or a list / tuple of them) back; the profile shows both transfers. A function that
+    raises stops the run with a ``poptorch.Error``."""
 
     def __init__(self, layer_to_call, ID):  # noqa: N803 - PopTorch's argument name
         if not callable(layer_to_call):
@@ -55,31 +118,60 @@ class CPU:
             layer_to_call.requires_grad_(False)
         self._layer_to_call = layer_to_call
         self._ID = ID
+        self._callback = _callback_name(ID)
+        self._input_dtypes = None
+        self._returns_sequence = False
+
+    def run_on_host(self, inputs):
+        """The function's results (a list of tensors) for a list of input tensors, without gradients."""
+        with torch.no_grad():
+            results = self._layer_to_call(*inputs)
+        self._returns_sequence = isinstance(results, list | tuple)
+        results = list(results) if self._returns_sequence else [results]
+        if not results or not all(isinstance(r, torch.Tensor) for r in results):
+            raise Error(f"poptorch.CPU({self._ID!r}): the function must return a tensor or a list of tensors")
+        return results
+
+    def run_arrays(self, *arrays):
+        """The function's results as NumPy arrays for NumPy arguments (the device's host call)."""
+        # The device holds int64 as int32: the function sees the dtypes it was captured with.
+        inputs = [torch.from_numpy(np.array(a)).to(dtype) for a, dtype in zip(arrays, self._input_dtypes)]
+        return [r.detach().numpy() for r in self.run_on_host(inputs)]
 
     def __call__(self, *args, **kwargs):
-        if isRunningOnIpu():
-            raise not_modelled(
-                f"poptorch.CPU({self._ID!r})",
-                "host callbacks in the middle of a program are not simulated; run the host code before or "
-                "after the model's call",
+        if not isRunningOnIpu():
+            return self._layer_to_call(*args, **kwargs)
+        if capturing_training():
+            raise Error(
+                f"poptorch.CPU({self._ID!r}): CPU ops are only supported in inference graphs, as in PopTorch; "
+                "run the host code before or after the training model's call"
             )
-        return self._layer_to_call(*args, **kwargs)
+        if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
+            raise Error(f"poptorch.CPU({self._ID!r}): on the IPU the arguments must be tensors, passed by position")
+        self._input_dtypes = [a.dtype for a in args]
+        if _COLLECTING:
+            _COLLECTING[-1][self._callback] = self
+        _CPU_OPS[self._callback] = self
+        popir.ops.register_host_callback(self._callback, functools.partial(_run_registered, self._callback))
+        results = _host_call(list(args), self._callback)
+        return results if self._returns_sequence else results[0]
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), without dithering, accumulating in float32.
+# runs them one after another (a serial plan), without dithering, accumulating in the model's partials type
+# (Precision.setPartialsType). Each convolution's available-memory proportion is honoured by its own plan.
+_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
-    "partialsTypes": (torch.float32,),
     "enableConvDithering": (False,),
 }
+_PARTIALS_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _REFUSAL_REASONS = {
     "planType": "the simulator plans each convolution alone and runs them one after another; use "
     "MultiConvPlanType.Serial or leave the plan type unset",
-    "partialsTypes": "convolutions accumulate in float32 on the simulated IPU; use torch.float",
+    "partialsTypes": "the simulated IPU accumulates every convolution in the model's partials type "
+    "(Precision.setPartialsType, here {partials}); give that type or change it with setPartialsType",
     "enableConvDithering": "the simulator places convolutions without dithering; use False",
-    "availableMemoryProportions": "the simulator's convolution planner takes no temporary-memory budget; "
-    "remove the setting",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
     "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
@@ -92,6 +184,13 @@ def _per_conv(name, value, accepts, what):
     if not values or not all(accepts(v) for v in values):
         raise Error(f"MultiConv.{name} takes {what} or a non-empty list of them (one per convolution), got {value!r}")
     return tuple(values)
+
+
+def _modelled_settings():
+    """The accepted values of each MultiConv setting in the model being captured."""
+    options = capturing_options()
+    partials = _PARTIALS_DTYPES[options.Precision.partials_type] if options is not None else torch.float32
+    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,)}
 
 
 def _shown(value):
@@ -108,23 +207,32 @@ _CONVOLUTIONS = frozenset(
 
 
 class _ConvolutionCount(TorchFunctionMode):
-    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match)."""
+    """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match).
+    With ``proportions`` (one, or one per convolution), the i-th convolution's plan (and its gradients')
+    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does."""
 
-    def __init__(self):
+    def __init__(self, proportions=None):
         super().__init__()
         self.count = 0
+        self._proportions = proportions
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func in _CONVOLUTIONS
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        if func not in _CONVOLUTIONS:
+            return result
+        self.count += 1
+        if self._proportions is None or self.count > len(self._proportions) > 1:
+            return result  # a count mismatch is reported when the scope ends
+        return _memory.set_available_memory(result, self._proportions[min(self.count, len(self._proportions)) - 1])
 
 
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
-    convolutions (forward and backward), planned one by one: the settings matching that plan are accepted
-    (``MultiConvPlanType.Serial``, float32 partials, no dithering) and any other is refused as not modelled
-    when the model is captured."""
+    convolutions (forward and backward), planned one by one: each plans within its
+    ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
+    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, no dithering)
+    and any other is refused as not modelled when the model is captured."""
 
     def __init__(self):
         self._settings = {}
@@ -179,12 +287,14 @@ class MultiConv:
 
     def __enter__(self):
         if isRunningOnIpu():
+            modelled = _modelled_settings()
             for name, values in self._settings.items():
-                if not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
+                if name not in _HONOURED_AS_GIVEN and not all(v in modelled.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
-                    raise not_modelled(f"poptorch.MultiConv().{name}({shown})", _REFUSAL_REASONS[name])
-        self._counting = _ConvolutionCount().__enter__()
+                    reason = _REFUSAL_REASONS[name].format(partials=_shown(modelled["partialsTypes"][0]))
+                    raise not_modelled(f"poptorch.MultiConv().{name}({shown})", reason)
+        self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
         return self
 
     def __exit__(self, *exc):

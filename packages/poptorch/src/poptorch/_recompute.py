@@ -3,8 +3,10 @@ activations it reads instead of keeping them alive from the forward pass, tradin
 
 Kept (read by the backward pass as they are): graph inputs, parameters and constants, values marked by
 ``recomputationCheckpoint`` and, with Pipeline recomputation, the values a stage hands to another stage (the
-stage's inputs, which a pipeline stashes). Everything else the backward pass reads is recomputed from those,
-once, just before its first backward reader, by copies of the forward ops that run in the backward pass.
+stage's inputs, which a pipeline stashes). Everything else the backward pass reads is recomputed from those
+by copies of the forward ops that run in the backward pass: with Pipeline recomputation once, just before
+its first backward reader; with RecomputeAll afresh for every backward reader (PopART recomputes every
+forward op that is not a checkpoint), so a recomputed value lives only until its reader has run.
 """
 
 import popir
@@ -14,11 +16,15 @@ def apply(graphs, program, mode):
     """Recompute in training program ``program`` of ``graphs`` ({name: popir.Graph}) under ``mode``
     ("pipeline" or "all"); "none" leaves the graphs alone."""
     if mode != "none" and program in graphs:
-        graphs[program] = recompute(graphs[program], by_stage=mode == "pipeline")
+        pipeline = mode == "pipeline"
+        graphs[program] = recompute(graphs[program], by_stage=pipeline, per_reader=not pipeline)
 
 
-def recompute(graph, by_stage):
-    """A copy of ``graph`` whose backward nodes read recomputed forward values (see the module docstring)."""
+def recompute(graph, by_stage, per_reader=False):
+    """A copy of ``graph`` whose backward nodes read recomputed forward values (see the module docstring).
+    With ``per_reader`` (RecomputeAll) each backward node recomputes what it reads afresh from the kept
+    values, so no recomputed value outlives its reader: the least tile memory, at the cost of recomputing a
+    chain once per reader (checkpoints keep the chains short)."""
     kept = _kept_values(graph, by_stage)
     new = popir.Graph(graph.name)
     values = {v.id: new.add_input(v.name, v.shape, v.dtype, v.kind) for v in graph.inputs}
@@ -48,6 +54,8 @@ def recompute(graph, by_stage):
 
     for node in graph.nodes:
         backward = node.role == "backward"
+        if backward and per_reader:
+            recomputed.clear()
         inputs = [again(v) if backward else values[v.id] for v in node.inputs]
         for old, out in zip(node.outputs, emit(node, inputs, node.role)):
             values[old.id] = out

@@ -5,32 +5,113 @@ the cycle figures treat them as ``replicationFactor x numProcesses`` sets of IPU
 step costs one replica's micro-batches, the gradient all-reduce (``popsim.collectives``) and the optimizer.
 """
 
+import collections
 import contextlib
+from dataclasses import astuple
 
 import numpy as np
 import torch
 
 from popsim import collectives
-from poptorch import _training
+from poptorch import _streaming, _training
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
-from poptorch.options import not_modelled, replica_groups
+from poptorch.options import replica_groups
+
+FLOAT32_BYTES = 4
 
 
-def all_reduce_cycles(exe, programs, options):
+def global_replicas(options):
+    """The replicas of every process: ``replicationFactor`` is the replicas of one process."""
+    return options.replication_factor * options.Distributed.numProcesses
+
+
+def all_reduce_cycles(exe, programs, options, groupings, spec=None):
     """Cycles of the gradient all-reduce of each training step (0 without one), recorded in the profile
-    with one replica's work per step."""
-    replicas = options.replication_factor * options.Distributed.numProcesses
-    if programs.step is None or replicas == 1:
+    with one replica's work per step (inference: the replicas' runs of a call, no collective). A parameter
+    grouped by ``groupings`` (its ``replicaGrouping``) is reduced within its groups only, over the links
+    between its group's replicas. A parameter whose optimizer state is sharded over the replicas has its
+    gradient reduce-scattered and its new value all-gathered, plus the all-reduce of the norms that optimizer
+    ``spec`` (LAMB, gradient clipping) takes over the whole tensors."""
+    replicas = global_replicas(options)
+    if replicas == 1:
         return 0
-    nbytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in programs.trained)
+    if programs.step is None:
+        _profile_inference(exe, programs, options, replicas)
+        return 0
+    grouped = _groups_of(groupings, replicas)
+    sharded = _sharded_parameters(programs, options, replicas, grouped)
+    parts = {}  # (group size, stride) -> gradient bytes
+    for name in programs.trained:
+        if name in sharded:
+            continue
+        nbytes = programs.initial[_training.accumulator_name(name)].nbytes
+        key = _group_shape(grouped[name]) if name in grouped else (replicas, 1)
+        parts[key] = parts.get(key, 0) + nbytes
     # A pipelined or sharded replica spans several IPUs, each reducing the gradients of its own stages.
     target = exe.profile.target
-    reduce = collectives.all_reduce(target, nbytes, replicas, ipus_per_replica=target.num_ipus)
+    parts = [(nbytes, size, stride) for (size, stride), nbytes in parts.items()]
+    reduce = collectives.grouped_all_reduce(target, parts, replicas, ipus_per_replica=target.num_ipus)
+    if sharded:
+        grad_bytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in sharded)
+        weight_bytes = sum(sharded.values())
+        update = collectives.sharded_update(target, grad_bytes, weight_bytes, replicas, target.num_ipus)
+        norms = collectives.all_reduce(target, _norm_bytes(spec, len(sharded)), replicas, target.num_ipus)
+        levels = [collectives.Level("norms: " + level.name, *astuple(level)[1:]) for level in norms.levels]
+        scatter = [level for level in update.levels if not level.after_update]
+        gather = [level for level in update.levels if level.after_update]
+        levels = (*reduce.levels, *scatter, *levels, *gather)
+        reduce = collectives.AllReduce(replicas, reduce.nbytes + grad_bytes, levels)
     per_program = exe.profile.programs
-    replica_step = per_program[programs.micro_batch]["total_cycles"] * options.Training.gradient_accumulation
-    exe.profile.add_replication(replicas, replica_step, reduce, per_program[programs.step]["total_cycles"])
+    micro_batch = (programs.micro_batch, per_program[programs.micro_batch]["total_cycles"])
+    runs = [micro_batch] * options.Training.gradient_accumulation
+    optimizer = (programs.step, per_program[programs.step]["total_cycles"])
+    exe.profile.add_replication(replicas, sum(cycles for _, cycles in runs), reduce, optimizer[1])
+    # Which replica (of which process, on which IPUs) ran what, and the collectives between them.
+    exe.profile.replication["timeline"] = collectives.replica_timeline(
+        replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
+    )
     return reduce.cycles
+
+
+def _norm_bytes(spec, sharded):
+    """Bytes of the partial norms the replicas all-reduce when ``sharded`` parameters' updates are sharded: a
+    float32 sum of squares for gradient clipping, and LAMB's two norms per parameter (weight and update)."""
+    if spec is None:
+        return 0
+    return FLOAT32_BYTES * ((spec.max_grad_norm is not None) + (2 * sharded if spec.kind == "lamb" else 0))
+
+
+def _sharded_parameters(programs, options, replicas, grouped):
+    """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas."""
+    variables = {v.name: v for g in programs.graphs.values() for v in g.inputs}
+    shards = _streaming.sharded_variables(programs.graphs, options, replicas)
+    names = _streaming.sharded_parameters(programs.trained, shards)
+    both = sorted(set(names) & set(grouped))
+    if both:
+        raise Error(
+            f"{both[0]} has a replicaGrouping and its optimizer state is sharded over replicas "
+            "(useReplicatedTensorSharding): sharding a grouped parameter's state is not modelled by the simulated "
+            "IPU; drop the grouping or the sharding"
+        )
+    return {name: variables[name].type.nbytes for name in names}
+
+
+def _profile_inference(exe, programs, options, replicas):
+    """The profile's replication section of an inference call: every replica runs its ``deviceIterations``
+    micro-batches at the same time as the others; no collective joins them."""
+    cycles = exe.profile.programs[programs.micro_batch]["total_cycles"]
+    runs = [(programs.micro_batch, cycles)] * options.device_iterations
+    exe.profile.add_replication(replicas, cycles * len(runs))
+    exe.profile.replication["timeline"] = collectives.replica_timeline(
+        replicas, runs, None, None, options.replication_factor, exe.profile.target.num_ipus
+    )
+
+
+def _group_shape(of_replica):
+    """(replicas per group, distance between a group's consecutive replicas) of a grouping."""
+    members = [replica for replica, group in enumerate(of_replica) if group == 0]
+    return len(members), members[1] - members[0] if len(members) > 1 else 1
 
 
 BROADCAST_BUFFERS = (
@@ -109,7 +190,8 @@ class GroupingView:
         """Give this parameter one value per group of replicas (``comm_group_type`` with groups of
         ``shards`` replicas for Consecutive and Orthogonal): its host tensor holds the groups' values along
         a new first dimension (none when there is one group), the model sees one group's value, and gradients
-        are reduced within a group."""
+        are reduced within a group. With ``VariableRetrievalMode.AllReplicas`` the host reads every replica's
+        value instead (first dimension ``replicas``) and may write either form back."""
         settings = (comm_group_type, shards, variable_retrieval_mode)
         _check_grouping(self._name, settings)
         if self._compiled():
@@ -133,16 +215,51 @@ def _describe(name, settings):
 def _check_grouping(name, settings):
     """The (CommGroupType, shards) of a parameter's (type, shards, retrieval mode) settings."""
     kind, shards, mode = settings
-    if VariableRetrievalMode(mode) != VariableRetrievalMode.OnePerGroup:
-        raise not_modelled(
-            _describe(name, settings),
-            "the host parameter holds one value per group (VariableRetrievalMode.OnePerGroup); the replicas "
-            "of a group always hold the same value, so read it once per group",
-        )
+    VariableRetrievalMode(mode)  # a ValueError names an unknown mode
     kind = CommGroupType(kind)
     if kind in (CommGroupType.Consecutive, CommGroupType.Orthogonal) and not (isinstance(shards, int) and shards > 0):
         raise Error(f"{_describe(name, settings)}: shards (the group size) must be a positive int, got {shards!r}")
     return kind, shards
+
+
+def _all_replicas(settings):
+    return VariableRetrievalMode(settings[2]) == VariableRetrievalMode.AllReplicas
+
+
+def grouped_names(groupings, options):
+    """The parameters ``groupings`` gives more than one group over every process's replicas."""
+    return set(_groups_of(groupings, global_replicas(options)))
+
+
+def _gradient_scale(name, of_replica, options):
+    """Per group, the factor turning grouped parameter ``name``'s reduced accumulator into its group's
+    gradient.
+
+    The step treats an accumulator as every replica's: with Post it divides the sum by every replica's
+    micro-batches, where a group's sum comes from its own (a factor of the group count); with Running each
+    process's accumulator is the mean over its micro-batches of the group (the group's own count) and the
+    step divides their sum by the process count, of which only the processes running the group's replicas
+    contribute.
+    """
+    groups = max(of_replica) + 1
+    if options.Training.accumulation_and_replication_reduction_type != ReductionType.Mean:
+        return np.ones(groups)
+    if options.Training.mean_reduction_strategy != MeanReductionStrategy.Running:
+        return np.full(groups, float(groups))
+    local = options.replication_factor
+    scale = np.empty(groups)
+    for group in range(groups):
+        per_process = collections.Counter(r // local for r, g in enumerate(of_replica) if g == group)
+        if len(set(per_process.values())) > 1:
+            # Averaging the processes' running means would weigh their replicas unequally.
+            raise Error(
+                f"Parameter '{name}' has a replicaGrouping whose group {group} spreads unevenly over the "
+                f"processes (replicas per process: {dict(per_process)}): with MeanReductionStrategy.Running "
+                "every process running a group's replicas must run as many of them as the others. Choose a "
+                "group size and replicationFactor that divide evenly, or use MeanReductionStrategy.Post"
+            )
+        scale[group] = options.Distributed.numProcesses / len(per_process)
+    return scale
 
 
 def _groups_of(groupings, replicas):
@@ -168,7 +285,9 @@ def per_replica_parameters(model, groupings, replicas):
             owner = model.get_submodule(owner_name)
             host = owner._parameters[leaf]
             count = max(of_replica) + 1
-            if host.dim() == 0 or host.shape[0] != count:
+            # AllReplicas: a tensor read back from the device holds every replica's value.
+            rows = {count, len(of_replica)} if _all_replicas(groupings[name]) else {count}
+            if host.dim() == 0 or host.shape[0] not in rows:
                 raise Error(
                     f"Parameter '{name}' has replicaGrouping with {count} groups, so its first dimension must hold "
                     f"one value per group: expected shape [{count}, ...], got {list(host.shape)}"
@@ -193,25 +312,23 @@ class GroupedParameters:
     run's result.
     """
 
-    def __init__(self, of_replica, scale, settings=None):
-        self.of_replica = of_replica  # device variable -> group index of each replica
+    def __init__(self, of_replica, scale, settings=None, first_replica=0):
+        self.of_replica = of_replica  # device variable -> group index of each replica of every process
         self.settings = dict(settings or {})  # the per_replica_params compiled with
-        self.scale = scale  # device variable -> factor turning a group's summed gradient into the step's
+        self.scale = scale  # accumulator -> per group, the factor turning its reduced value into the step's
+        self.first_replica = first_replica  # this process's replica 0 among every process's replicas
         self.values = {}
         self.loaded = dict.fromkeys(of_replica, 0)
+        # Variables the host reads per replica (VariableRetrievalMode.AllReplicas), not per group.
+        self.all_replicas = set()
 
     @classmethod
     def of(cls, groupings, captured, programs, options, slots):
-        """The grouped parameters of a compiled model; raises for what the simulator does not model."""
-        groups = _groups_of(groupings, options.replication_factor)
+        """The grouped parameters of a compiled model (groups span the replicas of every process)."""
+        groups = _groups_of(groupings, global_replicas(options))
         for name in groups:
             if name not in captured.parameters:
                 raise Error(f"replicaGrouping was called on '{name}', which the compiled model does not use")
-        if groups and options.Distributed.numProcesses > 1:
-            raise not_modelled("replicaGrouping with several processes", "group parameters in one process only")
-        if groups and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running:
-            raise not_modelled("replicaGrouping with MeanReductionStrategy.Running", "use MeanReductionStrategy.Post")
-        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         graph = programs.graphs[programs.micro_batch]
         of_replica, scale, initial = {}, {}, {}
         for name, groups_of_name in groups.items():
@@ -219,12 +336,19 @@ class GroupedParameters:
             initial[name] = np.zeros(graph.input(name).shape, dtype=graph.input(name).dtype.numpy)
             if name in programs.trained:
                 accumulator = _training.accumulator_name(name)
-                # The step divides by every replica's micro-batches; a group's gradient comes from its own.
-                scale[accumulator] = max(groups_of_name) + 1 if mean else 1
-                for variable in [accumulator, *slots.get(name, {}).values()]:
+                scale[accumulator] = _gradient_scale(name, groups_of_name, options)
+                count = _training.running_count_name(name)
+                variables = [accumulator, *slots.get(name, {}).values()]
+                if count in programs.initial:  # MeanReductionStrategy.Running: the group counts its micro-batches
+                    variables.append(count)
+                for variable in variables:
                     of_replica[variable] = groups_of_name
                     initial[variable] = programs.initial[variable]
-        grouped = cls(of_replica, scale, groupings)
+        first = options.Distributed.processId * options.replication_factor
+        grouped = cls(of_replica, scale, groupings, first)
+        for name in groups:
+            if _all_replicas(groupings[name]):
+                grouped.all_replicas.update([name, *slots.get(name, {}).values()])
         for variable, value in initial.items():
             grouped.values[variable] = np.stack([value] * (max(of_replica[variable]) + 1))
         return grouped
@@ -242,15 +366,33 @@ class GroupedParameters:
 
     def write(self, exe, name, value):
         """The host's value of every group (first dimension) of the grouped variable ``name``, or one value
-        for every group."""
+        for every group; with AllReplicas retrieval also every replica's value (the replicas of a group
+        must agree)."""
         value = np.asarray(value)
-        self.values[name] = np.array(np.broadcast_to(value, self.values[name].shape), dtype=self.values[name].dtype)
+        of_replica = np.asarray(self.of_replica[name])
+        shape = self.values[name].shape
+        if name in self.all_replicas and value.ndim == len(shape) and value.shape[0] == len(of_replica) != shape[0]:
+            value = self._one_per_group(name, value, of_replica)
+        self.values[name] = np.array(np.broadcast_to(value, shape), dtype=self.values[name].dtype)
         exe.write_variable(name, self.values[name][self.loaded[name]])
 
+    @staticmethod
+    def _one_per_group(name, value, of_replica):
+        """Each group's value from a tensor of every replica's values."""
+        first = [int(np.argmax(of_replica == group)) for group in range(of_replica.max() + 1)]
+        if not np.array_equal(value, value[first][of_replica]):
+            raise Error(
+                f"'{name}' holds one value per replica (VariableRetrievalMode.AllReplicas), but the replicas of a "
+                "group hold different values: the replicas of a group share one value, so give each group's "
+                f"replicas the same value, or one value per group (first dimension {len(first)})"
+            )
+        return value[first]
+
     def read(self, exe, name):
-        """Every group's current value of the grouped parameter ``name``, stacked."""
-        self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
-        return self.values[name].copy()
+        """Every group's current value of the grouped variable ``name``, stacked (every replica's with
+        AllReplicas retrieval)."""
+        values = self.stacked(exe, name)
+        return values[np.asarray(self.of_replica[name])] if name in self.all_replicas else values.copy()
 
     def _load(self, exe, variable, group):
         current = self.loaded[variable]
@@ -263,7 +405,7 @@ class GroupedParameters:
     def replica(self, exe, replica):
         """A run of ``replica``: its group's values are on the device."""
         for variable, of_replica in self.of_replica.items():
-            self._load(exe, variable, of_replica[replica])
+            self._load(exe, variable, of_replica[self.first_replica + replica])
         yield
 
     def step(self, exe, run, updated):
@@ -281,8 +423,9 @@ class GroupedParameters:
             for variable, count in counts.items():
                 if group < count:
                     self._load(exe, variable, group)
-                    if self.scale.get(variable, 1) != 1:
-                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * self.scale[variable])
+                    factor = self.scale[variable][group] if variable in self.scale else 1
+                    if factor != 1:
+                        exe.write_variable(variable, np.array(exe.read_variable(variable)) * factor)
             done = {v: np.array(exe.read_variable(v)) for v, count in counts.items() if group >= count and v in updated}
             for name, value in before.items() if after is not None else ():
                 exe.write_variable(name, value)
@@ -295,7 +438,18 @@ class GroupedParameters:
             exe.write_variable(name, value)
 
     def reset_accumulators(self, exe):
-        """A step cut short: every group's accumulated gradients restart from zero."""
-        for variable in self.scale:
-            self.values[variable][:] = 0
-            exe.write_variable(variable, self.values[variable][self.loaded[variable]])
+        """A step cut short: every group's accumulated gradients (and micro-batch counts) restart from zero."""
+        for variable in self.of_replica:
+            if variable.startswith(_training.ACCUMULATOR_PREFIX):
+                self.values[variable][:] = 0
+                exe.write_variable(variable, self.values[variable][self.loaded[variable]])
+
+    def stacked(self, exe, name):
+        """Every group's current value of the grouped variable ``name``, as the host keeps it."""
+        self.values[name][self.loaded[name]] = np.array(exe.read_variable(name))
+        return self.values[name]
+
+    def replace(self, exe, name, value):
+        """Set every group's value of the grouped variable ``name`` (shaped as ``stacked`` gives it)."""
+        self.values[name] = np.array(value, dtype=self.values[name].dtype).reshape(self.values[name].shape)
+        exe.write_variable(name, self.values[name][self.loaded[name]])

@@ -87,11 +87,12 @@ def _where(value):
     return f" (at {source})" if source else ""
 
 
-def build_training(captured, spec, group_of, options, on_phase=lambda phase: None):
+def build_training(captured, spec, group_of, options, on_phase=lambda phase: None, own_counts=()):
     """Training programs for ``captured`` with the optimizer ``spec``.
 
     ``group_of`` maps each trained parameter's name to its parameter-group index (parameters outside the
-    optimizer are not trained). ``on_phase`` is told when autodiff and the optimizer update start.
+    optimizer are not trained). ``on_phase`` is told when autodiff and the optimizer update start. The
+    parameters in ``own_counts`` (grouped over replicas) count their own micro-batches for a Running mean.
     """
     graph = captured.graph
     loss = the_loss(captured)
@@ -129,7 +130,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     step_params, reduced = {}, {}
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
-    count = _running_count(graph, apply, initial) if running else None
+    shared_count = _running_count(graph, apply, initial, ACCUM_COUNT) if running else None
     # Accumulating and resetting the gradients is optimizer work in profiles.
     with graph.annotate(role="optimizer"), apply.annotate(role="optimizer"):
         for name in trained:
@@ -138,6 +139,9 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
             # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
             # gradients' range; Post: it holds the sum, divided once by the step.
+            count = shared_count
+            if running and name in own_counts:
+                count = _running_count(graph, apply, initial, running_count_name(name))
             graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
@@ -155,14 +159,20 @@ def _mean_of_sum(summed, micro_batches, running, processes):
     return summed * (1.0 / count) if count > 1 else summed
 
 
-def _running_count(graph, apply, initial):
-    """The micro-batch count of a Running mean: counted up by ``graph``, reset by ``apply``; returns the
-    count including the current micro-batch."""
-    count = graph.add_input(ACCUM_COUNT, (), "float32", kind="optimizer_state")
-    initial[ACCUM_COUNT] = np.zeros((), dtype=np.float32)
+def running_count_name(param):
+    """Device variable counting the micro-batches of ``param``'s own Running mean (a grouped parameter's
+    group runs only some of the micro-batches)."""
+    return f"{ACCUM_COUNT}.{param}"
+
+
+def _running_count(graph, apply, initial, name):
+    """The micro-batch count ``name`` of a Running mean: counted up by ``graph``, reset by ``apply``;
+    returns the count including the current micro-batch."""
+    count = graph.add_input(name, (), "float32", kind="optimizer_state")
+    initial[name] = np.zeros((), dtype=np.float32)
     counted = count + graph.constant(np.float32(1))
     graph.update(count, counted)
-    step_count = apply.add_input(ACCUM_COUNT, (), "float32", kind="optimizer_state")
+    step_count = apply.add_input(name, (), "float32", kind="optimizer_state")
     apply.update(step_count, apply.constant(np.float32(0)))
     return counted
 

@@ -73,6 +73,9 @@ _DEFAULTS = {
     "Distributed.numProcesses": 1,
     "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
+    "TensorLocations.streamed": (),  # (kind, minElementsForOffChip) of each kind kept in streaming memory
+    # minElementsForReplicatedTensorSharding of the optimizer state sharded over replicas (None: unsharded)
+    "TensorLocations.shardedOptimizer": None,
     "availableMemoryProportion": (),  # (IPU index, proportion) pairs
 }
 
@@ -92,6 +95,8 @@ COMPILE_KEYS = (
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
+    "TensorLocations.streamed",
+    "TensorLocations.shardedOptimizer",
     "Distributed.numProcesses",
     "availableMemoryProportion",
 )
@@ -353,9 +358,13 @@ class _DistributedOptions(_Group):
 
 
 class TensorLocationSettings:
-    """Where one kind of tensor lives (``Options.TensorLocations.set*Location``). The simulated IPU keeps every
-    tensor in tile memory: settings asking for that are accepted; streaming (off-chip) memory, replicated
-    tensor sharding and I/O tiles for loading are refused as not modelled when given to a ``set*Location``."""
+    """Where one kind of tensor lives (``Options.TensorLocations.set*Location``): tile memory, or streaming
+    (off-chip) memory for tensors of at least ``minElementsForOffChip`` elements (default 2, as PopART).
+    Replicated tensor sharding is modelled for optimizer state in streaming memory (see ``_streaming``); I/O
+    tiles for loading or storing are refused as not modelled when given to a ``set*Location``."""
+
+    MIN_ELEMENTS_FOR_OFF_CHIP = 2  # PopART's default: smaller tensors (scalars) stay on the chip
+    MIN_ELEMENTS_FOR_SHARDING = 8192  # PopART's default: smaller tensors are not sharded over replicas
 
     def __init__(self):
         self._values = {}
@@ -389,14 +398,24 @@ class TensorLocationSettings:
         return self._record("useIOTilesToStore", use, _bool)
 
     def unmodelled(self):
-        """The settings that ask for something other than tile memory, as ``name(value)`` strings."""
-        wanted = {
-            "useOnChipStorage": True,
-            "useReplicatedTensorSharding": False,
-            "useIOTilesToLoad": False,
-            "useIOTilesToStore": False,
-        }
+        """The settings the simulated IPU does not model (I/O tiles), as
+        ``name(value)`` strings."""
+        wanted = {"useIOTilesToLoad": False, "useIOTilesToStore": False}
         return [f"{k}({v})" for k, v in self._values.items() if k in wanted and v != wanted[k]]
+
+    def sharded(self):
+        """Whether the tensors are sharded over replicas (``useReplicatedTensorSharding(True)``)."""
+        return self._values.get("useReplicatedTensorSharding", False)
+
+    def min_elements_sharded(self):
+        return self._values.get("minElementsForReplicatedTensorSharding", self.MIN_ELEMENTS_FOR_SHARDING)
+
+    def off_chip(self):
+        """Whether the tensors go to streaming memory (``useOnChipStorage(False)``)."""
+        return not self._values.get("useOnChipStorage", True)
+
+    def min_elements_off_chip(self):
+        return self._values.get("minElementsForOffChip", self.MIN_ELEMENTS_FOR_OFF_CHIP)
 
 
 def _non_negative(name, value):
@@ -406,8 +425,8 @@ def _non_negative(name, value):
 
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, activations, optimizer state and
-    accumulators in tile memory)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state and accumulators in
+    tile memory or streaming memory; activations in tile memory)."""
 
     _prefix = "TensorLocations"
 
@@ -418,25 +437,56 @@ class _TensorLocationOptions(_Group):
         if refused:
             raise not_modelled(
                 f"TensorLocations.set{kind}Location with {', '.join(refused)}",
-                "every tensor lives in tile memory (no streaming memory, replicated tensor sharding or I/O-tile "
-                "loading); split the model over more IPUs instead",
+                "tensors live in tile memory or in streaming memory, unsharded, loaded and stored by the compute "
+                "tiles (no I/O-tile loading or storing); drop those settings",
             )
-        return self
+        if location.sharded() and not (kind == "Optimizer" and location.off_chip()):
+            raise not_modelled(
+                f"TensorLocations.set{kind}Location with "
+                + ("useOnChipStorage(True) and " if kind == "Optimizer" else "")
+                + "useReplicatedTensorSharding(True)",
+                "replicated tensor sharding is modelled for optimizer state in streaming memory only "
+                "(setOptimizerLocation(TensorLocationSettings().useOnChipStorage(False)"
+                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
+            )
+        if kind == "Optimizer":
+            self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
+        if kind == "Activation" and location.off_chip():
+            raise not_modelled(
+                "TensorLocations.setActivationLocation with useOnChipStorage(False)",
+                "activations stay in tile memory between their producer and their last reader; to save their "
+                "memory use recomputation (RecomputationType.RecomputeAll or recomputationCheckpoint)",
+            )
+        streamed = {k: n for k, n in self._get("streamed") if k != kind}
+        if location.off_chip():
+            streamed[kind] = location.min_elements_off_chip()
+        return self._set("streamed", tuple(sorted(streamed.items())))
+
+    @property
+    def streamed(self):
+        """{kind ("Weight", "Optimizer", "Accumulator"): minElementsForOffChip} of the kinds in streaming
+        memory."""
+        return dict(self._get("streamed"))
+
+    @property
+    def sharded_optimizer(self):
+        """minElementsForReplicatedTensorSharding of the optimizer state sharded over replicas, or None."""
+        return self._get("shardedOptimizer")
 
     def setWeightLocation(self, location):
-        """Where weights live: tile memory only on the simulated IPU."""
+        """Where weights (parameters) live: tile memory, or streaming memory with ``useOnChipStorage(False)``."""
         return self._location("Weight", location)
 
     def setActivationLocation(self, location):
-        """Where activations live: tile memory only on the simulated IPU."""
+        """Where activations live: tile memory only on the simulated IPU (streaming memory is refused)."""
         return self._location("Activation", location)
 
     def setOptimizerLocation(self, location):
-        """Where optimizer state lives: tile memory only on the simulated IPU."""
+        """Where optimizer state lives: tile memory, or streaming memory with ``useOnChipStorage(False)``."""
         return self._location("Optimizer", location)
 
     def setAccumulatorLocation(self, location):
-        """Where gradient accumulators live: tile memory only on the simulated IPU."""
+        """Where gradient accumulators live: tile memory, or streaming memory with ``useOnChipStorage(False)``."""
         return self._location("Accumulator", location)
 
     def numIOTiles(self, num_tiles):
@@ -705,7 +755,8 @@ class Options(_NoAssignment):
         """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
         0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
         activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
-        4 (RecomputeAll) does the same with no stage boundaries. Standard (1) and NormOnly (2) choose their
+        4 (RecomputeAll) recomputes every forward activation from the inputs and checkpoints afresh for each
+        backward op that reads it, with no stage boundaries. Standard (1) and NormOnly (2) choose their
         checkpoints by PopART heuristics the simulator does not model."""
         if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
             raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
@@ -940,7 +991,13 @@ class Options(_NoAssignment):
 
     def _compile_key(self):
         """The options that change the compiled program, for the executable cache."""
-        return {k: str(self._values[k]) for k in COMPILE_KEYS}
+        key = {k: str(self._values[k]) for k in COMPILE_KEYS}
+        # Phased Liveness moves activations to streaming memory without changing the graphs.
+        key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
+        strategy = self.execution_strategy
+        key["executionStrategy"] = type(strategy).__name__ if strategy is not None else "PipelinedExecution"
+        return key
 
 
 def _env_flag(variable):

@@ -79,6 +79,7 @@ from popir.ops.elementwise import (
 from popir.ops.elementwise import (
     pow_ as pow,  # noqa: A004
 )
+from popir.ops.host import host_call, register_host_callback, run_host_callback
 from popir.ops.indexing import (
     bincount,
     bucketize,
@@ -262,6 +263,7 @@ __all__ = [
     "hardswish",
     "hardtanh",
     "hinge_embedding_loss",
+    "host_call",
     "huber_loss",
     "hypot",
     "index_fill",
@@ -323,6 +325,7 @@ __all__ = [
     "reduce_min",
     "reduce_prod",
     "reduce_sum",
+    "register_host_callback",
     "relu",
     "relu6",
     "remainder",
@@ -333,6 +336,7 @@ __all__ = [
     "round",
     "rrelu",
     "rsqrt",
+    "run_host_callback",
     "scaled_dot_product_attention",
     "scatter",
     "scatter_add",

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from popir.ops.host import HOST_OPS
 from popir.passes._rebuild import Rebuilder
 
 # Ops whose result does not depend on the order of their two operands (exactly, in IEEE arithmetic too).
@@ -31,6 +32,8 @@ class CommonSubexpressions:
         self.seen = {}
 
     def __call__(self, builder, op, inputs, attrs, types):
+        if op in HOST_OPS:
+            return builder.emit(op, inputs, attrs, types)
         ids = [v.id for v in inputs]
         if op in COMMUTATIVE:
             ids.sort()

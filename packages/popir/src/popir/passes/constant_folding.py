@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from popir.ops.host import HOST_OPS
 from popir.passes._rebuild import Rebuilder, constant_array
 from popir.registry import get_op
 
@@ -13,7 +14,7 @@ MAX_FOLDED_ELEMENTS = 4096
 
 def fold_rule(builder, op, inputs, attrs, types):
     """Rewrite rule: a constant for a single-output node of constant inputs, unless the result is huge."""
-    if op == "constant" or not inputs:
+    if op == "constant" or op in HOST_OPS or not inputs:
         return None
     for v in inputs:
         if v.producer is None or v.producer.op != "constant":

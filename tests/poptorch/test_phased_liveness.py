@@ -1,0 +1,106 @@
+"""Phased execution's ``Liveness``: with an off-chip setting, activations wait in streaming memory between
+the forward and backward passes (OffChipAfterFwd, OffChipAfterFwdNoOverlap) or between any two phases
+(OffChipAfterEachPhase): the same numbers as AlwaysLive, a lower tile-memory peak, more cycles."""
+
+import pytest
+import torch
+
+import popsim
+import poptorch
+
+PHASES, WIDTH, BATCH = 3, 32, 512
+ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+
+
+class Phased(torch.nn.Module):
+    """Narrow layers on a large batch, one block (phase) per pair: activations dominate tile memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(2 * PHASES))
+
+    def forward(self, x, y):
+        for i, layer in enumerate(self.layers):
+            if i % 2 == 0:
+                poptorch.Block.start(str(i // 2), ipu_id=0)
+            x = torch.tanh(layer(x))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _strategy(liveness, parallel=False):
+    """Serial phases on IPU 0, or parallel ones alternating between IPUs 0 and 1."""
+    phases = [poptorch.Phase(str(p)) for p in range(PHASES)]
+    if not parallel:
+        strategy = poptorch.SerialPhasedExecution(*phases).setTensorsLiveness(liveness)
+    else:
+        off_chip = liveness == poptorch.Liveness.OffChipAfterFwd
+        strategy = poptorch.ParallelPhasedExecution(*phases).sendTensorsOffChipAfterFwd(off_chip)
+    for p in range(PHASES):
+        strategy.phase(p).ipus(p % 2 if parallel else 0)
+    return strategy
+
+
+def _train(liveness, parallel=False):
+    torch.manual_seed(0)
+    model = Phased()
+    strategy = _strategy(liveness, parallel)
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+    losses = [trained(x, y)[1].detach().clone() for _ in range(2)]
+    program = trained.profile.programs["train"]
+    params = [p.detach().clone() for p in trained.parameters()]
+    trained.destroy()
+    return losses, params, program
+
+
+@pytest.mark.parametrize(
+    "liveness",
+    [
+        poptorch.Liveness.OffChipAfterFwd,
+        poptorch.Liveness.OffChipAfterFwdNoOverlap,
+        poptorch.Liveness.OffChipAfterEachPhase,
+    ],
+)
+def test_off_chip_liveness_trains_alike_with_less_tile_memory_and_more_cycles(monkeypatch, liveness):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    live = _train(poptorch.Liveness.AlwaysLive)
+    off = _train(liveness)
+    torch.testing.assert_close(off[0], live[0])
+    torch.testing.assert_close(off[1], live[1])
+    assert off[2]["memory_max_tile_bytes"] < live[2]["memory_max_tile_bytes"]
+    assert off[2]["total_cycles"] > live[2]["total_cycles"]
+    assert any(s["name"].startswith("remote store") for s in off[2]["steps"])
+    assert not any(s["name"].startswith("remote") for s in live[2]["steps"])
+
+
+def _stores(program):
+    return sum(s["name"].startswith("remote store") for s in program["steps"])
+
+
+def test_off_chip_after_each_phase_also_parks_values_passed_between_phases(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    after_fwd = _train(poptorch.Liveness.OffChipAfterFwd)[2]
+    each_phase = _train(poptorch.Liveness.OffChipAfterEachPhase)[2]
+    assert _stores(each_phase) > _stores(after_fwd)
+    assert each_phase["memory_max_tile_bytes"] < after_fwd["memory_max_tile_bytes"]
+    assert each_phase["total_cycles"] > after_fwd["total_cycles"]
+
+
+def test_liveness_keys_the_executable_cache():
+    def key(liveness):
+        strategy = poptorch.SerialPhasedExecution(poptorch.Phase("0")).setTensorsLiveness(liveness)
+        return poptorch._cache.key({}, poptorch.Options().setExecutionStrategy(strategy))
+
+    assert key(poptorch.Liveness.AlwaysLive) != key(poptorch.Liveness.OffChipAfterFwd)
+    assert key(poptorch.Liveness.OffChipAfterFwd) != key(poptorch.Liveness.OffChipAfterEachPhase)
+
+
+def test_parallel_phases_send_tensors_off_chip_after_the_forward_pass(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    live = _train(poptorch.Liveness.AlwaysLive, parallel=True)
+    off = _train(poptorch.Liveness.OffChipAfterFwd, parallel=True)
+    torch.testing.assert_close(off[:2], live[:2])
+    assert off[2]["memory_max_tile_bytes"] < live[2]["memory_max_tile_bytes"]
+    assert _stores(off[2]) > 0 == _stores(live[2])

@@ -1,0 +1,156 @@
+"""Streaming memory: weights, optimizer state and gradient accumulators put off chip by
+``Options.TensorLocations.set*Location(TensorLocationSettings().useOnChipStorage(False))`` train to the same
+numbers as in tile memory (and eagerly), with a lower tile-memory peak and more cycles."""
+
+import pytest
+import torch
+
+import popsim
+import poptorch
+
+WIDTH, LAYERS, BATCH, STEPS = 96, 4, 8, 3
+ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _off_chip(min_elements=None):
+    settings = poptorch.TensorLocationSettings().useOnChipStorage(False)
+    return settings if min_elements is None else settings.minElementsForOffChip(min_elements)
+
+
+def _options(*kinds, accumulation=1, min_elements=None):
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.Training.gradientAccumulation(accumulation)
+    for kind in kinds:
+        getattr(opts.TensorLocations, f"set{kind}Location")(_off_chip(min_elements))
+    return opts
+
+
+def _data(accumulation):
+    g = torch.Generator().manual_seed(1)
+    n = BATCH * accumulation
+    return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
+
+
+def _eager():
+    """Losses and parameters over STEPS eager steps of Adam."""
+    torch.manual_seed(0)
+    model = Wide()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = _data(1)
+    losses = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        loss = model(x, y)[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _train(opts, accumulation=1):
+    """Losses and parameters over STEPS steps of Adam, and the profile of the compiled program that reads the
+    weights (the micro-batch program under gradient accumulation)."""
+    torch.manual_seed(0)
+    model = Wide()
+    x, y = _data(accumulation)
+    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+    losses = [trained(x, y)[1].detach().clone().mean() for _ in range(STEPS)]
+    programs = trained.profile.programs
+    params = [p.detach().clone() for p in trained.parameters()]
+    trained.destroy()
+    return losses, params, programs["train" if accumulation == 1 else "accumulate"], programs
+
+
+def _same(a, b):
+    torch.testing.assert_close(a[0], b[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a[1], b[1], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_and_optimizer_state_off_chip_train_alike_with_less_tile_memory_and_more_cycles(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    eager = _eager()
+    on_chip = _train(_options())
+    off_chip = _train(_options("Weight", "Optimizer"))
+    _same(on_chip, eager)
+    _same(off_chip, on_chip)
+    assert off_chip[2]["memory_max_tile_bytes"] < on_chip[2]["memory_max_tile_bytes"]
+    assert off_chip[2]["total_cycles"] > on_chip[2]["total_cycles"]
+    names = {s["name"] for s in off_chip[2]["steps"]}
+    assert any(n.startswith("remote load") for n in names) and any(n.startswith("remote store") for n in names)
+
+
+def test_a_model_out_of_tile_memory_trains_with_streaming_memory_weights_and_optimizer_state(monkeypatch):
+    tight = popsim.Target.small(num_tiles=4, tile_bytes=128 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: tight)
+    with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU"):
+        _train(_options())
+    off_chip = _train(_options("Weight", "Optimizer"))
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    _same(off_chip, _train(_options()))
+
+
+def _streamed(programs):
+    """Names of the variables the programs load from streaming memory."""
+    return {
+        s["name"].removeprefix("remote load ")
+        for p in programs.values()
+        for s in p["steps"]
+        if "remote load" in s["name"]
+    }
+
+
+def test_accumulators_off_chip_and_min_elements_for_off_chip(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    on_chip = _train(_options(accumulation=2), accumulation=2)
+    accumulators = _train(_options("Accumulator", accumulation=2), accumulation=2)
+    _same(accumulators, on_chip)
+    assert _streamed(accumulators[3]) == {f"_accum.layers.{i}.{p}" for i in range(LAYERS) for p in ("weight", "bias")}
+    # Biases (WIDTH elements) are below minElementsForOffChip and stay on the chip.
+    big_only = _train(_options("Weight", min_elements=WIDTH + 1))
+    assert _streamed(big_only[3]) == {f"layers.{i}.weight" for i in range(LAYERS)}
+    _same(big_only, _train(_options()))
+
+
+def test_tensor_location_settings_the_simulator_does_not_model_are_refused():
+    opts = poptorch.Options()
+    sharded = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+        opts.TensorLocations.setWeightLocation(sharded)
+    with pytest.raises(poptorch.Error, match=r"useIOTilesToLoad\(True\) is not modelled"):
+        opts.TensorLocations.setOptimizerLocation(_off_chip().useIOTilesToLoad(True))
+    with pytest.raises(poptorch.Error, match=r"setActivationLocation with useOnChipStorage\(False\) is not modelled"):
+        opts.TensorLocations.setActivationLocation(_off_chip())
+    # A later on-chip setting brings the kind back to tile memory.
+    opts.TensorLocations.setWeightLocation(_off_chip()).setWeightLocation(poptorch.TensorLocationSettings())
+    assert opts.TensorLocations.streamed == {}
+
+
+def test_tensor_locations_key_the_executable_cache():
+    keys = {poptorch._cache.key({}, _options(*kinds)) for kinds in [(), ("Weight",), ("Optimizer",)]}
+    assert len(keys) == 3
+
+
+def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Wide()
+    x, y = _data(1)
+    executor = poptorch.inferenceModel(model, _options("Weight"))
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    with torch.no_grad():
+        model.layers[0].weight.mul_(2)
+    executor.copyWeightsToDevice()
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    profile = executor.profile.programs["inference"]
+    assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
