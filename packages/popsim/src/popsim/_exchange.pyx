@@ -87,6 +87,20 @@ cdef Py_ssize_t _coalesce(const offset_t* src, const offset_t* dst, Py_ssize_t n
     return count
 
 
+def block_elements(const offset_t[::1] base, const offset_t[::1] tiles, const offset_t[::1] sizes, offset_t itemsize):
+    """The arena byte offset and tile of every element of blocks laid out in order: block b holds ``sizes[b]``
+    elements of ``itemsize`` bytes from ``base[b]`` on tile ``tiles[b]``."""
+    cdef Py_ssize_t b, k, i = 0
+    cdef offset_t n = np.sum(sizes)
+    addr, tile = np.empty(n, np.int64), np.empty(n, np.int64)
+    cdef offset_t[::1] a = addr, t = tile
+    with nogil:
+        for b in range(base.shape[0]):
+            for k in range(sizes[b]):
+                a[i], t[i] = base[b] + k * itemsize, tiles[b]
+                i += 1
+    return addr, tile
+
 def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const offset_t[::1] src_addr,
               const offset_t[::1] src_tile, const offset_t[::1] dst_base, const offset_t[::1] dst_tile,
               const offset_t[::1] dst_sizes, offset_t itemsize, Py_ssize_t num_tiles, Py_ssize_t tiles_per_ipu,

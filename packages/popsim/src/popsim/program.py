@@ -56,12 +56,10 @@ def element_addresses(tensor, elements, block_base):
 
 def _all_element_addresses(tensor, block_base):
     """``element_addresses`` of every element in order. A TileMapping's blocks cover 0..size in order, so
-    each block's run is laid out by repetition instead of a binary search per element."""
+    each block's run is laid out in one pass instead of a binary search per element."""
     m = tensor.storage.mapping
-    sizes = m.stops - m.starts
-    block = np.repeat(np.arange(sizes.size), sizes)
-    within = np.arange(m.size) - np.repeat(m.starts, sizes)
-    return block_base(tensor.storage)[block] + within * tensor.itemsize, m.tiles[block]
+    base = np.ascontiguousarray(block_base(tensor.storage), np.int64)
+    return _exchange.block_elements(base, m.tiles, m.stops - m.starts, tensor.itemsize)
 
 
 def host_blocks(tensor, block_base):
