@@ -132,3 +132,49 @@ def test_an_executable_round_trips_through_bytes_with_its_variables_and_runs_ali
     assert clone.profile.programs == exe.profile.programs
     with pytest.raises(TypeError, match="to_bytes"):
         pickle.dumps(exe)
+
+
+ONE_TILE = popsim.Target.small(num_tiles=1, tile_bytes=1 << 20)
+SIGNALING_NAN = np.array(0x7F800001, np.uint32).view(np.float32)  # quiet-bit clear: a float64 trip changes it
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_where_with_a_scalar_operand_copies_the_bits_of_its_choice(dtype):
+    g = popir.Graph("where")
+    cond = g.add_input("c", (37,), "bool")
+    x = g.add_input("x", (37,), dtype)
+    s = g.add_input("s", (), dtype)
+    g.output("x_or_s", ops.where(cond, x, s))
+    g.output("s_or_x", ops.where(cond, s, x))
+    rng = np.random.default_rng(0)
+    c = rng.random(37) < 0.5
+    xv = rng.standard_normal(37).astype(np.float32)
+    xv[3] = SIGNALING_NAN
+    xv = xv.view(np.int32) if dtype == "int32" else xv
+    sv = np.array(SIGNALING_NAN).view(np.int32) if dtype == "int32" else SIGNALING_NAN
+    got = popsim.compile(g, ONE_TILE).run({"c": c, "x": xv, "s": sv})
+    assert got["x_or_s"].tobytes() == np.where(c, xv, sv).tobytes()
+    assert got["s_or_x"].tobytes() == np.where(c, sv, xv).tobytes()
+
+
+def _row_reduction(x, op):
+    """A row-by-row reduction in index order with a float64 running value (the vertex's own order)."""
+    acc = np.full(x.shape[0], {"sum": 0.0, "max": -np.inf, "min": np.inf}[op])
+    step = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]  # NaN propagates
+    for column in x.T.astype(np.float64):
+        acc = step(acc, column)
+    return acc.astype(np.float32)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_float32_rows_reduce_side_by_side_exactly_as_one_at_a_time(op):
+    rows, group = 11, 23  # two blocks of four rows and three rows left over
+    g = popir.Graph("reduce")
+    x = g.add_input("x", (rows, group), "float32")
+    reduce = {"sum": ops.reduce_sum, "max": ops.reduce_max, "min": ops.reduce_min}[op]
+    g.output("y", reduce(x, axes=(1,), keepdims=False))
+    rng = np.random.default_rng(1)
+    xv = (rng.standard_normal((rows, group)) * 10.0 ** rng.integers(-6, 6, (rows, group))).astype(np.float32)
+    xv[2, 5], xv[9, 0], xv[5, 7] = np.nan, np.inf, -np.inf
+    got = popsim.compile(g, ONE_TILE).run({"x": xv})["y"]
+    assert got.tobytes() == _row_reduction(xv, op).tobytes()
