@@ -7,6 +7,21 @@ from popsim._types cimport byte_t, copy_t, int32_t, offset_t
 from popsim._opcodes_enums cimport *
 
 
+cdef extern from *:
+    """
+    #define ps_prefetch_read(p) __builtin_prefetch((p), 0)
+    #define ps_prefetch_write(p) __builtin_prefetch((p), 1)
+    """
+    void ps_prefetch_read(const void* p) noexcept nogil
+    void ps_prefetch_write(void* p) noexcept nogil
+
+
+cdef inline void prefetch_run(byte_t* base, const copy_t* row) noexcept nogil:
+    """Ask for the first source and destination lines of an exchange row the engine runs soon (a hint only)."""
+    ps_prefetch_read(base + row[CP_SRC])
+    ps_prefetch_write(base + row[CP_DST])
+
+
 cdef inline void small_copy(byte_t* d, const byte_t* s, offset_t n) noexcept nogil:
     """memcpy for the few-byte runs most exchange rows move: fixed-size moves (two of them, overlapping
     when ``n`` is not a power of two) instead of a library call."""

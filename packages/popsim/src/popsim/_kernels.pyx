@@ -7,7 +7,7 @@ from libc.string cimport memset
 
 from popsim._arena cimport TileArena
 from popsim._codelets cimport TRAPPED, run_instruction
-from popsim._exchange cimport copy_run, stream_copy
+from popsim._exchange cimport copy_run, prefetch_run, stream_copy
 from popsim._opcodes_enums cimport *
 from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_release,
                            ps_set_once, ps_store, ps_team, pthread_create, pthread_detach, pthread_t)
@@ -44,6 +44,9 @@ cdef struct Engine:
 # hundred vertices or a few thousand rows between two threads.
 DEF COMPUTE_CHUNK = 16
 DEF EXCHANGE_CHUNK = 256
+# An exchange row's first source and destination lines are fetched this many rows ahead: the rows' sources
+# are scattered over the tiles' memory, and the copy would otherwise wait on each miss in turn.
+DEF PREFETCH_ROWS = 16
 
 
 cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
@@ -57,6 +60,8 @@ cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py
                 bad += r
     else:
         for i in range(start, stop):
+            if i + PREFETCH_ROWS < stop:
+                prefetch_run(e.base, e.copies + (i + PREFETCH_ROWS) * COPY_COLS)
             copy_run(e.base, e.copies + i * COPY_COLS)
     return bad
 
