@@ -7,7 +7,7 @@ from libc.string cimport memset
 
 from popsim._arena cimport TileArena
 from popsim._codelets cimport TRAPPED, run_instruction
-from popsim._exchange cimport copy_run, prefetch_run, stream_copy
+from popsim._exchange cimport copy_run, prefetch_run, ps_prefetch_read, stream_copy
 from popsim._opcodes_enums cimport *
 from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_release,
                            ps_set_once, ps_store, ps_team, pthread_create, pthread_detach, pthread_t)
@@ -47,12 +47,27 @@ DEF EXCHANGE_CHUNK = 256
 # An exchange row's first source and destination lines are fetched this many rows ahead: the rows' sources
 # are scattered over the tiles' memory, and the copy would otherwise wait on each miss in turn.
 DEF PREFETCH_ROWS = 16
+# Likewise the first lines of a vertex's two inputs, this many vertices ahead.
+DEF PREFETCH_VERTICES = 2
+DEF PREFETCH_LINES = 8
+DEF LINE_BYTES = 64
+
+
+cdef inline void prefetch_operands(byte_t* base, const offset_t* row) noexcept nogil:
+    """Ask for the first lines of a vertex's a and b operands (a hint: a column a kind leaves unused only
+    names some address, and a prefetch never faults)."""
+    cdef int k
+    for k in range(PREFETCH_LINES):
+        ps_prefetch_read(base + row[C_A] + k * LINE_BYTES)
+        ps_prefetch_read(base + row[C_B] + k * LINE_BYTES)
 
 
 cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
     cdef Py_ssize_t i, r, bad = 0
     if kind == PH_COMPUTE:
         for i in range(start, stop):
+            if i + PREFETCH_VERTICES < stop:
+                prefetch_operands(e.base, e.instructions + (i + PREFETCH_VERTICES) * NCOLS)
             r = run_instruction(e.base, e.instructions + i * NCOLS, e.fparams[i], e.instructions)
             if r == TRAPPED:
                 ps_set_once(&e.trap, i)
