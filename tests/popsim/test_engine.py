@@ -223,3 +223,39 @@ def test_float32_rows_reduce_side_by_side_exactly_as_one_at_a_time(op):
     xv[2, 5], xv[9, 0], xv[5, 7] = np.nan, np.inf, -np.inf
     got = popsim.compile(g, ONE_TILE).run({"x": xv})["y"]
     assert got.tobytes() == _row_reduction(xv, op).tobytes()
+
+
+def _ascending_k_product(a, b):
+    """a @ b with every element summing its float32 products in ascending k from zero (the vertex's order)."""
+    out = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for kk in range(a.shape[1]):
+        out = out + a[:, kk : kk + 1] * b[kk : kk + 1, :]
+    return out
+
+
+# Column groups of 8 over strips of up to 8 rows, a zero-padded tail of 1-7 columns (on the stack and, past
+# 256 rows of b, on the heap), 4 leftover columns, and blocks of too few rows to pad the tail.
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (9, 16, 8),
+        (23, 32, 16),
+        (16, 26, 15),
+        (6, 45, 5),
+        (16, 37, 20),
+        (17, 300, 3),
+        (2, 85, 3),
+        (1, 13, 1),
+        (5, 28, 22),
+    ],
+)
+def test_a_tile_s_matrix_product_sums_in_ascending_k_whatever_its_shape(m, k, n):
+    g = popir.Graph("mm")
+    x = g.add_input("x", (m, k), "float32")
+    w = g.add_input("w", (k, n), "float32")
+    g.output("y", ops.matmul(x, w))
+    rng = np.random.default_rng(m * 1000 + k)
+    a = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 3, (m, k))).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = popsim.compile(g, ONE_TILE).run({"x": a, "w": b})["y"]
+    assert got.tobytes() == _ascending_k_product(a, b).tobytes()

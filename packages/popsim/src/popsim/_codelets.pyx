@@ -23,6 +23,7 @@ cdef extern from *:
     """
     #include <string.h>
     #include <stddef.h>
+    #include <stdlib.h>
     /* Without F16C, GCC converts _Float16 in library calls: widening reads a table of every half's value
        (filled once by that same conversion), and narrowing a block uses the F16C instructions when the CPU
        has them. Both round to nearest even exactly as the plain conversion does. */
@@ -69,29 +70,77 @@ cdef extern from *:
     #define PS_CLONES
     #endif
     /* out (m, n) = a (m, k) @ b (k, n) for the tiny per-tile blocks most plans produce, where a BLAS call
-       costs more than the work. Outputs are computed in strips of up to 4 rows by 8, 4 or 1-3 columns whose
-       accumulators stay in registers over the whole of k (GCC vector types). On x86-64 GCC also builds an
-       AVX2 clone, picked at load time; without FMA contraction both clones round alike. */
+       costs more than the work. Every element sums its products in ascending k from zero, whichever code
+       computes it, and accumulators stay in registers over the whole of k (GCC vector types). Each add waits
+       on the previous one of its chain, so the more rows a pass holds, the more chains are in flight: the
+       columns in full groups of 8 run in panels of near-equal strips of up to 8 rows (9 rows run as 5 + 4,
+       not 8 + 1). The last 1-7 columns are read from a zero-padded copy of b's tail and run as one vector
+       whose spare lanes are dropped, unless the block has too few rows to pay for the copy or exactly 4
+       columns are left (a 4-wide vector fits them): those run in strips of up to 4 rows by 4 or 1-3
+       columns. On x86-64 GCC also builds an AVX2 clone, picked at load time; without FMA contraction both
+       clones round alike. */
     typedef float ps_v8 __attribute__((vector_size(32)));
     typedef float ps_v4 __attribute__((vector_size(16)));
+    #define PS_PANEL_ROWS 8
+    #define PS_LANES 8
+    /* Fewer rows than this leave the last columns to the narrow strips (copying b's tail costs more). */
+    #define PS_PACK_MIN_ROWS 4
+    /* Tails of b up to this many rows are padded on the stack; longer ones in a heap buffer. */
+    #define PS_TAIL_STACK_ROWS 256
+    /* Forced inline, so these are compiled into each clone with its instruction set. */
+    #define PS_INLINE static inline __attribute__((always_inline))
 
-    /* R rows of out, columns j..j+W-1 as one vector of W; every element sums its products in ascending k
-       from zero, whichever strip computes it. */
-    #define PS_STRIP(R, W, T)                                                                         \
-        static inline void ps_strip_##R##_##W(const float* a, const float* b, float* out, int k, int n, int j) { \
-            T c[R];                                                                                    \
+    /* R rows of out (row stride ldo) at columns 0..w-1 from R rows of a (stride k) and k rows of 8 columns of
+       b (stride ldb). */
+    #define PS_PANEL(R)                                                                               \
+        PS_INLINE void ps_panel_##R(const float* a, const float* b, long ldb, float* out, long ldo,    \
+                                    int k, int w) {                                                    \
+            ps_v8 c[R];                                                                                \
             int r, kk;                                                                                 \
-            for (r = 0; r < R; r++) c[r] = (T){0};                                                     \
+            for (r = 0; r < R; r++) c[r] = (ps_v8){0};                                                 \
             for (kk = 0; kk < k; kk++) {                                                               \
-                T v;                                                                                   \
+                ps_v8 v;                                                                               \
+                memcpy(&v, b + kk * ldb, sizeof v);                                                    \
+                for (r = 0; r < R; r++) c[r] += a[(long)r * k + kk] * v;                               \
+            }                                                                                          \
+            for (r = 0; r < R; r++) {                                                                  \
+                float lanes[PS_LANES];                                                                 \
+                memcpy(lanes, &c[r], sizeof lanes);                                                    \
+                for (kk = 0; kk < w; kk++) out[r * ldo + kk] = lanes[kk];                              \
+            }                                                                                          \
+        }
+    PS_PANEL(1) PS_PANEL(2) PS_PANEL(3) PS_PANEL(4) PS_PANEL(5) PS_PANEL(6) PS_PANEL(7) PS_PANEL(8)
+
+    PS_INLINE void ps_panel(int rows, const float* a, const float* b, long ldb, float* out, long ldo,
+                            int k, int w) {
+        switch (rows) {
+        case 1: ps_panel_1(a, b, ldb, out, ldo, k, w); break;
+        case 2: ps_panel_2(a, b, ldb, out, ldo, k, w); break;
+        case 3: ps_panel_3(a, b, ldb, out, ldo, k, w); break;
+        case 4: ps_panel_4(a, b, ldb, out, ldo, k, w); break;
+        case 5: ps_panel_5(a, b, ldb, out, ldo, k, w); break;
+        case 6: ps_panel_6(a, b, ldb, out, ldo, k, w); break;
+        case 7: ps_panel_7(a, b, ldb, out, ldo, k, w); break;
+        default: ps_panel_8(a, b, ldb, out, ldo, k, w); break;
+        }
+    }
+
+    /* R rows of out, columns j..j+3 as one vector of 4. */
+    #define PS_STRIP4(R)                                                                              \
+        PS_INLINE void ps_strip_##R##_4(const float* a, const float* b, float* out, int k, int n, int j) { \
+            ps_v4 c[R];                                                                                \
+            int r, kk;                                                                                 \
+            for (r = 0; r < R; r++) c[r] = (ps_v4){0};                                                 \
+            for (kk = 0; kk < k; kk++) {                                                               \
+                ps_v4 v;                                                                               \
                 memcpy(&v, b + (long)kk * n + j, sizeof v);                                            \
                 for (r = 0; r < R; r++) c[r] += a[(long)r * k + kk] * v;                               \
             }                                                                                          \
             for (r = 0; r < R; r++) memcpy(out + (long)r * n + j, &c[r], sizeof c[r]);                \
         }
-    /* The last 1-3 columns: R x W scalar accumulators, again held in registers over k. */
+    /* The last 1-3 columns: R x W scalar accumulators. */
     #define PS_SCALARS(R, W)                                                                           \
-        static inline void ps_strip_##R##_s##W(const float* a, const float* b, float* out, int k, int n, int j) { \
+        PS_INLINE void ps_strip_##R##_s##W(const float* a, const float* b, float* out, int k, int n, int j) { \
             float c[R][W];                                                                             \
             int r, w, kk;                                                                              \
             for (r = 0; r < R; r++) for (w = 0; w < W; w++) c[r][w] = 0.0f;                            \
@@ -101,35 +150,58 @@ cdef extern from *:
             }                                                                                          \
             for (r = 0; r < R; r++) for (w = 0; w < W; w++) out[(long)r * n + j + w] = c[r][w];        \
         }
-    #define PS_KERNELS(R) PS_STRIP(R, 8, ps_v8) PS_STRIP(R, 4, ps_v4) PS_SCALARS(R, 1) PS_SCALARS(R, 2) PS_SCALARS(R, 3)
-    PS_KERNELS(1)
-    PS_KERNELS(2)
-    PS_KERNELS(3)
-    PS_KERNELS(4)
+    #define PS_NARROW(R) PS_STRIP4(R) PS_SCALARS(R, 1) PS_SCALARS(R, 2) PS_SCALARS(R, 3)
+    PS_NARROW(1)
+    PS_NARROW(2)
+    PS_NARROW(3)
+    PS_NARROW(4)
 
-    #define PS_ROWS(R)                                                                                 \
-        for (j = 0; j + 8 <= n; j += 8) ps_strip_##R##_8(ai, b, oi, k, n, j);                          \
+    /* Columns j.. (fewer than 8) of R rows in narrow strips. */
+    #define PS_NARROW_ROWS(R)                                                                          \
+        j = first;                                                                                     \
         if (j + 4 <= n) { ps_strip_##R##_4(ai, b, oi, k, n, j); j += 4; }                              \
         if (n - j == 3) ps_strip_##R##_s3(ai, b, oi, k, n, j);                                         \
         else if (n - j == 2) ps_strip_##R##_s2(ai, b, oi, k, n, j);                                    \
         else if (n - j == 1) ps_strip_##R##_s1(ai, b, oi, k, n, j);
 
-    PS_CLONES static void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) {
+    PS_INLINE void ps_narrow_columns(const float* a, const float* b, float* out, int m, int k, int n, int first) {
         int i = 0, j;
         const float* ai;
         float* oi;
         for (; i + 4 <= m; i += 4) {
             ai = a + (long)i * k;
             oi = out + (long)i * n;
-            PS_ROWS(4)
+            PS_NARROW_ROWS(4)
         }
         ai = a + (long)i * k;
         oi = out + (long)i * n;
         switch (m - i) {
-        case 3: { PS_ROWS(3) } break;
-        case 2: { PS_ROWS(2) } break;
-        case 1: { PS_ROWS(1) } break;
+        case 3: { PS_NARROW_ROWS(3) } break;
+        case 2: { PS_NARROW_ROWS(2) } break;
+        case 1: { PS_NARROW_ROWS(1) } break;
         }
+    }
+
+    PS_CLONES static void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) {
+        float stack_tail[PS_TAIL_STACK_ROWS * PS_LANES];
+        float* tail = NULL;
+        int full = n - n % PS_LANES, w = n - full, strips = (m + PS_PANEL_ROWS - 1) / PS_PANEL_ROWS;
+        int i = 0, s, rows, j, kk, l;
+        if (w && w != PS_LANES / 2 && m >= PS_PACK_MIN_ROWS) {
+            tail = k > PS_TAIL_STACK_ROWS ? (float*)malloc((size_t)k * PS_LANES * sizeof(float)) : stack_tail;
+            if (!tail) abort();
+            for (kk = 0; kk < k; kk++)
+                for (l = 0; l < PS_LANES; l++) tail[(long)kk * PS_LANES + l] = l < w ? b[(long)kk * n + full + l] : 0.0f;
+        }
+        for (s = 0; s < strips; s++) {
+            rows = (m - i) / (strips - s);
+            for (j = 0; j < full; j += PS_LANES)
+                ps_panel(rows, a + (long)i * k, b + j, n, out + (long)i * n + j, n, k, PS_LANES);
+            if (tail) ps_panel(rows, a + (long)i * k, tail, PS_LANES, out + (long)i * n + full, n, k, w);
+            i += rows;
+        }
+        if (w && !tail) ps_narrow_columns(a, b, out, m, k, n, full);
+        if (tail && tail != stack_tail) free(tail);
     }
     """
     void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil
