@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _anchors,
     _auto_report,
     _blocks,
     _cache,
@@ -210,6 +211,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._cycles = None
         self._perf = None
         self._from_cache = False
+        self._anchors = None
+        self._anchor_memory = {}
 
     # -- compile ---------------------------------------------------------------------------------
     def compile(self, *args, **kwargs):
@@ -273,6 +276,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            self._anchors = _anchors.Anchors.of(captured, programs, self._options)
             if self._options.Precision.stochastic_rounding:
                 programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
@@ -477,6 +481,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
         per_output = self._run_device_iterations(feeds_by_name, perf)
         self._perf = perf
+        self._anchor_memory = {
+            name: torch.from_numpy(np.array(value)) for name, value in self._anchors.read(per_output, layout).items()
+        }
         if self._options.log_cycle_count:
             logger.info("Simulated cycle count of the last call: %d", self._cycles)
         for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
@@ -527,10 +534,14 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
-                            step = programs.graphs[programs.step]
+                            step, step_result = programs.graphs[programs.step], {}
                             self._device.grouped.step(
-                                exe, lambda: _run_on_device(exe, {}, programs.step), [s.name for s in step.updates]
+                                exe,
+                                lambda into=step_result: into.update(_run_on_device(exe, {}, programs.step)),
+                                [s.name for s in step.updates],
                             )
+                            for name, value in step_result.items():  # anchors the step streams to the host
+                                per_output.setdefault(name, []).append(np.array(value))
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
                             cycles += step_cycles
                             run_cycles[-1] += step_cycles

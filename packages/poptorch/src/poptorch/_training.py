@@ -45,6 +45,8 @@ class Programs:
     step: str | None = None
     initial: dict = field(default_factory=dict)
     trained: list = field(default_factory=list)
+    # Trained parameter -> (program, the gradient its optimizer step applies), for anchors.
+    gradients: dict = field(default_factory=dict)
 
 
 def build_inference(captured):
@@ -123,7 +125,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):
             builder.apply(graph, params, grads, group_of)
-        return Programs({"train": graph}, "train", None, builder.initial, trained)
+        gradients = {name: ("train", grads[name]) for name in trained}
+        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients)
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
@@ -149,7 +152,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
         builder.apply(apply, step_params, reduced, group_of)
     initial.update(builder.initial)
-    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
+    gradients = {name: ("apply", reduced[name]) for name in trained}
+    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained, gradients)
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):
