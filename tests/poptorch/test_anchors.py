@@ -145,3 +145,16 @@ def test_unknown_names_raise_poptorchs_errors():
     poptorch_model = poptorch.trainingModel(Model(), opts)
     with pytest.raises(poptorch.Error, match="no tensor named 'Gradient___fc2.bias'.*Gradient___model.fc2.bias"):
         poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+
+
+def test_an_anchor_is_streamed_to_the_host_and_costed_as_a_host_transfer():
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+
+    def host_cycles(opts):
+        poptorch_model = poptorch.trainingModel(Model(), opts)
+        poptorch_model(x, y)
+        return poptorch_model.profile.programs["train"]["host_cycles"]
+
+    anchored = poptorch.Options()
+    anchored.anchorTensor("update_weight", "UpdatedVar___model.fc1.weight")
+    assert host_cycles(anchored) > host_cycles(poptorch.Options())
