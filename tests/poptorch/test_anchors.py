@@ -158,3 +158,14 @@ def test_an_anchor_is_streamed_to_the_host_and_costed_as_a_host_transfer():
     anchored = poptorch.Options()
     anchored.anchorTensor("update_weight", "UpdatedVar___model.fc1.weight")
     assert host_cycles(anchored) > host_cycles(poptorch.Options())
+
+
+def test_every_n_period_must_divide_the_device_iterations_before_anything_runs():
+    model = Model()
+    before = copy.deepcopy(model.state_dict())
+    opts = poptorch.Options().deviceIterations(3)
+    poptorch_model = _anchored_training(model, opts, poptorch.OutputMode.EveryN, 2)
+    with pytest.raises(poptorch.Error, match=r"EveryN\(2\) needs a period dividing the 3 device iterations"):
+        poptorch_model(torch.randn(3 * BATCH, 4), torch.randn(3 * BATCH, 3))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name])

@@ -81,6 +81,11 @@ class Anchors:
                     f"anchorTensor({anchor.short_name!r}, {anchor.long_name!r}): the model has no tensor named "
                     f"{anchor.long_name!r}. getTensorNames() lists the names: {', '.join(sorted(named)) or 'none'}"
                 )
+            if anchor.mode == OutputMode.EveryN and options.device_iterations % anchor.period:
+                raise Error(
+                    f"anchorTensor({anchor.short_name!r}): OutputMode.EveryN({anchor.period}) needs a period dividing "
+                    f"the {options.device_iterations} device iterations of each call (one value per iteration)"
+                )
             program, value = named[anchor.long_name]
             programs.graphs[program].output(OUTPUT_PREFIX + anchor.long_name, value)
         per_micro_batch = {a.short_name: named[a.long_name][0] == programs.micro_batch for a in anchors}
@@ -103,11 +108,6 @@ def _select(runs, anchor):
     if anchor.mode == OutputMode.Sum:
         return np.sum(runs, axis=0)
     if anchor.mode == OutputMode.EveryN:
-        if len(runs) % anchor.period:
-            raise Error(
-                f"anchorTensor({anchor.short_name!r}): OutputMode.EveryN({anchor.period}) needs a period dividing "
-                f"the {len(runs)} values of one call"
-            )
         runs = runs[anchor.period - 1 :: anchor.period]
     # As PopART's anchor arrays: one leading dimension over the values, dropped when there is only one.
     return runs[0] if len(runs) == 1 else np.stack(runs)
