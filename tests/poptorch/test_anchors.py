@@ -169,3 +169,16 @@ def test_every_n_period_must_divide_the_device_iterations_before_anything_runs()
         poptorch_model(torch.randn(3 * BATCH, 4), torch.randn(3 * BATCH, 3))
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name])
+
+
+def test_replicas_anchor_the_gradient_reduced_over_them():
+    torch.manual_seed(3)
+    model, replicas = Model(), 2
+    reference = copy.deepcopy(model)
+    poptorch_model = _anchored_training(model, poptorch.Options().replicationFactor(replicas))
+    x, y = torch.randn(replicas * BATCH, 4), torch.randn(replicas * BATCH, 3)
+    poptorch_model(x, y)
+    # One step over both replicas' micro-batches, the mean of their gradients.
+    [(grad, weight)] = _eager_steps(reference, x, y, micro_batches=replicas)
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
+    _close(poptorch_model.getAnchoredTensor("update_weight"), weight)
