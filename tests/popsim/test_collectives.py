@@ -81,3 +81,16 @@ def test_the_timeline_shows_each_replica_then_the_collective():
     collective = lanes["all-reduce"]
     assert [e["collective"] for e in collective] == [level.name for level in reduce.levels]
     assert collective[0]["start"] == 200 and sum(e["cycles"] for e in collective) == reduce.cycles
+
+
+@pytest.mark.parametrize("replicas", [2, 16, 256])
+def test_a_sharded_update_reduce_scatters_then_all_gathers_half_an_all_reduce_each(replicas):
+    whole = collectives.all_reduce(TARGET, MEGABYTES, replicas)
+    update = collectives.sharded_update(TARGET, MEGABYTES, MEGABYTES, replicas)
+    names = [level.name for level in whole.levels]
+    assert [level.name for level in update.levels] == [f"reduce-scatter: {n}" for n in names] + [
+        f"all-gather: {n}" for n in names
+    ]
+    assert [level.after_update for level in update.levels] == [False] * len(names) + [True] * len(names)
+    # A ring all-reduce is a reduce-scatter then an all-gather: the same cycles, give or take rounding.
+    assert abs(update.cycles - whole.cycles) <= 2 * len(names)

@@ -117,3 +117,29 @@ def test_spilled_activations_give_the_same_gradient_with_less_tile_memory(mode):
 def test_an_unknown_spill_mode_is_refused():
     with pytest.raises(popsim.Error, match="spill mode must be None or one of"):
         popsim.compile(_trained_graph(), target=TARGET, spill="always")
+
+
+def test_a_variable_sharded_over_replicas_moves_and_holds_one_replica_s_shard():
+    whole = popsim.compile(_step_graph(), target=ROOMY, remote={"w0", "w1"})
+    sharded = popsim.compile(_step_graph(), target=ROOMY, remote={"w0", "w1"}, shards={"w0": 4})
+    x = np.eye(SIZE, dtype=np.float32)
+    for exe in (whole, sharded):
+        exe.write_variable("w0", np.full((SIZE, SIZE), 2.0, np.float32))
+    np.testing.assert_array_equal(sharded.run({"x": x})["y"], whole.run({"x": x})["y"])
+    np.testing.assert_array_equal(sharded.read_variable("w0"), whole.read_variable("w0"))
+    moved = {s["name"]: s["bytes"] for s in sharded.profile.programs["step"]["steps"] if "remote" in s["name"]}
+    assert moved["remote load w0"] == moved["remote store w0"] == SIZE * SIZE * 4 // 4
+    assert moved["remote load w1"] == SIZE * SIZE * 4
+    step, whole_step = sharded.profile.programs["step"], whole.profile.programs["step"]
+    assert step["streaming_memory_bytes"] == whole_step["streaming_memory_bytes"] - SIZE * SIZE * 4 * 3 // 4
+    assert step["total_cycles"] < whole_step["total_cycles"]
+    again = popsim.Executable.from_bytes(sharded.to_bytes())
+    again.run({"x": x})
+    assert again.last_run_cycles == sharded.last_run_cycles
+
+
+def test_shards_must_name_remote_variables_and_a_replica_count():
+    with pytest.raises(popsim.Error, match="'w2' is not a remote variable"):
+        popsim.compile(_step_graph(), target=TARGET, remote={"w0"}, shards={"w2": 2})
+    with pytest.raises(popsim.Error, match="positive whole number of replicas"):
+        popsim.compile(_step_graph(), target=TARGET, remote={"w0"}, shards={"w0": 0})

@@ -173,6 +173,24 @@ def test_replicas_run_in_parallel_then_all_reduce():
     assert "4 replicas in parallel" in profiles[4].summary()
 
 
+def test_inference_replicas_are_profiled_running_in_parallel_without_a_collective():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(8, 4)
+    inference = poptorch.inferenceModel(model, _opts().replicationFactor(2).deviceIterations(2).logCycleCount(True))
+    torch.testing.assert_close(inference(x), model(x), rtol=1e-5, atol=1e-6)
+    replication = inference.profile.replication
+    run = inference.profile.programs["inference"]["total_cycles"]
+    assert replication["replicas"] == 2 and replication["all_reduce"] is None
+    # Each replica runs its 2 micro-batches one after another, beside the other replica.
+    assert replication["step_cycles"] == replication["replica_step_cycles"] == 2 * run == inference.cycleCount()
+    timeline = replication["timeline"]
+    assert [(e["replica"], e["micro_batch"], e["start"]) for e in timeline] == [
+        (r, a, a * run) for r in range(2) for a in range(2)
+    ]
+    assert "2 replicas in parallel (inference, no collective)" in inference.profile.summary()
+
+
 def test_pipelined_replicas_each_run_their_own_pipeline():
     class TwoStages(torch.nn.Module):
         def __init__(self):

@@ -194,3 +194,20 @@ def test_a_pipeline_stashes_the_activations_of_micro_batches_in_flight(monkeypat
         train(poptorch.PipelinedExecution())
     # Recomputing from each stage's inputs stashes only those: the pipeline fits and trains as sharded.
     torch.testing.assert_close(train(poptorch.PipelinedExecution(), recomputation=3), sharded)
+
+
+def test_an_executable_saved_pipelined_does_not_serve_a_sharded_run(tmp_path):
+    """The strategy is part of the executable's key: a pipelined step's saved profile (its schedule) must not
+    be reused by a sharded run of the same blocks."""
+    xs, ys = _data()
+    trained, _ = _on_ipus(_fresh(), 2, poptorch.PipelinedExecution(), xs[:1], ys[:1])
+    assert "schedule" in trained.profile.programs["accumulate"]
+    path = str(tmp_path / "pipelined.poptorch")
+    trained.save(path)
+    trained.destroy()
+    reloaded = poptorch.load(path)
+    reloaded(xs[1], ys[1])
+    assert "schedule" in reloaded.profile.programs["accumulate"]
+    reloaded.destroy()
+    with pytest.raises(poptorch.Error, match="other compile options"):
+        poptorch.load(path, lambda opts: opts.setExecutionStrategy(poptorch.ShardedExecution()))

@@ -236,6 +236,22 @@ def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser
     assert _errors(browser) == []
 
 
+def test_replicated_inference_shows_each_replicas_runs_without_a_collective(browser, artifacts):
+    inference = poptorch.inferenceModel(_Regression(), poptorch.Options().replicationFactor(2).deviceIterations(2))
+    inference(torch.ones(4, 3), torch.ones(4))
+    replication = inference.profile.replication
+    _open(browser, inference.profile.save_html(artifacts / "replicas_inference.html"))
+    table = browser.find_element(By.ID, "replicas-table").text
+    assert f"Cycles per inference call (no collective) {replication['step_cycles']:,}" in table
+    bars = browser.execute_script(
+        """return document.getElementById("replicas-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+    assert sorted(bars) == sorted([[e["lane"], e["program"], e["start"], e["cycles"]] for e in replication["timeline"]])
+    assert {lane for lane, *_ in bars} == {"replica 0", "replica 1"}
+    assert _errors(browser) == []
+
+
 def test_the_summary_gives_the_bytes_in_streaming_memory(browser, artifacts):
     g = popir.Graph("main")
     x = g.add_input("x", (4, 8), "float32")

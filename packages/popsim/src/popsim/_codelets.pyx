@@ -22,12 +22,43 @@ include "_opcodes_report.pxi"
 cdef extern from *:
     """
     #include <string.h>
-    static inline double ps_h2d(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (double)f; }
+    #include <stddef.h>
+    /* Without F16C, GCC converts _Float16 in library calls: widening reads a table of every half's value
+       (filled once by that same conversion), and narrowing a block uses the F16C instructions when the CPU
+       has them. Both round to nearest even exactly as the plain conversion does. */
+    static float ps_half_values[65536];
+    static int ps_f16c;
+    static void ps_fill_half_values(void) {
+        for (int i = 0; i < 65536; i++) { unsigned short h = i; _Float16 f; memcpy(&f, &h, 2); ps_half_values[i] = f; }
+    #if defined(__GNUC__) && defined(__x86_64__)
+        ps_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    #endif
+    }
+    static inline double ps_h2d(unsigned short h) { return ps_half_values[h]; }
     static inline unsigned short ps_d2h(double d) {
         _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
+    #if defined(__GNUC__) && defined(__x86_64__)
+    #include <immintrin.h>
+    __attribute__((target("avx,f16c"))) static void ps_d2h_f16c(const double* d, unsigned short* h, ptrdiff_t n) {
+        ptrdiff_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            _mm_storel_epi64((__m128i*)(h + i), _mm_cvtps_ph(_mm256_cvtpd_ps(_mm256_loadu_pd(d + i)), 0));
+        for (; i < n; i++) h[i] = _cvtss_sh((float)d[i], 0);
+    }
+    #endif
+    static void ps_d2h_block(const double* d, unsigned short* h, ptrdiff_t n) {
+    #if defined(__GNUC__) && defined(__x86_64__)
+        if (ps_f16c) { ps_d2h_f16c(d, h, n); return; }
+    #endif
+        for (ptrdiff_t i = 0; i < n; i++) h[i] = ps_d2h(d[i]);
+    }
     """
+    void ps_fill_half_values() noexcept nogil
     double ps_h2d(unsigned short h) noexcept nogil
     unsigned short ps_d2h(double d) noexcept nogil
+    void ps_d2h_block(const double* d, unsigned short* h, Py_ssize_t n) noexcept nogil
+
+ps_fill_half_values()
 
 
 cdef extern from *:
@@ -159,8 +190,7 @@ cdef inline void store(byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, const 
         for i in range(n):
             (<float*> p)[start + i] = <float> buf[i]
     elif dt == DT_FLOAT16:
-        for i in range(n):
-            (<unsigned short*> p)[start + i] = ps_d2h(buf[i])
+        ps_d2h_block(buf, (<unsigned short*> p) + start, n)
     elif dt == DT_INT32:
         for i in range(n):
             (<int32_t*> p)[start + i] = to_int32(buf[i])
@@ -506,14 +536,16 @@ cdef inline void random_uniform(const int32_t* seed, byte_t* out, int dt, Py_ssi
 
 cdef inline void settle(int dt, double* buf, Py_ssize_t n) noexcept nogil:
     """Round ``buf`` to what storing it as ``dt`` and loading it back gives (see store and load), so a fused
-    expression's intermediates are exactly those of the separate vertices it replaces."""
+    expression's intermediates are exactly those of the separate vertices it replaces. ``n`` is at most
+    BLOCK."""
     cdef Py_ssize_t i
+    cdef unsigned short halves[BLOCK]
     if dt == DT_FLOAT32:
         for i in range(n):
             buf[i] = <float> buf[i]
     elif dt == DT_FLOAT16:
-        for i in range(n):
-            buf[i] = ps_h2d(ps_d2h(buf[i]))
+        store(<byte_t*> halves, dt, 0, n, buf)
+        load(<byte_t*> halves, dt, 0, n, buf)
     elif dt == DT_INT32:
         for i in range(n):
             buf[i] = to_int32(buf[i])
@@ -909,9 +941,11 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
             size = row[C_P0] * n
             partial = <float*> malloc(max(size, 1) * sizeof(float))
             matmul_partial(base + row[C_A], base + row[C_B], dta, partial, <int> row[C_P0], <int> row[C_P1], <int> n)
-            for i in range(size):
-                bufa[0] = partial[i]
-                store(base + row[C_OUT], dto, i, 1, bufa)
+            for s in range(0, size, BLOCK):
+                cnt = min(BLOCK, size - s)
+                for i in range(cnt):
+                    bufa[i] = partial[s + i]
+                store(base + row[C_OUT], dto, s, cnt, bufa)
             free(partial)
     elif op == K_RNG:
         random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)

@@ -3,6 +3,7 @@ the host's reads and writes of tile memory. copy_run, the per-row copy the engin
 
 import numpy as np
 
+from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memcpy
 
 from popsim._arena cimport TileArena
@@ -38,43 +39,130 @@ def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsiz
     consecutive runs of one shape whose sources advance by one fixed step become the repetitions of a
     two-dimensional row (a block of a matrix, a window of an image), so one row moves a whole block.
     """
-    cdef Py_ssize_t n = src.shape[0], i = 0, j, count = 0, c
-    cdef offset_t stride, outer
+    cdef Py_ssize_t n = src.shape[0]
     if n and max(np.max(src), np.max(dst)) > np.iinfo(np.int32).max:
-        raise OverflowError("exchange offsets beyond 2 GiB do not fit an exchange row")
+        raise OverflowError(_BEYOND_ROWS)
     rows = np.empty((n, COPY_COLS), np.int32)
-    cdef copy_t[:, ::1] r = rows
-    with nogil:
-        while i < n:
-            j = i + 1
-            stride = itemsize
-            if j < n and dst[j] == dst[i] + itemsize:
-                stride = src[j] - src[i]
-                while j < n and dst[j] == dst[j - 1] + itemsize and src[j] - src[j - 1] == stride:
-                    j += 1
-            c = j - i
-            if count > 0 and r[count - 1, CP_COUNT] == c and r[count - 1, CP_STRIDE] == stride \
-                    and dst[i] == r[count - 1, CP_DST] + r[count - 1, CP_REPS] * c * itemsize:
-                outer = src[i] - r[count - 1, CP_SRC]
-                if r[count - 1, CP_REPS] == 1:
-                    r[count - 1, CP_OUTER] = outer
-                    r[count - 1, CP_REPS] = 2
-                    i = j
-                    continue
-                if outer == <offset_t> r[count - 1, CP_REPS] * r[count - 1, CP_OUTER]:
-                    r[count - 1, CP_REPS] += 1
-                    i = j
-                    continue
-            r[count, CP_SRC] = src[i]
-            r[count, CP_DST] = dst[i]
-            r[count, CP_COUNT] = c
-            r[count, CP_STRIDE] = stride
-            r[count, CP_ITEMSIZE] = itemsize
-            r[count, CP_REPS] = 1
-            r[count, CP_OUTER] = 0
-            count += 1
-            i = j
+    cdef Py_ssize_t count = _coalesce(&src[0], &dst[0], n, itemsize, rows) if n else 0
     return rows[:count].copy()
+
+
+_BEYOND_ROWS = "exchange offsets beyond 2 GiB do not fit an exchange row"
+
+
+cdef Py_ssize_t _coalesce(const offset_t* src, const offset_t* dst, Py_ssize_t n, offset_t itemsize,
+                          copy_t[:, ::1] r) noexcept nogil:
+    """``copy_runs``'s rows written into ``r``; returns their count."""
+    cdef Py_ssize_t i = 0, j, count = 0, c
+    cdef offset_t stride, outer
+    while i < n:
+        j = i + 1
+        stride = itemsize
+        if j < n and dst[j] == dst[i] + itemsize:
+            stride = src[j] - src[i]
+            while j < n and dst[j] == dst[j - 1] + itemsize and src[j] - src[j - 1] == stride:
+                j += 1
+        c = j - i
+        if count > 0 and r[count - 1, CP_COUNT] == c and r[count - 1, CP_STRIDE] == stride \
+                and dst[i] == r[count - 1, CP_DST] + r[count - 1, CP_REPS] * c * itemsize:
+            outer = src[i] - r[count - 1, CP_SRC]
+            if r[count - 1, CP_REPS] == 1:
+                r[count - 1, CP_OUTER] = outer
+                r[count - 1, CP_REPS] = 2
+                i = j
+                continue
+            if outer == <offset_t> r[count - 1, CP_REPS] * r[count - 1, CP_OUTER]:
+                r[count - 1, CP_REPS] += 1
+                i = j
+                continue
+        r[count, CP_SRC] = src[i]
+        r[count, CP_DST] = dst[i]
+        r[count, CP_COUNT] = c
+        r[count, CP_STRIDE] = stride
+        r[count, CP_ITEMSIZE] = itemsize
+        r[count, CP_REPS] = 1
+        r[count, CP_OUTER] = 0
+        count += 1
+        i = j
+    return count
+
+
+def block_elements(const offset_t[::1] base, const offset_t[::1] tiles, const offset_t[::1] sizes, offset_t itemsize):
+    """The arena byte offset and tile of every element of blocks laid out in order: block b holds ``sizes[b]``
+    elements of ``itemsize`` bytes from ``base[b]`` on tile ``tiles[b]``."""
+    cdef Py_ssize_t b, k, i = 0
+    cdef offset_t n = np.sum(sizes)
+    addr, tile = np.empty(n, np.int64), np.empty(n, np.int64)
+    cdef offset_t[::1] a = addr, t = tile
+    with nogil:
+        for b in range(base.shape[0]):
+            for k in range(sizes[b]):
+                a[i], t[i] = base[b] + k * itemsize, tiles[b]
+                i += 1
+    return addr, tile
+
+def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const offset_t[::1] src_addr,
+              const offset_t[::1] src_tile, const offset_t[::1] dst_base, const offset_t[::1] dst_tile,
+              const offset_t[::1] dst_sizes, offset_t itemsize, Py_ssize_t num_tiles, Py_ssize_t tiles_per_ipu,
+              Py_ssize_t num_ipus):
+    """The copy rows and per-tile load of a Copy whose destination element i reads source element ``index[i]``
+    (numbered over its sources laid end to end; ``src_addr`` / ``src_tile`` give each one's arena byte offset
+    and tile). The destination's blocks, in element order, start at arena byte offsets ``dst_base`` on tiles
+    ``dst_tile`` and hold ``dst_sizes`` elements.
+
+    ``elements[i]`` names the element of tile memory ``index[i]`` reads (sources sharing a storage numbered
+    alike), so a source element sent to many tiles leaves its tile once (the exchange broadcasts it) and
+    crosses to each other IPU once. Returns (rows, elements received, sent and copied locally per tile,
+    elements sent or received over IPU-Links per IPU, whichever is larger)."""
+    cdef Py_ssize_t n = index.shape[0], total = src_addr.shape[0], words = (num_ipus + 63) // 64
+    cdef Py_ssize_t i = 0, b, k, bad = -1
+    cdef offset_t e, u, st, dt, si, di, d, top = 0
+    cdef uint64_t bit
+    if np.sum(dst_sizes) != n:
+        raise ValueError(f"the destination's blocks hold {np.sum(dst_sizes)} elements, the index map {n}")
+    received, sent, local = (np.zeros(num_tiles, np.int64) for _ in range(3))
+    link_out, link_in = np.zeros(num_ipus, np.int64), np.zeros(num_ipus, np.int64)
+    src, dst = np.empty(n, np.int64), np.empty(n, np.int64)
+    seen = np.zeros(total, np.uint8)
+    reached = np.zeros((total if num_ipus > 1 else 0, words), np.uint64)  # per element: the IPUs it reached
+    cdef offset_t[::1] rv = received, sv = sent, lv = local, lo = link_out, li = link_in, s = src, dv = dst
+    cdef uint8_t[::1] seen_v = seen
+    cdef uint64_t[:, ::1] reach = reached
+    with nogil:
+        for b in range(dst_base.shape[0]):
+            dt, d = dst_tile[b], dst_base[b]
+            for k in range(dst_sizes[b]):
+                e, u = index[i], elements[i]
+                if not (0 <= e < total and 0 <= u < total):
+                    bad = i
+                    break
+                s[i], dv[i] = src_addr[e], d + k * itemsize
+                top = max(top, s[i], dv[i])
+                st = src_tile[e]
+                i += 1
+                if st == dt:
+                    lv[dt] += 1
+                    continue
+                rv[dt] += 1
+                if not seen_v[u]:
+                    seen_v[u] = 1
+                    sv[st] += 1
+                si, di = st // tiles_per_ipu, dt // tiles_per_ipu
+                if si != di:
+                    bit = (<uint64_t> 1) << (di % 64)
+                    if not reach[u, di // 64] & bit:
+                        reach[u, di // 64] |= bit
+                        lo[si] += 1
+                        li[di] += 1
+            if bad >= 0:
+                break
+    if bad >= 0:
+        raise IndexError(f"copy element {bad} reads element {index[bad]} of sources holding {total}")
+    if top > np.iinfo(np.int32).max:
+        raise OverflowError(_BEYOND_ROWS)
+    rows = np.empty((n, COPY_COLS), np.int32)
+    cdef Py_ssize_t count = _coalesce(&s[0], &dv[0], n, itemsize, rows) if n else 0
+    return rows[:count].copy(), received, sent, local, np.maximum(link_out, link_in)
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,

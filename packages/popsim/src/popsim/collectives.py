@@ -36,6 +36,7 @@ class Level:
     members: int
     link_bytes: int
     cycles: int
+    after_update: bool = False  # an all-gather of updated weights: it runs after the optimizer step
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,20 @@ class AllReduce:
         }
 
 
-def _ring(name, target, members, link_bytes, bytes_per_second):
-    """A ring reduce-scatter plus all-gather among ``members``: 2 (n - 1) steps, each moving 1/n of the data
-    (``link_bytes`` in all over the busiest link)."""
-    steps = 2 * (members - 1)
+def _ring(name, target, members, link_bytes, bytes_per_second, passes=2):
+    """A ring reduce-scatter plus all-gather among ``members`` (``passes`` 2), or either alone (1): ``passes``
+    x (n - 1) steps, each moving 1/n of the data (``link_bytes`` in all over the busiest link)."""
+    steps = passes * (members - 1)
     carried = math.ceil(link_bytes * steps / members)
     seconds = carried / bytes_per_second
     latency = steps * (target.sync_cycles_across_ipus + target.exchange_fixed_cycles)
     return Level(name, members, carried, math.ceil(seconds * target.clock_hz) + latency)
 
 
-def all_reduce(target, nbytes, replicas, ipus_per_replica=1, stride=1):
+def all_reduce(target, nbytes, replicas, ipus_per_replica=1, stride=1, passes=2):
     """The cost of an all-reduce of ``nbytes`` per replica over ``replicas`` replicas of
-    ``ipus_per_replica`` IPUs each (each IPU reduces its own part of the bytes).
+    ``ipus_per_replica`` IPUs each (each IPU reduces its own part of the bytes). ``passes`` 1 costs half of
+    it: the reduce-scatter (or the all-gather) alone, over the same levels (see ``sharded_update``).
 
     ``stride`` > 1 is one group of a replica grouping whose members are ``stride`` replicas apart (the
     other ``stride - 1`` groups reduce at the same time over the replicas in between): fewer of a group's
@@ -94,15 +96,19 @@ def all_reduce(target, nbytes, replicas, ipus_per_replica=1, stride=1):
     per_ipu = math.ceil(nbytes / ipus_per_replica)
     levels = []
     if in_machine > 1:
-        levels.append(_ring("IPU-Links in an IPU-M2000", target, in_machine, per_ipu, IPU_LINK_BYTES_PER_SECOND))
+        levels.append(
+            _ring("IPU-Links in an IPU-M2000", target, in_machine, per_ipu, IPU_LINK_BYTES_PER_SECOND, passes)
+        )
     # After the reduce-scatter inside a machine each IPU holds 1/in_machine of its bytes; all the machine's
     # IPUs send their shards through the machine's links.
     machine_bytes = per_ipu * min(ipus, IPUS_PER_MACHINE) // in_machine
     if in_pod > 1:
-        levels.append(_ring("IPU-Links between machines", target, in_pod, machine_bytes, MACHINE_LINK_BYTES_PER_SECOND))
+        levels.append(
+            _ring("IPU-Links between machines", target, in_pod, machine_bytes, MACHINE_LINK_BYTES_PER_SECOND, passes)
+        )
     if pods > 1:
         pod_bytes = math.ceil(machine_bytes / in_pod)
-        levels.append(_ring("GW-Links between PODs", target, pods, pod_bytes, GW_LINK_BYTES_PER_SECOND))
+        levels.append(_ring("GW-Links between PODs", target, pods, pod_bytes, GW_LINK_BYTES_PER_SECOND, passes))
     return AllReduce(replicas, nbytes, tuple(levels))
 
 
@@ -118,15 +124,29 @@ def grouped_all_reduce(target, parts, replicas, ipus_per_replica=1):
     return AllReduce(replicas, sum(part[0] for part in parts), tuple(levels))
 
 
+def sharded_update(target, grad_bytes, weight_bytes, replicas, ipus_per_replica=1):
+    """The collectives of an optimizer update sharded over ``replicas`` (replicated tensor sharding): the
+    gradients (``grad_bytes`` per replica) are reduce-scattered, so each replica sums only the shard it
+    updates, and the updated weights (``weight_bytes``) are all-gathered back to every replica after the
+    optimizer step. Each costs half an all-reduce of its bytes over the same link levels."""
+    scatter = all_reduce(target, grad_bytes, replicas, ipus_per_replica, passes=1)
+    gather = all_reduce(target, weight_bytes, replicas, ipus_per_replica, passes=1)
+    levels = [Level("reduce-scatter: " + level.name, *astuple(level)[1:]) for level in scatter.levels]
+    levels += [Level("all-gather: " + level.name, *astuple(level)[1:-1], True) for level in gather.levels]
+    return AllReduce(replicas, grad_bytes, tuple(levels))
+
+
 def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process, ipus_per_replica=1):
     """Who ran what in one training step of ``replicas`` replicas working at once, as timeline entries
     (``start`` and ``cycles`` from the step's start): every replica's ``runs`` (a list of (program, cycles),
     one per micro-batch) one after another, then the levels of the ``all_reduce`` over every replica, then
-    each replica's ``optimizer`` (program, cycles). A replica entry names its process (``replicas_per_process``
-    replicas each) and the IPUs it occupies."""
+    each replica's ``optimizer`` (program, cycles), then the levels that gather updated weights. A replica
+    entry names its process (``replicas_per_process`` replicas each) and the IPUs it occupies. Inference
+    has no ``all_reduce`` nor ``optimizer`` (None)."""
     entries = []
     replica_cycles = sum(cycles for _, cycles in runs)
-    ends_at = replica_cycles + all_reduce.cycles
+    levels = all_reduce.levels if all_reduce is not None else ()
+    ends_at = replica_cycles + sum(level.cycles for level in levels if not level.after_update)
     for replica in range(replicas):
         place = {
             "lane": f"replica {replica}",
@@ -138,17 +158,20 @@ def replica_timeline(replicas, runs, all_reduce, optimizer, replicas_per_process
         for micro_batch, (program, cycles) in enumerate(runs):
             entries.append({**place, "program": program, "micro_batch": micro_batch, "start": start, "cycles": cycles})
             start += cycles
-        entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
-    start = replica_cycles
-    for level in all_reduce.levels:
-        entries.append(
-            {
-                "lane": "all-reduce",
-                "collective": level.name,
-                "members": level.members,
-                "start": start,
-                "cycles": level.cycles,
-            }
-        )
-        start += level.cycles
+        if optimizer is not None:
+            entries.append({**place, "program": optimizer[0], "start": ends_at, "cycles": optimizer[1]})
+    # Reductions run between the replicas' runs and the optimizer; an all-gather of updated weights after it.
+    updated_at = ends_at + (optimizer[1] if optimizer is not None else 0)
+    for after, start in ((False, replica_cycles), (True, updated_at)):
+        for level in (level for level in levels if level.after_update == after):
+            entries.append(
+                {
+                    "lane": "all-reduce",
+                    "collective": level.name,
+                    "members": level.members,
+                    "start": start,
+                    "cycles": level.cycles,
+                }
+            )
+            start += level.cycles
     return entries

@@ -151,6 +151,7 @@ class DeviceGraph:
         self.node_outputs = set()
         self.state_kinds = {}
         self.remote = set()  # variable storages kept in streaming memory (see popsim.remote)
+        self.remote_shards = {}  # remote storage -> replicas it is sharded over (replicated tensor sharding)
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""

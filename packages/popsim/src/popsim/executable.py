@@ -80,6 +80,7 @@ def compile(  # noqa: A001
     available_memory=None,
     remote=(),
     spill=None,
+    shards=None,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -91,6 +92,9 @@ def compile(  # noqa: A001
     Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
     loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
     "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
+    ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
+    a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
+    cycles (the simulated program still loads and updates the whole tensor on its tiles).
     Each graph first goes through ``popir.passes.optimize`` (constant folding, CSE, dead-code elimination:
     an unused gradient costs nothing); ``optimize=False`` compiles the graphs as given.
     """
@@ -106,6 +110,7 @@ def compile(  # noqa: A001
     _check_available_memory(available_memory, target.num_ipus)
     _check_supported(graphs)
     remote = _check_remote(graphs, remote)
+    shards = _check_shards(shards, remote)
     _check_fits(graphs, target, relax_memory, remote)
     placement = Placement(graphs, target.num_ipus)
     dg = DeviceGraph(target)
@@ -132,6 +137,8 @@ def compile(  # noqa: A001
                 dg.state_kinds[v.name] = v.kind
                 if v.name in remote:
                     dg.remote.add(variables[v.name])
+                if v.name in shards:
+                    dg.remote_shards[variables[v.name]] = shards[v.name]
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
@@ -139,6 +146,17 @@ def compile(  # noqa: A001
         inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
+
+
+def _check_shards(shards, remote):
+    """``shards`` as {variable name: replicas}, each a remote variable sharded over at least one replica."""
+    shards = dict(shards or {})
+    for name, replicas in shards.items():
+        if name not in remote:
+            raise Error(f"shards: {name!r} is not a remote variable (only streaming-memory variables are sharded)")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise Error(f"shards: {name!r} must be sharded over a positive whole number of replicas, got {replicas!r}")
+    return shards
 
 
 def _check_remote(graphs, remote):
@@ -288,7 +306,8 @@ class Executable:
                 *provenance.memory_map(dg, [(t, -1, None) for t in pinned] + placed[name], program, target.num_tiles),
             )
             # Bytes of the program set's variables and activations in streaming memory (popsim.remote).
-            self.profile.programs[name]["streaming_memory_bytes"] = remote_bytes
+            # One replica's bytes: a storage sharded over replicas counts its shard only.
+            self.profile.programs[name]["streaming_memory_bytes"] = remote.replica_bytes(dg.remote, dg.remote_shards)
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]

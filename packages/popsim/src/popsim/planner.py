@@ -62,6 +62,7 @@ class Lowerer:
         self.ipu_available_memory = dict(available_memory or {})  # IPU index -> proportion of a tile
         self.available_memory = DEFAULT_AVAILABLE_MEMORY  # the proportion the node being lowered may use
         self._constants = {}
+        self._scalars = {}  # (scalar tensor, IPU's first tile, tile count) -> its copy on each of those tiles
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
         self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
         self.conv_layouts = {}  # everything a direct convolution's layout depends on -> its conv_plan.ConvLayout
@@ -202,19 +203,27 @@ class Lowerer:
     @staticmethod
     def _fields(out, ins, names, scalars, slot):
         """The fields of one vertex per block of ``out``: each operand's same block, or a scalar operand's
-        copy on that block's tile (its ``slot``)."""
+        copy on that block's tile (a scalar operand is (tensor, element of each tile's copy), ``slot`` the
+        tile of each block)."""
         m = out.mapping
         fields = {"out": out.regions(m.starts, m.stops)}
         for i, (name, x) in enumerate(zip(names, ins)):
-            fields[name] = x.regions(slot, slot + 1) if scalars >> i & 1 else x.regions(m.starts, m.stops)
+            if scalars >> i & 1:
+                x, at = x
+                fields[name] = x.regions(at[slot], at[slot] + 1)
+            else:
+                fields[name] = x.regions(m.starts, m.stops)
         return fields
 
     def _scalar_on_tiles(self, x, tiles):
-        """One copy of the scalar ``x`` on each of ``tiles``, for vertices that broadcast it. A constant is
-        placed there when the program is loaded, as Poplar places constants; anything else is exchanged."""
-        mapping = TileMapping.on_tiles(np.ones(tiles.size), tiles)
+        """One copy of the scalar ``x`` on each of ``tiles``, for vertices that broadcast it, and the element
+        of each tile's copy. A constant is placed there when the program is loaded, as Poplar places
+        constants; anything else is exchanged to every tile of the IPU at its first such use, so later uses
+        (an optimizer's hyper-parameter in every parameter's update) find it there: identical operands reach
+        a tile once."""
         if x.storage.category != "constant":
-            return self.gather((tiles.size,), x.dtype, [x], np.zeros(tiles.size), mapping, name="broadcast-scalar")
+            return self._scalar_everywhere(x, tiles)
+        mapping = TileMapping.on_tiles(np.ones(tiles.size), tiles)
         value = np.asarray(x.storage.value).reshape(-1)[:1]
         key = (x.dtype, value.tobytes(), tiles.tobytes())
         if key not in self._constants:
@@ -222,7 +231,23 @@ class Lowerer:
             self._constants[key] = self.dg.add_tensor(
                 array.shape, x.dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array
             )
-        return self._constants[key]
+        return self._constants[key], np.arange(tiles.size)
+
+    def _scalar_everywhere(self, x, tiles):
+        """``_scalar_on_tiles`` of a computed or variable scalar: one copy per tile of the IPU being lowered
+        for, made once per program (the program is straight-line, so every later use runs after the copy)."""
+        first, count = self.target.first_tile, self.target.num_tiles
+        if tiles.min() < first or tiles.max() >= first + count:  # vertices beyond this IPU: a copy for them
+            mapping = TileMapping.on_tiles(np.ones(tiles.size), tiles)
+            copy = self.gather((tiles.size,), x.dtype, [x], np.zeros(tiles.size), mapping, name="broadcast-scalar")
+            return copy, np.arange(tiles.size)
+        key = (x, first, count)
+        if key not in self._scalars:
+            everywhere = TileMapping.on_tiles(np.ones(count), np.arange(first, first + count))
+            self._scalars[key] = self.gather(
+                (count,), x.dtype, [x], np.zeros(count), everywhere, name="broadcast-scalar"
+            )
+        return self._scalars[key], tiles - first
 
     def fill(self, shape, dtype, value):
         """A tensor of ``shape`` holding ``value`` everywhere, written by Fill vertices on its tiles."""

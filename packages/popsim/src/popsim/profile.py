@@ -74,18 +74,19 @@ class Profile:
         busy = sum(n / (2 * t.amp_macs(dtype) * t.num_tiles) for dtype, n in flops.items())
         return busy / cycles if cycles else 0.0
 
-    def add_replication(self, replicas, replica_step, all_reduce, optimizer_step):
+    def add_replication(self, replicas, replica_step, all_reduce=None, optimizer_step=0):
         """A training step of ``replicas`` replicas running in parallel: each replica's cycles
         (``replica_step``), the gradient ``all_reduce`` (a ``collectives.AllReduce``) and the cycles of the
-        ``optimizer_step`` that follows it."""
-        total = replica_step + all_reduce.cycles + optimizer_step
+        ``optimizer_step`` that follows it. Inference (``all_reduce`` None): a call's runs, no collective."""
+        reduce_cycles = all_reduce.cycles if all_reduce is not None else 0
+        total = replica_step + reduce_cycles + optimizer_step
         self.replication = {
             "replicas": replicas,
             "replica_step_cycles": int(replica_step),
-            "all_reduce": all_reduce.to_dict(),
+            "all_reduce": all_reduce.to_dict() if all_reduce is not None else None,
             "optimizer_step_cycles": int(optimizer_step),
             "step_cycles": int(total),
-            "all_reduce_share": all_reduce.cycles / total if total else 0.0,
+            "all_reduce_share": reduce_cycles / total if total else 0.0,
         }
 
     def to_json(self, path=None):
@@ -227,6 +228,8 @@ def _split(total, weights):
 
 def _replication_lines(r):
     reduce = r["all_reduce"]
+    if reduce is None:
+        return [f"{r['replicas']} replicas in parallel (inference, no collective): {r['step_cycles']} cycles per call"]
     lines = [
         f"{r['replicas']} replicas in parallel: {r['step_cycles']} cycles per step = {r['replica_step_cycles']} per"
         f" replica + all-reduce {reduce['cycles']} ({100 * r['all_reduce_share']:.1f}%) of {reduce['bytes']} bytes"

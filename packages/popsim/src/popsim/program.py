@@ -56,12 +56,10 @@ def element_addresses(tensor, elements, block_base):
 
 def _all_element_addresses(tensor, block_base):
     """``element_addresses`` of every element in order. A TileMapping's blocks cover 0..size in order, so
-    each block's run is laid out by repetition instead of a binary search per element."""
+    each block's run is laid out in one pass instead of a binary search per element."""
     m = tensor.storage.mapping
-    sizes = m.stops - m.starts
-    block = np.repeat(np.arange(sizes.size), sizes)
-    within = np.arange(m.size) - np.repeat(m.starts, sizes)
-    return block_base(tensor.storage)[block] + within * tensor.itemsize, m.tiles[block]
+    base = np.ascontiguousarray(block_base(tensor.storage), np.int64)
+    return _exchange.block_elements(base, m.tiles, m.stops - m.starts, tensor.itemsize)
 
 
 def host_blocks(tensor, block_base):
@@ -69,26 +67,6 @@ def host_blocks(tensor, block_base):
     m = tensor.storage.mapping
     isz = tensor.itemsize
     return (m.starts * isz, np.ascontiguousarray(block_base(tensor.storage)), (m.stops - m.starts) * isz)
-
-
-def _copy_rows(step, block_base):
-    """Coalesced byte-run copies for an index-map Copy, and the source and destination tile of each element."""
-    dst = step.dst
-    index = step.index
-    dst_addr, dst_tile = _all_element_addresses(dst, block_base)
-    if len(step.srcs) == 1:
-        src_addr, src_tile = element_addresses(step.srcs[0], index, block_base)
-    else:
-        src_addr = np.empty(dst.size, np.int64)
-        src_tile = np.empty(dst.size, np.int64)
-        base = 0
-        for s in step.srcs:
-            sel = (index >= base) & (index < base + s.size)
-            if sel.any():
-                src_addr[sel], src_tile[sel] = element_addresses(s, index[sel] - base, block_base)
-            base += s.size
-    rows = _exchange.copy_runs(src_addr, dst_addr, dst.itemsize)
-    return rows, src_tile, dst_tile
 
 
 def _storage_elements(step):
@@ -100,29 +78,6 @@ def _storage_elements(step):
     starts = np.cumsum([0] + [s.size for s in step.srcs])
     shift = np.array([starts[storages.index(st)] - starts[i] for i, st in enumerate(storages)], np.int64)
     return step.index + shift[np.searchsorted(starts, step.index, side="right") - 1]
-
-
-def _sent_once(elements, tiles, num_tiles):
-    """Elements each tile sends when every distinct source element in ``elements`` (on ``tiles``) leaves its
-    tile once, however many tiles receive it (the exchange broadcasts it)."""
-    tile_of = np.full(int(elements.max(initial=-1)) + 1, -1, np.int64)
-    tile_of[elements] = tiles
-    return np.bincount(tile_of[tile_of >= 0], minlength=num_tiles)
-
-
-def _link_load(target, src_addr, src_tile, dst_tile, isz):
-    """Bytes each IPU sends or receives over its IPU-Links (the larger of the two) for cross-tile copies:
-    a source element (``src_addr``: one number per element of tile memory) crosses once per IPU it is sent to."""
-    n = target.num_ipus
-    if n == 1:
-        return np.zeros(1, np.int64)
-    src_ipu, dst_ipu = src_tile // target.tiles_per_ipu, dst_tile // target.tiles_per_ipu
-    over = src_ipu != dst_ipu
-    # The source IPU follows from the source address, so unique (address, destination IPU) pairs count
-    # each element once per IPU it reaches.
-    _, src_ipu, dst_ipu = np.unique(np.stack([src_addr[over], src_ipu[over], dst_ipu[over]]), axis=1)
-    sent, received = np.bincount(src_ipu, minlength=n), np.bincount(dst_ipu, minlength=n)
-    return np.maximum(sent, received) * isz
 
 
 def flatten_program(target, program, block_base, streams):
@@ -185,6 +140,7 @@ class _Flattener:
         # program's first row there, and the (first row, count) of each batch of vertex rows pointing at one.
         self.expr_rows, self.expr_start, self.expr_refs = [], {}, []
         self.open = None  # (load, destinations, profile step) of the exchange a next Copy may join
+        self.addresses = {}  # storage -> (arena byte offset, tile) of each of its elements
 
     def phase(self, kind, a=0, b=0, c=0, cycles=0):
         self.phases.append([kind, a, b, c])
@@ -296,7 +252,7 @@ class _Flattener:
         rows = _exchange.copy_runs(src_addr, dst_addr, step.dst.itemsize)
         if not len(rows):
             return _totals()
-        nbytes = step.dst.size * step.dst.itemsize
+        nbytes = -(-step.dst.size * step.dst.itemsize // step.shards)  # a sharded storage: one replica's shard
         cycles = remote.transfer_cycles(self.target, nbytes)
         sync = self.target.bsp_sync_cycles
         self.phase(EXCHANGE, self.ncopies, self.ncopies + len(rows), cycles=cycles + sync)
@@ -367,19 +323,28 @@ class _Flattener:
                     rows[:, col] = _DTYPE_CODE[fields[name].tensor.dtype]
         return rows
 
+    def _addresses(self, tensor):
+        """``_all_element_addresses`` of ``tensor``, worked out once per storage: many copies read one."""
+        key = tensor.storage
+        if key not in self.addresses:
+            self.addresses[key] = _all_element_addresses(tensor, self.block_base)
+        return self.addresses[key]
+
     def copy(self, step):
         target = self.target
-        block, src_tile, dst_tile = _copy_rows(step, self.block_base)
-        if not len(block):
+        if not step.dst.size:
             return _totals()
         isz = step.dst.itemsize
-        cross = src_tile != dst_tile
-        recv = np.bincount(dst_tile[cross], minlength=target.num_tiles) * isz
-        elements = _storage_elements(step)[cross]
-        sent = _sent_once(elements, src_tile[cross], target.num_tiles) * isz
-        local = np.bincount(dst_tile[~cross], minlength=target.num_tiles) * isz
+        m = step.dst.storage.mapping
+        sources = [self._addresses(s) for s in step.srcs]
+        src_addr, src_tile = sources[0] if len(sources) == 1 else map(np.concatenate, zip(*sources))
+        block, recv, sent, local, link = _exchange.copy_plan(
+            *(np.ascontiguousarray(a, np.int64) for a in (step.index, _storage_elements(step))),
+            src_addr, src_tile, self.block_base(step.dst.storage), m.tiles, m.stops - m.starts,
+            isz, target.num_tiles, target.tiles_per_ipu, target.num_ipus,
+        )  # fmt: skip
+        recv, sent, local, link = recv * isz, sent * isz, local * isz, link * isz
         load = np.maximum(recv, sent) + local * target.exchange_bytes_per_cycle // target.store_bytes_per_cycle
-        link = _link_load(target, elements, src_tile[cross], dst_tile[cross], isz)
         self.tile_exchange += load
         sources = {x.storage for x in step.srcs}
         if self.open is not None and not (sources & self.open[1]):

@@ -10,6 +10,7 @@ peak tile memory goes down.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,10 +24,14 @@ from popsim.mapping import TileMapping
 STREAMING_BYTES_PER_SECOND = 20e9
 
 
+@dataclass
 class RemoteCopy(Copy):
     """A transfer between streaming memory and tile memory: a load (remote storage -> tile buffer) or a store
     (tile tensor -> remote storage). The engine runs it as byte copies; it is costed as one streaming-memory
-    transfer (see ``transfer_cycles``)."""
+    transfer (see ``transfer_cycles``) of 1/``shards`` of the bytes when the storage is sharded over replicas
+    (each replica moves its own shard)."""
+
+    shards: int = 1
 
 
 def is_remote(dg, tensor):
@@ -37,13 +42,14 @@ def is_remote(dg, tensor):
 def load(dg, var, where, name):
     """A fresh tile buffer (linear on ``where``, a Target view) that a load fills from remote ``var`` now."""
     buffer = dg.add_tensor(var.shape, var.dtype, TileMapping.linear(var.size, var.itemsize, where), name)
-    dg.program.append(RemoteCopy(name, buffer, [var], np.arange(var.size), dg.origin))
+    dg.program.append(RemoteCopy(name, buffer, [var], np.arange(var.size), dg.origin, dg.remote_shards.get(var, 1)))
     return buffer
 
 
 def store(dg, var, value):
     """Write tile tensor ``value`` back to remote variable ``var``."""
-    dg.program.append(RemoteCopy(f"remote store {var.name}", var, [value], np.arange(var.size), dg.origin))
+    shards = dg.remote_shards.get(var, 1)
+    dg.program.append(RemoteCopy(f"remote store {var.name}", var, [value], np.arange(var.size), dg.origin, shards))
 
 
 def load_operands(dg, args, where):
@@ -85,6 +91,16 @@ def region_bytes(storages):
         offsets[s] = at
         at += -(-s.size * s.itemsize // 8) * 8
     return offsets, at
+
+
+def replica_bytes(storages, shards):
+    """Bytes of streaming memory one replica holds: each of ``storages`` whole, or 1/``shards[storage]`` of it
+    (8-byte aligned, as ``region_bytes`` lays them out)."""
+    total = 0
+    for s in storages:
+        shard = -(-s.size * s.itemsize // shards.get(s, 1))
+        total += -(-shard // 8) * 8
+    return total
 
 
 def block_base(storage, region_start):

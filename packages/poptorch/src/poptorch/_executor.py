@@ -302,7 +302,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
-        self._all_reduce_cycles = _replication.all_reduce_cycles(exe, programs, self._options, self.per_replica_params)
+        self._all_reduce_cycles = _replication.all_reduce_cycles(
+            exe, programs, self._options, self.per_replica_params, self._spec
+        )
         self._replica_buffers = _replication.ReplicaBuffers.of(captured, programs, self._options)
         self._device = DeviceWeights(exe, captured, programs, self._options.random_seed)
         self._device.grouped = _replication.GroupedParameters.of(

@@ -7,15 +7,18 @@ step costs one replica's micro-batches, the gradient all-reduce (``popsim.collec
 
 import collections
 import contextlib
+from dataclasses import astuple
 
 import numpy as np
 import torch
 
 from popsim import collectives
-from poptorch import _training
+from poptorch import _streaming, _training
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
 from poptorch.options import replica_groups
+
+FLOAT32_BYTES = 4
 
 
 def global_replicas(options):
@@ -23,16 +26,25 @@ def global_replicas(options):
     return options.replication_factor * options.Distributed.numProcesses
 
 
-def all_reduce_cycles(exe, programs, options, groupings):
+def all_reduce_cycles(exe, programs, options, groupings, spec=None):
     """Cycles of the gradient all-reduce of each training step (0 without one), recorded in the profile
-    with one replica's work per step. A parameter grouped by ``groupings`` (its ``replicaGrouping``) is
-    reduced within its groups only, over the links between its group's replicas."""
+    with one replica's work per step (inference: the replicas' runs of a call, no collective). A parameter
+    grouped by ``groupings`` (its ``replicaGrouping``) is reduced within its groups only, over the links
+    between its group's replicas. A parameter whose optimizer state is sharded over the replicas has its
+    gradient reduce-scattered and its new value all-gathered, plus the all-reduce of the norms that optimizer
+    ``spec`` (LAMB, gradient clipping) takes over the whole tensors."""
     replicas = global_replicas(options)
-    if programs.step is None or replicas == 1:
+    if replicas == 1:
+        return 0
+    if programs.step is None:
+        _profile_inference(exe, programs, options, replicas)
         return 0
     grouped = _groups_of(groupings, replicas)
+    sharded = _sharded_parameters(programs, options, replicas, grouped)
     parts = {}  # (group size, stride) -> gradient bytes
     for name in programs.trained:
+        if name in sharded:
+            continue
         nbytes = programs.initial[_training.accumulator_name(name)].nbytes
         key = _group_shape(grouped[name]) if name in grouped else (replicas, 1)
         parts[key] = parts.get(key, 0) + nbytes
@@ -40,6 +52,16 @@ def all_reduce_cycles(exe, programs, options, groupings):
     target = exe.profile.target
     parts = [(nbytes, size, stride) for (size, stride), nbytes in parts.items()]
     reduce = collectives.grouped_all_reduce(target, parts, replicas, ipus_per_replica=target.num_ipus)
+    if sharded:
+        grad_bytes = sum(programs.initial[_training.accumulator_name(name)].nbytes for name in sharded)
+        weight_bytes = sum(sharded.values())
+        update = collectives.sharded_update(target, grad_bytes, weight_bytes, replicas, target.num_ipus)
+        norms = collectives.all_reduce(target, _norm_bytes(spec, len(sharded)), replicas, target.num_ipus)
+        levels = [collectives.Level("norms: " + level.name, *astuple(level)[1:]) for level in norms.levels]
+        scatter = [level for level in update.levels if not level.after_update]
+        gather = [level for level in update.levels if level.after_update]
+        levels = (*reduce.levels, *scatter, *levels, *gather)
+        reduce = collectives.AllReduce(replicas, reduce.nbytes + grad_bytes, levels)
     per_program = exe.profile.programs
     micro_batch = (programs.micro_batch, per_program[programs.micro_batch]["total_cycles"])
     runs = [micro_batch] * options.Training.gradient_accumulation
@@ -50,6 +72,40 @@ def all_reduce_cycles(exe, programs, options, groupings):
         replicas, runs, reduce, optimizer, options.replication_factor, target.num_ipus
     )
     return reduce.cycles
+
+
+def _norm_bytes(spec, sharded):
+    """Bytes of the partial norms the replicas all-reduce when ``sharded`` parameters' updates are sharded: a
+    float32 sum of squares for gradient clipping, and LAMB's two norms per parameter (weight and update)."""
+    if spec is None:
+        return 0
+    return FLOAT32_BYTES * ((spec.max_grad_norm is not None) + (2 * sharded if spec.kind == "lamb" else 0))
+
+
+def _sharded_parameters(programs, options, replicas, grouped):
+    """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas."""
+    variables = {v.name: v for g in programs.graphs.values() for v in g.inputs}
+    shards = _streaming.sharded_variables(programs.graphs, options, replicas)
+    names = _streaming.sharded_parameters(programs.trained, shards)
+    both = sorted(set(names) & set(grouped))
+    if both:
+        raise Error(
+            f"{both[0]} has a replicaGrouping and its optimizer state is sharded over replicas "
+            "(useReplicatedTensorSharding): sharding a grouped parameter's state is not modelled by the simulated "
+            "IPU; drop the grouping or the sharding"
+        )
+    return {name: variables[name].type.nbytes for name in names}
+
+
+def _profile_inference(exe, programs, options, replicas):
+    """The profile's replication section of an inference call: every replica runs its ``deviceIterations``
+    micro-batches at the same time as the others; no collective joins them."""
+    cycles = exe.profile.programs[programs.micro_batch]["total_cycles"]
+    runs = [(programs.micro_batch, cycles)] * options.device_iterations
+    exe.profile.add_replication(replicas, cycles * len(runs))
+    exe.profile.replication["timeline"] = collectives.replica_timeline(
+        replicas, runs, None, None, options.replication_factor, exe.profile.target.num_ipus
+    )
 
 
 def _group_shape(of_replica):

@@ -1,8 +1,15 @@
 """Which device variables live in streaming memory (``Options.TensorLocations.set*Location`` with
 ``useOnChipStorage(False)``): parameters are weights, ``_accum.`` state is gradient accumulators, other
 optimizer state is the optimizer's. Buffers (running statistics) stay on the chip. popsim keeps the chosen
-variables off the tiles and loads each into a tile buffer just before each use (``popsim.remote``)."""
+variables off the tiles and loads each into a tile buffer just before each use (``popsim.remote``).
 
+With ``useReplicatedTensorSharding(True)`` on the optimizer's location, each replica holds 1/replicas of its
+streaming-memory optimizer state: popsim divides that state's streaming-memory bytes and transfer cycles by
+the replicas, and the step's collectives become a gradient reduce-scatter and a weight all-gather
+(``popsim.collectives.sharded_update``). The simulated replica still updates the whole tensors, which gives
+the same numbers as each replica updating its shard (the updates are elementwise)."""
+
+from poptorch._optimizer_graph import state_name
 from poptorch._training import ACCUMULATOR_PREFIX
 
 
@@ -26,3 +33,25 @@ def remote_variables(graphs, options):
             if kind in streamed and v.type.size >= streamed[kind]:
                 names.add(v.name)
     return names
+
+
+def sharded_variables(graphs, options, replicas):
+    """{name: replicas} of the optimizer state in streaming memory that ``useReplicatedTensorSharding(True)``
+    shards over ``replicas`` (those of every process): variables of at least ``minElementsForReplicatedTensorSharding``
+    elements; none without replication (as PopART)."""
+    min_elements = options.TensorLocations.sharded_optimizer
+    if min_elements is None or replicas == 1:
+        return {}
+    remote = remote_variables(graphs, options)
+    return {
+        v.name: replicas
+        for graph in graphs.values()
+        for v in graph.inputs
+        if v.name in remote and location_kind(v) == "Optimizer" and v.type.size >= min_elements
+    }
+
+
+def sharded_parameters(trained, sharded):
+    """The parameters among ``trained`` whose optimizer state is in ``sharded``: each replica updates only its
+    shard of them, so their gradients are reduce-scattered and their new values all-gathered."""
+    return [p for p in trained if any(name.startswith(state_name(p, "")) for name in sharded)]

@@ -74,6 +74,8 @@ _DEFAULTS = {
     "Distributed.localProcessId": 0,
     "TensorLocations.numIOTiles": 0,
     "TensorLocations.streamed": (),  # (kind, minElementsForOffChip) of each kind kept in streaming memory
+    # minElementsForReplicatedTensorSharding of the optimizer state sharded over replicas (None: unsharded)
+    "TensorLocations.shardedOptimizer": None,
     "availableMemoryProportion": (),  # (IPU index, proportion) pairs
 }
 
@@ -94,6 +96,7 @@ COMPILE_KEYS = (
     "Precision.floatingPointExceptions",
     "TensorLocations.numIOTiles",
     "TensorLocations.streamed",
+    "TensorLocations.shardedOptimizer",
     "Distributed.numProcesses",
     "availableMemoryProportion",
 )
@@ -357,10 +360,11 @@ class _DistributedOptions(_Group):
 class TensorLocationSettings:
     """Where one kind of tensor lives (``Options.TensorLocations.set*Location``): tile memory, or streaming
     (off-chip) memory for tensors of at least ``minElementsForOffChip`` elements (default 2, as PopART).
-    Replicated tensor sharding and I/O tiles for loading or storing are refused as not modelled when given to
-    a ``set*Location``."""
+    Replicated tensor sharding is modelled for optimizer state in streaming memory (see ``_streaming``); I/O
+    tiles for loading or storing are refused as not modelled when given to a ``set*Location``."""
 
     MIN_ELEMENTS_FOR_OFF_CHIP = 2  # PopART's default: smaller tensors (scalars) stay on the chip
+    MIN_ELEMENTS_FOR_SHARDING = 8192  # PopART's default: smaller tensors are not sharded over replicas
 
     def __init__(self):
         self._values = {}
@@ -394,19 +398,17 @@ class TensorLocationSettings:
         return self._record("useIOTilesToStore", use, _bool)
 
     def unmodelled(self):
-        """The settings the simulated IPU does not model (replicated tensor sharding, I/O tiles), as
+        """The settings the simulated IPU does not model (I/O tiles), as
         ``name(value)`` strings."""
-        wanted = {
-            "useOnChipStorage": True,
-            "useReplicatedTensorSharding": False,
-            "useIOTilesToLoad": False,
-            "useIOTilesToStore": False,
-        }
-        return [
-            f"{k}({v})"
-            for k, v in self._values.items()
-            if k in wanted and v != wanted[k] and k != "useOnChipStorage"  # streaming memory is modelled
-        ]
+        wanted = {"useIOTilesToLoad": False, "useIOTilesToStore": False}
+        return [f"{k}({v})" for k, v in self._values.items() if k in wanted and v != wanted[k]]
+
+    def sharded(self):
+        """Whether the tensors are sharded over replicas (``useReplicatedTensorSharding(True)``)."""
+        return self._values.get("useReplicatedTensorSharding", False)
+
+    def min_elements_sharded(self):
+        return self._values.get("minElementsForReplicatedTensorSharding", self.MIN_ELEMENTS_FOR_SHARDING)
 
     def off_chip(self):
         """Whether the tensors go to streaming memory (``useOnChipStorage(False)``)."""
@@ -436,8 +438,19 @@ class _TensorLocationOptions(_Group):
             raise not_modelled(
                 f"TensorLocations.set{kind}Location with {', '.join(refused)}",
                 "tensors live in tile memory or in streaming memory, unsharded, loaded and stored by the compute "
-                "tiles (no replicated tensor sharding or I/O-tile loading); drop those settings",
+                "tiles (no I/O-tile loading or storing); drop those settings",
             )
+        if location.sharded() and not (kind == "Optimizer" and location.off_chip()):
+            raise not_modelled(
+                f"TensorLocations.set{kind}Location with "
+                + ("useOnChipStorage(True) and " if kind == "Optimizer" else "")
+                + "useReplicatedTensorSharding(True)",
+                "replicated tensor sharding is modelled for optimizer state in streaming memory only "
+                "(setOptimizerLocation(TensorLocationSettings().useOnChipStorage(False)"
+                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
+            )
+        if kind == "Optimizer":
+            self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
         if kind == "Activation" and location.off_chip():
             raise not_modelled(
                 "TensorLocations.setActivationLocation with useOnChipStorage(False)",
@@ -454,6 +467,11 @@ class _TensorLocationOptions(_Group):
         """{kind ("Weight", "Optimizer", "Accumulator"): minElementsForOffChip} of the kinds in streaming
         memory."""
         return dict(self._get("streamed"))
+
+    @property
+    def sharded_optimizer(self):
+        """minElementsForReplicatedTensorSharding of the optimizer state sharded over replicas, or None."""
+        return self._get("shardedOptimizer")
 
     def setWeightLocation(self, location):
         """Where weights (parameters) live: tile memory, or streaming memory with ``useOnChipStorage(False)``."""
@@ -976,6 +994,9 @@ class Options(_NoAssignment):
         key = {k: str(self._values[k]) for k in COMPILE_KEYS}
         # Phased Liveness moves activations to streaming memory without changing the graphs.
         key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
+        strategy = self.execution_strategy
+        key["executionStrategy"] = type(strategy).__name__ if strategy is not None else "PipelinedExecution"
         return key
 
 

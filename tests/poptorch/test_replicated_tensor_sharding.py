@@ -1,0 +1,165 @@
+"""Replicated tensor sharding of optimizer state in streaming memory: each replica holds and moves its shard
+(streaming-memory bytes and transfer cycles divided by the replicas), gradients are reduce-scattered and
+updated weights all-gathered, and the numbers equal the unsharded run and eager torch step by step."""
+
+import pytest
+import torch
+
+import popsim
+import poptorch
+
+REPLICAS, WIDTH, BATCH, STEPS = 2, 96, 4, 3
+ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+STATE_SLOTS = ("exp_avg", "exp_avg_sq")
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, y):
+        out = self.second(torch.tanh(self.first(x)))
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    n = BATCH * REPLICAS
+    return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
+
+
+def _options(sharded, min_elements=None):
+    opts = poptorch.Options().showCompilationProgressBar(False).replicationFactor(REPLICAS).logCycleCount(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(sharded)
+    if min_elements is not None:
+        location.minElementsForReplicatedTensorSharding(min_elements)
+    opts.TensorLocations.setOptimizerLocation(location)
+    return opts
+
+
+def _states(model, optimizer):
+    return [optimizer.state[p][slot].detach().clone() for p in model.parameters() for slot in STATE_SLOTS]
+
+
+def _eager():
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = _data()
+    losses = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        loss = model(x, y)[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, [p.detach().clone() for p in model.parameters()], _states(model, optimizer)
+
+
+def _train(opts):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    trained = poptorch.trainingModel(model, opts, optimizer)
+    x, y = _data()
+    losses = [trained(x, y)[1].detach().clone().mean() for _ in range(STEPS)]
+    cycles = trained.cycleCount()
+    params = [p.detach().clone() for p in trained.parameters()]
+    trained.copyWeightsToHost()
+    result = (losses, params, _states(model, optimizer), trained.profile, cycles)
+    trained.destroy()
+    return result
+
+
+def _same(a, b, atol):
+    for got, expected in zip(a[:3], b[:3], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+        return _eager(), _train(_options(False)), _train(_options(True))
+
+
+def test_sharded_optimizer_state_trains_like_the_unsharded_run_and_eager(runs):
+    eager, unsharded, sharded = runs
+    _same(unsharded, eager, atol=1e-4)  # Adam divides by the root of tiny second moments: float noise grows
+    _same(sharded, unsharded, atol=0)
+
+
+def test_each_replica_holds_and_moves_a_shard_of_the_weights_optimizer_state(runs):
+    _, unsharded, sharded = runs
+    # The weights' moments (WIDTH x WIDTH >= the default 8192 elements) are sharded; the biases' are not.
+    shard_saving = 2 * len(STATE_SLOTS) * WIDTH * WIDTH * 4 // REPLICAS
+    apply_unsharded, apply_sharded = unsharded[3].programs["apply"], sharded[3].programs["apply"]
+    assert apply_sharded["streaming_memory_bytes"] == apply_unsharded["streaming_memory_bytes"] - shard_saving
+    loads = {s["name"]: s["bytes"] for s in apply_sharded["steps"] if s["name"].startswith("remote load")}
+    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
+    assert loads["remote load _opt.first.bias.exp_avg"] == WIDTH * 4
+    assert apply_sharded["total_cycles"] < apply_unsharded["total_cycles"]
+    assert sharded[4] < unsharded[4]
+
+
+def test_gradients_are_reduce_scattered_and_weights_all_gathered(runs):
+    _, unsharded, sharded = runs
+    levels = [level["name"] for level in sharded[3].replication["all_reduce"]["levels"]]
+    assert levels == [
+        "IPU-Links in an IPU-M2000",  # the biases' gradients
+        "reduce-scatter: IPU-Links in an IPU-M2000",
+        "all-gather: IPU-Links in an IPU-M2000",
+    ]
+    assert [level["name"] for level in unsharded[3].replication["all_reduce"]["levels"]] == levels[:1]
+    timeline = sharded[3].replication["timeline"]
+    apply = next(e for e in timeline if e.get("program") == "apply")
+    gather = next(e for e in timeline if e.get("collective", "").startswith("all-gather"))
+    scatter = next(e for e in timeline if e.get("collective", "").startswith("reduce-scatter"))
+    assert scatter["start"] + scatter["cycles"] <= apply["start"]
+    assert gather["start"] == apply["start"] + apply["cycles"]
+
+
+def test_min_elements_for_replicated_tensor_sharding_keeps_smaller_tensors_whole(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    opts = _options(True, min_elements=WIDTH * WIDTH + 1)
+    torch.manual_seed(0)
+    model = Net()
+    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+    trained(*_data())
+    levels = [level["name"] for level in trained.profile.replication["all_reduce"]["levels"]]
+    assert levels == ["IPU-Links in an IPU-M2000"]
+    loads = {s["name"]: s["bytes"] for s in trained.profile.programs["apply"]["steps"] if "remote load" in s["name"]}
+    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4
+
+
+def test_sharding_that_is_not_modelled_is_refused():
+    locations = poptorch.Options().TensorLocations
+    on_chip = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
+    with pytest.raises(poptorch.Error, match=r"useOnChipStorage\(True\) and useReplicatedTensorSharding\(True\)"):
+        locations.setOptimizerLocation(on_chip)
+    off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    for setter in ("setWeightLocation", "setAccumulatorLocation"):
+        with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+            getattr(locations, setter)(off_chip)
+    assert locations.setOptimizerLocation(off_chip).sharded_optimizer == 8192
+    assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
+
+
+def test_lamb_all_reduces_the_norms_of_sharded_updates(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    results = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        trained = poptorch.trainingModel(model, _options(sharded), poptorch.optim.LAMB(model.parameters(), lr=0.01))
+        trained(*_data())
+        results.append(([p.detach().clone() for p in trained.parameters()], trained.profile.replication))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    levels = [level["name"] for level in results[1][1]["all_reduce"]["levels"]]
+    assert levels == [
+        "IPU-Links in an IPU-M2000",
+        "reduce-scatter: IPU-Links in an IPU-M2000",
+        "norms: IPU-Links in an IPU-M2000",
+        "all-gather: IPU-Links in an IPU-M2000",
+    ]
