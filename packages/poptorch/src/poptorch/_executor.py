@@ -35,6 +35,7 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _overlapped_io,
     _recompute,
     _replication,
     _stochastic_rounding,
@@ -268,6 +269,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             finally:
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
+            self._overlapped_io = _overlapped_io.resolve(captured)
             if self._training:
                 group_of = self._group_of(captured)
                 own_counts = _replication.grouped_names(self.per_replica_params, self._options)
@@ -509,6 +511,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
         # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
         run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
+        micro_batch_cycles = []  # each run's own cycles (run_cycles adds a step's optimizer run to its last)
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
@@ -526,6 +529,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
+                    micro_batch_cycles.append(run_cycles[-1])
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
@@ -563,6 +567,16 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
         groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
         cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
+        cycles -= _device.io_overlap(
+            exe,
+            programs.micro_batch,
+            programs.graphs[programs.micro_batch],
+            self._overlapped_io,
+            batches[:done],
+            micro_batch_cycles[:done],
+            self._options.TensorLocations.num_io_tiles,
+            self._training and layout.ga > 1,
+        )
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
