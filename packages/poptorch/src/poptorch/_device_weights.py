@@ -43,6 +43,8 @@ class DeviceWeights:
         self.slots = _state_slots(variables, programs.trained)
         self.initial = {name: value for name, value in programs.initial.items() if name in variables}
         self.has_step = STEP in variables
+        # Automatic loss scaling: the device updates the loss scaling itself each step.
+        self.adaptive_scale = any(state.name == LOSS_SCALING for g in programs.graphs.values() for state in g.updates)
         self.has_seed = RNG_SEED in variables
         self.random_seed = random_seed
         self.generations = {}
@@ -95,6 +97,10 @@ class DeviceWeights:
             self.generations[name] = _weights.record(self.tensors[name]).device_updated(self)
         if trained and self.optimizer is not None and self.slots:
             self.opt_generation = _weights.optimizer_record(self.optimizer).device_updated(self)
+        if trained and self.adaptive_scale and self.optimizer is not None:
+            # The optimizer shows the device's current scale, so writing the hyper-parameters again keeps it.
+            scale = float(np.array(self.exe.read_variable(LOSS_SCALING)))
+            self.optimizer.loss_scaling = self.spec.loss_scaling = scale
 
     def discard_partial_step(self):
         """Zero the gradient accumulators of an optimizer step that a failure or interrupt cut short."""

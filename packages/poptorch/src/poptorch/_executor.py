@@ -174,6 +174,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self.per_replica_params = {}
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
+        if not training and self._options.Training.automatic_loss_scaling:
+            raise Error(
+                "inferenceModel has no loss to scale: automatic loss scaling is for training; "
+                "set Training.setAutomaticLossScaling(False) in the inference options"
+            )
         self._layout = Layout(self._options, training)
         shared = _SHARED.get(model)
         previous = shared.executors.get(_kind(training)) if shared else None
@@ -190,7 +195,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
-        self._spec = describe(optimizer) if training else None
+        self._spec = describe(optimizer, self._als()) if training else None
         if training:
             optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
@@ -601,12 +606,15 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         return result
 
     # -- optimizer ------------------------------------------------------------------------------
+    def _als(self):
+        return self._options.Training.automatic_loss_scaling
+
     def setOptimizer(self, optimizer):
         """Use ``optimizer`` from the next call on: its variable hyper-parameters need no recompilation, and
         a state it holds (``optimizer.load_state_dict``) replaces the device's."""
         if not self._training:
             raise Error("setOptimizer() is only available on a trainingModel")
-        spec = describe(optimizer)
+        spec = describe(optimizer, self._als())
         if self._exe is not None:
             _check_compatible(self._spec, spec)
         optim.release(self._optimizer, self)

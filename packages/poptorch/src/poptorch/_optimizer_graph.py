@@ -9,9 +9,16 @@ executor; constant ones are compiled in and vanish when they are 0 (no weight de
 import numpy as np
 
 from popir import DType, IRError
+from poptorch.errors import Error
 
 STEP = "_opt.step"
 LOSS_SCALING = "_opt.loss_scaling"
+# Automatic loss scaling, PopART's defaults: gradients are "large" from this fraction of float16's maximum;
+# more large elements than this proportion of all tracked elements halve the scale, else it doubles.
+ALS_BIN_EDGE = 0.0625 * float(np.finfo(np.float16).max)
+ALS_UPPER_PROPORTION = 1e-7
+# The scale seeds a float16 backward pass, so it never grows past what float16 holds.
+ALS_MAX_SCALE = float(np.finfo(np.float16).max)
 
 
 def hyper_name(group_index, name):
@@ -44,8 +51,9 @@ def _scalar(graph, h):
 class OptimizerBuilder:
     """Builds one OptimizerSpec's update rule into graphs; records the initial value of every new variable."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, automatic_loss_scaling=False):
         self.spec = spec
+        self.automatic_loss_scaling = automatic_loss_scaling
         self.initial = {}
 
     # -- variables ------------------------------------------------------------------------------
@@ -65,7 +73,7 @@ class OptimizerBuilder:
 
     def loss_scaling(self, graph):
         """The loss scaling factor: a Value if variable, else a float."""
-        if self.spec.loss_scaling_variable:
+        if self.spec.loss_scaling_variable or self.automatic_loss_scaling:
             return self._variable(graph, LOSS_SCALING, (), "float32", self.spec.loss_scaling)
         return self.spec.loss_scaling
 
@@ -94,10 +102,12 @@ class OptimizerBuilder:
     # -- the update -----------------------------------------------------------------------------
     def apply(self, graph, params, grads, group_of):
         """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group."""
+        scale = self.loss_scaling(graph)
+        if self.automatic_loss_scaling:
+            self._update_loss_scaling(graph, scale, grads)
         grads = {
             name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
         }
-        scale = self.loss_scaling(graph)
         if not _is_one(scale):
             grads = {name: g / scale for name, g in grads.items()}
         if self.spec.max_grad_norm is not None:
@@ -112,6 +122,25 @@ class OptimizerBuilder:
                 graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
         if step is not None:
             graph.update(step, t)
+
+    def _update_loss_scaling(self, graph, scale, grads):
+        """Automatic loss scaling: the next step's scale from this step's float16 gradients (still scaled)."""
+        tracked = [g for g in grads.values() if g.dtype == DType.float16]
+        if not tracked:
+            raise Error(
+                "Automatic loss scaling tracks float16 gradients, but every trained parameter's gradient is "
+                "float32: train a float16 model (model.half()) or disable Training.setAutomaticLossScaling"
+            )
+        edge = _scalar(graph, ALS_BIN_EDGE)
+        upper = None
+        for g in tracked:
+            large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
+            count = _op("reduce_sum", large, axes=None, keepdims=False)
+            upper = count if upper is None else upper + count
+        elements = sum(int(np.prod(g.shape)) for g in tracked)
+        too_large = _op("gt", upper, _scalar(graph, ALS_UPPER_PROPORTION * elements))
+        new = _op("where", too_large, scale * 0.5, _op("minimum", scale * 2.0, _scalar(graph, ALS_MAX_SCALE)))
+        graph.update(scale, new)
 
     def _needs_step(self):
         kind = self.spec.kind

@@ -18,6 +18,7 @@ from poptorch import _host_print
 from poptorch._optimizer_graph import OptimizerBuilder
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 RNG_SEED = "_rng_seed"
 ACCUMULATOR_PREFIX = "_accum."
@@ -99,7 +100,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     graph = captured.graph
     loss = the_loss(captured)
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
-    builder = OptimizerBuilder(spec)
+    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling)
     on_phase("autodiff")
     printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(
@@ -121,6 +122,11 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
     processes = options.Distributed.numProcesses
+    if options.Training.automatic_loss_scaling and (micro_batches > 1 or processes > 1):
+        raise not_modelled(
+            "Training.setAutomaticLossScaling(True) with gradient accumulation, replication or several processes",
+            "use one micro-batch per optimizer step, or a fixed loss_scaling",
+        )
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):

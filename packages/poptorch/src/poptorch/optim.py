@@ -530,8 +530,9 @@ def _kind_of(optimizer):
     return kind
 
 
-def describe(optimizer):
-    """The OptimizerSpec of a torch or poptorch optimizer."""
+def describe(optimizer, automatic_loss_scaling=False):
+    """The OptimizerSpec of a torch or poptorch optimizer; automatic loss scaling makes the loss scaling a
+    device variable."""
     kind = _kind_of(optimizer)
     ours = isinstance(optimizer, _PoptorchOptimizer)
     explicit = optimizer.variable_attrs if ours else {"lr"}
@@ -567,7 +568,7 @@ def describe(optimizer):
         kind=kind,
         groups=groups,
         loss_scaling=float(getattr(optimizer, "loss_scaling", 1.0)),
-        loss_scaling_variable="loss_scaling" in explicit,
+        loss_scaling_variable="loss_scaling" in explicit or automatic_loss_scaling,
         max_grad_norm=getattr(optimizer, "max_grad_norm", None),
         bias_correction=getattr(optimizer, "bias_correction", True),
         use_tf_variant=getattr(optimizer, "use_tf_variant", False),

@@ -235,13 +235,11 @@ class _TrainingOptions(_Group):
         return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
 
     def setAutomaticLossScaling(self, enabled):
-        """Automatic loss scaling: only False is accepted."""
-        if _bool("setAutomaticLossScaling", enabled):
-            raise not_modelled(
-                "Training.setAutomaticLossScaling(True)",
-                "set a fixed loss_scaling on a poptorch.optim optimizer instead",
-            )
-        return self._set("automaticLossScaling", False)
+        """Automatic loss scaling (PopART's default settings): after each optimizer step the device halves the
+        loss scaling if more than 1e-7 of the float16 weight gradients' elements reach 1/16 of float16's
+        maximum, else doubles it. The optimizer's ``loss_scaling`` is the starting value and is updated from
+        the device after each step."""
+        return self._set("automaticLossScaling", _bool("setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled):
         """Convolution dithering (a tile-placement heuristic): only False is accepted."""
@@ -263,6 +261,10 @@ class _TrainingOptions(_Group):
     @property
     def mean_reduction_strategy(self):
         return self._get("meanAccumulationAndReplicationReductionStrategy")
+
+    @property
+    def automatic_loss_scaling(self):
+        return self._get("automaticLossScaling")
 
 
 class _PrecisionOptions(_Group):

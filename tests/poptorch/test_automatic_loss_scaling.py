@@ -1,0 +1,122 @@
+"""Automatic loss scaling: the device halves or doubles the loss scaling from the float16 gradients each step."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import poptorch
+
+FP16_MAX = float(np.finfo(np.float16).max)
+EDGE = 0.0625 * FP16_MAX  # PopART's default bin edge, as a fraction of float16's maximum
+UPPER_PROPORTION = 1e-7
+LR = 0.01
+
+
+class HalfNet(torch.nn.Module):
+    def __init__(self, gain):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)).half()
+        self.gain = gain
+
+    def forward(self, x):
+        return poptorch.identity_loss(self.net(x).float().pow(2).mean() * self.gain, "none")
+
+
+def _opts():
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.Training.setAutomaticLossScaling(True)
+    return opts
+
+
+def _reference_steps(model, x, scale, steps):
+    """Eager torch step by step: backward of the scaled loss in float16, SGD on the unscaled gradients, then
+    PopART's rule on the scaled float16 gradients. Returns the scale after each step."""
+    scales = []
+    params = list(model.parameters())
+    for _ in range(steps):
+        model.zero_grad()
+        (model(x) * scale).backward()
+        upper = sum(int((p.grad.float().abs() >= EDGE).sum()) for p in params)
+        elements = sum(p.numel() for p in params)
+        with torch.no_grad():
+            for p in params:
+                p.copy_((p.float() - (p.grad.float() / scale) * LR).half())
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, FP16_MAX)
+        scales.append(scale)
+    return scales
+
+
+def _run(gain, initial_scale, steps):
+    torch.manual_seed(0)
+    model = HalfNet(gain)
+    reference = copy.deepcopy(model)
+    x = torch.randn(3, 4).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=initial_scale)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(optimizer.loss_scaling)
+    expected = _reference_steps(reference, x, initial_scale, steps)
+    training.copyWeightsToHost()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    return scales, expected
+
+
+def test_overflowing_gradients_halve_the_scale():
+    scales, expected = _run(gain=4.0, initial_scale=32768.0, steps=4)
+    assert scales[0] == 16384.0
+    assert scales == expected
+
+
+def test_tiny_gradients_double_the_scale():
+    scales, expected = _run(gain=1e-3, initial_scale=1.0, steps=3)
+    assert scales == [2.0, 4.0, 8.0]
+    assert scales == expected
+
+
+def test_float32_gradients_are_refused():
+    model = torch.nn.Linear(4, 2)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model
+
+        def forward(self, x):
+            return poptorch.identity_loss(self.lin(x).sum(), "none")
+
+    net = Net()
+    training = poptorch.trainingModel(net, _opts(), poptorch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="float16 gradients"):
+        training(torch.randn(2, 4))
+
+
+def test_gradient_accumulation_is_refused():
+    model = HalfNet(1.0)
+    opts = _opts()
+    opts.Training.gradientAccumulation(2)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="not modelled"):
+        training(torch.randn(6, 4).half())
+
+
+def test_inference_is_refused():
+    with pytest.raises(poptorch.Error, match="automatic loss scaling is for training"):
+        poptorch.inferenceModel(torch.nn.Linear(2, 2), _opts())
+
+
+def test_setting_the_optimizer_keeps_the_device_scale():
+    torch.manual_seed(0)
+    model = HalfNet(1e-3)
+    x = torch.randn(3, 4).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    training(x)
+    optimizer.param_groups[0]["lr"] = LR / 2
+    training.setOptimizer(optimizer)
+    training(x)
+    assert optimizer.loss_scaling == 4.0
