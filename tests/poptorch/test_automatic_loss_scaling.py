@@ -11,6 +11,7 @@ import poptorch
 FP16_MAX = float(np.finfo(np.float16).max)
 EDGE = 0.0625 * FP16_MAX  # PopART's default bin edge, as a fraction of float16's maximum
 UPPER_PROPORTION = 1e-7
+MAX_SCALE = 2.0**15  # PopART keeps the final scale a power of 2 within float16's range
 LR = 0.01
 
 
@@ -43,9 +44,13 @@ def _reference_steps(model, x, scale, steps):
         with torch.no_grad():
             for p in params:
                 p.copy_((p.float() - (p.grad.float() / scale) * LR).half())
-        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, FP16_MAX)
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
         scales.append(scale)
     return scales
+
+
+def _factor(optimizer):
+    return float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"])
 
 
 def _run(gain, initial_scale, steps):
@@ -58,7 +63,8 @@ def _run(gain, initial_scale, steps):
     scales = []
     for _ in range(steps):
         training(x)
-        scales.append(optimizer.loss_scaling)
+        scales.append(initial_scale * _factor(optimizer))
+    assert optimizer.loss_scaling == initial_scale  # the optimizer keeps its own; the device scales it
     expected = _reference_steps(reference, x, initial_scale, steps)
     training.copyWeightsToHost()
     for a, b in zip(model.parameters(), reference.parameters()):
@@ -119,4 +125,24 @@ def test_setting_the_optimizer_keeps_the_device_scale():
     optimizer.param_groups[0]["lr"] = LR / 2
     training.setOptimizer(optimizer)
     training(x)
-    assert optimizer.loss_scaling == 4.0
+    assert _factor(optimizer) == 4.0
+
+
+def test_the_scale_is_capped_at_2_to_the_15():
+    scales, expected = _run(gain=1e-3, initial_scale=8192.0, steps=3)
+    assert scales == [16384.0, 32768.0, 32768.0]
+    assert scales == expected
+
+
+def test_a_loaded_factor_is_uploaded():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4).half()
+    model = HalfNet(1e-3)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    poptorch.trainingModel(model, _opts(), optimizer)(x)
+    saved = optimizer.state_dict()
+    fresh_model = HalfNet(1e-3)
+    fresh = poptorch.optim.SGD(fresh_model.parameters(), lr=LR, loss_scaling=1.0)
+    fresh.load_state_dict(saved)
+    poptorch.trainingModel(fresh_model, _opts(), fresh)(x)
+    assert _factor(fresh) == 4.0

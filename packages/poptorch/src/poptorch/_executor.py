@@ -195,7 +195,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
             optimizer = SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
-        self._spec = describe(optimizer, self._als()) if training else None
+        self._spec = describe(optimizer) if training else None
         if training:
             optim.use(optimizer, self)
         # Set by the legacy signatures: write the profile after compiling; sync the host after each call
@@ -606,15 +606,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         return result
 
     # -- optimizer ------------------------------------------------------------------------------
-    def _als(self):
-        return self._options.Training.automatic_loss_scaling
-
     def setOptimizer(self, optimizer):
         """Use ``optimizer`` from the next call on: its variable hyper-parameters need no recompilation, and
         a state it holds (``optimizer.load_state_dict``) replaces the device's."""
         if not self._training:
             raise Error("setOptimizer() is only available on a trainingModel")
-        spec = describe(optimizer, self._als())
+        spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
         optim.release(self._optimizer, self)

@@ -13,12 +13,15 @@ from poptorch.errors import Error
 
 STEP = "_opt.step"
 LOSS_SCALING = "_opt.loss_scaling"
-# Automatic loss scaling, PopART's defaults: gradients are "large" from this fraction of float16's maximum;
-# more large elements than this proportion of all tracked elements halve the scale, else it doubles.
+# Automatic loss scaling multiplies the optimizer's loss scaling by this device variable (PopART's
+# lossScaleUpdateFactor, starting at 1), halved or doubled after each step.
+LOSS_SCALE_FACTOR = "_opt.loss_scale_update_factor"
+# PopART's defaults: gradient elements from this fraction of float16's maximum are "large"; more large elements
+# than this proportion of all tracked elements halve the factor, else it doubles.
 ALS_BIN_EDGE = 0.0625 * float(np.finfo(np.float16).max)
 ALS_UPPER_PROPORTION = 1e-7
-# The scale seeds a float16 backward pass, so it never grows past what float16 holds.
-ALS_MAX_SCALE = float(np.finfo(np.float16).max)
+# PopART clips the factor so the final scale stays at most 2**15, the largest power of 2 float16 holds.
+ALS_MAX_SCALE = 2.0**15
 
 
 def hyper_name(group_index, name):
@@ -72,8 +75,15 @@ class OptimizerBuilder:
         return self._variable(graph, hyper_name(group_index, name), (), "float32", group.values[name])
 
     def loss_scaling(self, graph):
-        """The loss scaling factor: a Value if variable, else a float."""
-        if self.spec.loss_scaling_variable or self.automatic_loss_scaling:
+        """The loss scaling factor: a Value if variable or automatic, else a float."""
+        scale = self._base_loss_scaling(graph)
+        if self.automatic_loss_scaling:
+            return self._variable(graph, LOSS_SCALE_FACTOR, (), "float32", 1.0) * scale
+        return scale
+
+    def _base_loss_scaling(self, graph):
+        """The optimizer's own loss scaling: a Value if variable, else a float."""
+        if self.spec.loss_scaling_variable:
             return self._variable(graph, LOSS_SCALING, (), "float32", self.spec.loss_scaling)
         return self.spec.loss_scaling
 
@@ -104,7 +114,7 @@ class OptimizerBuilder:
         """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group."""
         scale = self.loss_scaling(graph)
         if self.automatic_loss_scaling:
-            self._update_loss_scaling(graph, scale, grads)
+            self._update_loss_scale_factor(graph, grads)
         grads = {
             name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
         }
@@ -123,8 +133,8 @@ class OptimizerBuilder:
         if step is not None:
             graph.update(step, t)
 
-    def _update_loss_scaling(self, graph, scale, grads):
-        """Automatic loss scaling: the next step's scale from this step's float16 gradients (still scaled)."""
+    def _update_loss_scale_factor(self, graph, grads):
+        """Automatic loss scaling: the next step's factor from this step's float16 gradients (still scaled)."""
         tracked = [g for g in grads.values() if g.dtype == DType.float16]
         if not tracked:
             raise Error(
@@ -139,8 +149,10 @@ class OptimizerBuilder:
             upper = count if upper is None else upper + count
         elements = sum(int(np.prod(g.shape)) for g in tracked)
         too_large = _op("gt", upper, _scalar(graph, ALS_UPPER_PROPORTION * elements))
-        new = _op("where", too_large, scale * 0.5, _op("minimum", scale * 2.0, _scalar(graph, ALS_MAX_SCALE)))
-        graph.update(scale, new)
+        factor = graph.input(LOSS_SCALE_FACTOR)
+        new = _op("where", too_large, factor * 0.5, factor * 2.0)
+        limit = _scalar(graph, ALS_MAX_SCALE) / _scalar(graph, self._base_loss_scaling(graph))
+        graph.update(factor, _op("minimum", new, limit))
 
     def _needs_step(self):
         kind = self.spec.kind
