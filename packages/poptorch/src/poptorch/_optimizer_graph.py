@@ -20,6 +20,8 @@ LOSS_SCALE_FACTOR = "_opt.loss_scale_update_factor"
 # than this proportion of all tracked elements halve the factor, else it doubles.
 ALS_BIN_EDGE = 0.0625 * float(np.finfo(np.float16).max)
 ALS_UPPER_PROPORTION = 1e-7
+# PopART's default tracked tensors: the float16 outputs of the backward pass's matmuls and convolutions.
+_TRACKED_OPS = ("matmul", "conv")
 # PopART clips the factor so the final scale stays at most 2**15, the largest power of 2 float16 holds.
 ALS_MAX_SCALE = 2.0**15
 
@@ -135,11 +137,12 @@ class OptimizerBuilder:
 
     def _update_loss_scale_factor(self, graph, grads):
         """Automatic loss scaling: the next step's factor from this step's float16 gradients (still scaled)."""
-        tracked = [g for g in grads.values() if g.dtype == DType.float16]
+        tracked = _tracked_gradients(grads.values())
         if not tracked:
             raise Error(
-                "Automatic loss scaling tracks float16 gradients, but every trained parameter's gradient is "
-                "float32: train a float16 model (model.half()) or disable Training.setAutomaticLossScaling"
+                "Automatic loss scaling tracks the float16 gradients that the backward pass's matmuls and "
+                "convolutions produce, and this model has none: train a float16 model (model.half()) or disable "
+                "Training.setAutomaticLossScaling"
             )
         edge = _scalar(graph, ALS_BIN_EDGE)
         upper = None
@@ -269,6 +272,20 @@ class OptimizerBuilder:
         either_zero = _op("logical_or", _op("eq", r1, zero), _op("eq", r2, zero))
         trust = _op("where", either_zero, _scalar(graph, 1.0), r1 / _op("maximum", r2, _scalar(graph, 1e-30)))
         return p - update * (trust * lr)
+
+
+def _tracked_gradients(grads):
+    """The float16 outputs of backward matmuls and convolutions the parameters' gradients are computed from."""
+    tracked, seen, stack = {}, set(), list(grads)
+    while stack:
+        node = stack.pop().producer
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.role == "backward" and str(node.op).startswith(_TRACKED_OPS):
+            tracked.update({id(v): v for v in node.outputs if v.dtype == DType.float16})
+        stack.extend(node.inputs)
+    return list(tracked.values())
 
 
 def _norm(x):
