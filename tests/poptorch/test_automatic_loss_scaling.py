@@ -111,13 +111,61 @@ def test_float32_gradients_are_refused():
         training(torch.randn(2, 4))
 
 
-def test_gradient_accumulation_is_refused():
+def test_replication_is_refused():
     model = HalfNet(1.0)
-    opts = _opts()
-    opts.Training.gradientAccumulation(2)
+    opts = _opts().replicationFactor(2)
     training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(poptorch.Error, match="not modelled"):
         training(torch.randn(6, 4).half())
+
+
+def test_gradient_accumulation_counts_every_micro_batch():
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = copy.deepcopy(model)
+    micro_batches, steps = 2, 4
+    x = torch.randn(3 * micro_batches, 4).half()
+    opts = _opts()
+    opts.Training.gradientAccumulation(micro_batches)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(4096.0 * _factor(optimizer))
+    training.copyWeightsToHost()
+    assert scales == _reference_accumulated(reference, x.chunk(micro_batches), 4096.0, steps)
+    assert scales == [8192.0, 4096.0, 8192.0, 4096.0]  # both ways: a large element in either micro-batch halves
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def _reference_accumulated(model, micro_batches, scale, steps):
+    """As _reference_steps, the float16 gradients summed over the micro-batches and their mean applied; the
+    large elements of every micro-batch count towards the step's decision."""
+    scales, input_grads = [], []
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    params = list(model.parameters())
+    for _ in range(steps):
+        upper = elements = 0
+        sums = [torch.zeros_like(p) for p in params]
+        for x in micro_batches:
+            model.zero_grad()
+            input_grads.clear()
+            (model(x) * scale).backward()
+            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+            tracked = weights + [g for g in input_grads if g is not None]
+            upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
+            elements += sum(g.numel() for g in tracked)
+            sums = [s + p.grad for s, p in zip(sums, params)]
+        with torch.no_grad():
+            for p, s in zip(params, sums):
+                p.copy_((p.float() - ((s.float() / len(micro_batches)) / scale) * LR).half())
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scales.append(scale)
+    return scales
 
 
 def test_inference_is_refused():

@@ -112,11 +112,13 @@ class OptimizerBuilder:
         return step, step + 1.0
 
     # -- the update -----------------------------------------------------------------------------
-    def apply(self, graph, params, grads, group_of):
-        """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group."""
+    def apply(self, graph, params, grads, group_of, large_counts=None):
+        """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group.
+        With automatic loss scaling, ``large_counts`` is (large elements, elements) over the step's micro-batches
+        if they were counted elsewhere, else ``grads`` are counted here."""
         scale = self.loss_scaling(graph)
         if self.automatic_loss_scaling:
-            self._update_loss_scale_factor(graph, grads)
+            self._update_loss_scale_factor(graph, *(large_counts or self.count_large_gradients(grads)))
         grads = {
             name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
         }
@@ -135,8 +137,9 @@ class OptimizerBuilder:
         if step is not None:
             graph.update(step, t)
 
-    def _update_loss_scale_factor(self, graph, grads):
-        """Automatic loss scaling: the next step's factor from this step's float16 gradients (still scaled)."""
+    def count_large_gradients(self, grads):
+        """Automatic loss scaling's statistics: (a float32 Value counting the elements of the tracked float16
+        gradients at or above the bin edge, the number of tracked elements)."""
         tracked = _tracked_gradients(grads.values())
         if not tracked:
             raise Error(
@@ -144,15 +147,19 @@ class OptimizerBuilder:
                 "convolutions produce, and this model has none: train a float16 model (model.half()) or disable "
                 "Training.setAutomaticLossScaling"
             )
-        edge = _scalar(graph, ALS_BIN_EDGE)
+        edge = _scalar(tracked[0].graph, ALS_BIN_EDGE)
         upper = None
         for g in tracked:
             large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
             count = _op("reduce_sum", large, axes=None, keepdims=False)
             upper = count if upper is None else upper + count
-        elements = sum(int(np.prod(g.shape)) for g in tracked)
+        return upper, sum(int(np.prod(g.shape)) for g in tracked)
+
+    def _update_loss_scale_factor(self, graph, upper, elements):
+        """PopART's rule: halve the factor if more than the threshold proportion of elements are large, else
+        double it; clip it so the final scale stays within float16's powers of 2."""
         too_large = _op("gt", upper, _scalar(graph, ALS_UPPER_PROPORTION * elements))
-        factor = graph.input(LOSS_SCALE_FACTOR)
+        factor = self._variable(graph, LOSS_SCALE_FACTOR, (), "float32", 1.0)
         new = _op("where", too_large, factor * 0.5, factor * 2.0)
         limit = _scalar(graph, ALS_MAX_SCALE) / _scalar(graph, self._base_loss_scaling(graph))
         graph.update(factor, _op("minimum", new, limit))

@@ -25,6 +25,8 @@ ACCUMULATOR_PREFIX = "_accum."
 # Micro-batches accumulated so far in the current step (MeanReductionStrategy.Running divides by it). Under
 # ACCUMULATOR_PREFIX, so a step cut short resets it with the accumulators; "#" appears in no parameter name.
 ACCUM_COUNT = ACCUMULATOR_PREFIX + "#micro_batches"
+# Automatic loss scaling's count of large gradient elements over the step's micro-batches (reset likewise).
+LARGE_COUNT = ACCUMULATOR_PREFIX + "#large_gradient_elements"
 NO_LOSS = "Couldn't find a loss in graph!"
 MANY_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. "
@@ -122,10 +124,10 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
     processes = options.Distributed.numProcesses
-    if options.Training.automatic_loss_scaling and (micro_batches > 1 or processes > 1):
+    if options.Training.automatic_loss_scaling and (options.replication_factor > 1 or processes > 1):
         raise not_modelled(
-            "Training.setAutomaticLossScaling(True) with gradient accumulation, replication or several processes",
-            "use one micro-batch per optimizer step, or a fixed loss_scaling",
+            "Training.setAutomaticLossScaling(True) with replication or several processes",
+            "use one replica, or a fixed loss_scaling",
         )
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
@@ -156,10 +158,25 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
             reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-        builder.apply(apply, step_params, reduced, group_of)
+        large_counts = None
+        if builder.automatic_loss_scaling:
+            large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches)
+        builder.apply(apply, step_params, reduced, group_of, large_counts)
     initial.update(builder.initial)
     gradients = {name: ("apply", reduced[name]) for name in trained}
     return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained, gradients)
+
+
+def _large_counts(builder, graph, apply, initial, grads, micro_batches):
+    """Automatic loss scaling over a step's micro-batches (as PopART accumulates its histograms): each counts
+    its large gradient elements into a variable the step reads and resets."""
+    large, elements = builder.count_large_gradients(grads)
+    count = graph.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
+    initial[LARGE_COUNT] = np.zeros((), dtype=np.float32)
+    graph.update(count, count + large)
+    step_count = apply.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
+    apply.update(step_count, apply.constant(np.float32(0)))
+    return step_count, elements * micro_batches
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):
