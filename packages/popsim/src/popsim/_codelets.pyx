@@ -775,9 +775,29 @@ cdef inline bint conv_geometry_ok(const int32_t* g, const offset_t* row) noexcep
 
 cdef inline Py_ssize_t spaced(Py_ssize_t at, Py_ssize_t step, Py_ssize_t size) noexcept nogil:
     """The patch index at spaced coordinate ``at`` (elements ``step`` apart), or -1 for a zero there."""
+    if step == 1:
+        return at if 0 <= at < size else -1  # no division for the common unspaced input
     if at < 0 or at % step != 0 or at // step >= size:
         return -1
     return at // step
+
+
+cdef inline Py_ssize_t gcd(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+cdef inline (Py_ssize_t, Py_ssize_t) spaced_start(Py_ssize_t first, Py_ssize_t sw, Py_ssize_t uc,
+                                                  Py_ssize_t period, Py_ssize_t ow) noexcept nogil:
+    """The first output x whose window (at spaced column first + x * sw) lands on an element ``uc`` apart,
+    and that element's patch column; x is ``ow`` (none) when no output does."""
+    cdef Py_ssize_t x, at
+    for x in range(min(period, ow)):
+        at = first + x * sw
+        if at % uc == 0:
+            return x, at // uc
+    return ow, 0
 
 
 cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexcept nogil:
@@ -787,7 +807,9 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
     cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
     cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
     cdef Py_ssize_t ur = g[CG_IN_DILATION_ROWS], uc = g[CG_IN_DILATION_COLS]
-    cdef Py_ssize_t c, i, j, y, x, r, q, rem, first, lo, hi
+    cdef Py_ssize_t c, i, j, y, x, r, q, first, lo, hi, x0 = 0, q0 = 0
+    # Outputs that read a spaced element recur every ``period`` outputs, dq patch columns apart.
+    cdef Py_ssize_t period = uc // gcd(sw, uc), dq = sw // gcd(sw, uc)
     cdef float* dst
     cdef const float* src
     for c in range(g[CG_CHANNELS]):
@@ -799,6 +821,8 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
                 lo = 0 if first >= 0 else min(ow, (sw - 1 - first) // sw)
                 hi = 0 if first >= width else min(ow, (width - 1 - first) // sw + 1)
                 hi = max(hi, lo)
+                if uc != 1:
+                    x0, q0 = spaced_start(first, sw, uc, period, ow)
                 # Plain loops, no calls: rows are short (a tile's block of an output row).
                 for y in range(oh):
                     r = spaced(g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS], ur, rows)
@@ -806,17 +830,16 @@ cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexce
                         for x in range(ow):
                             dst[x] = 0.0
                     elif uc != 1:
-                        # Walk the spaced columns with a running quotient and remainder (no division per
-                        # element): output x reads patch column q when the remainder is 0.
+                        # Only every period-th output reads an element (x0, x0 + period, ...: columns q0,
+                        # q0 + dq, ...); the rest read zeros between the spaced elements.
                         src = patch + (c * rows + r) * width
-                        q = first // uc if first >= 0 else -((uc - 1 - first) // uc)
-                        rem = first - q * uc
-                        for x in range(ow):
-                            dst[x] = src[q] if rem == 0 and 0 <= q < width else 0.0
-                            rem += sw
-                            while rem >= uc:
-                                rem -= uc
-                                q += 1
+                        memset(dst, 0, ow * sizeof(float))
+                        x, q = x0, q0
+                        while x < ow:
+                            if 0 <= q < width:
+                                dst[x] = src[q]
+                            x += period
+                            q += dq
                     else:
                         src = patch + (c * rows + r) * width + first
                         for x in range(lo):
