@@ -3,11 +3,14 @@
 Two training models of the same small ResNet (stages of 16 and 32 channels, BatchNorm, batch 8 of 32x32) are
 compiled in one process: one as the planner chooses (CONV vertices where estimated faster), one with every
 convolution forced onto the im2col matmul path. Their steps then run interleaved, round by round, and the
-script prints the median step time of each, their ratio, and each program's simulated cycles per step.
+script prints the median step time of each, their ratio, each program's simulated cycles per step, and eager
+PyTorch's training step (SGD) timed in the same rounds for scale, with as many threads as the simulator
+(POPSIM_NUM_THREADS, default every core).
 ``--direct-only`` / ``--im2col-only`` run just one variant (e.g. under ``perf record``).
 """
 
 import argparse
+import os
 import statistics
 import time
 from unittest import mock
@@ -81,6 +84,19 @@ def compiled(direct, x, y):
     return training
 
 
+def _eager_step(x, y):
+    torch.manual_seed(0)
+    model = SmallResNet().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step():
+        optimizer.zero_grad()
+        model(x, y)[1].backward()
+        optimizer.step()
+
+    return step
+
+
 def _timed(fn):
     start = time.perf_counter()
     for _ in range(STEPS_PER_ROUND):
@@ -95,6 +111,7 @@ def main():
     only.add_argument("--im2col-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("POPSIM_NUM_THREADS", os.cpu_count())))
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
     variants = {}
@@ -102,12 +119,15 @@ def main():
         variants["direct"] = compiled(True, x, y)
     if not args.direct_only:
         variants["im2col"] = compiled(False, x, y)
-    times = {name: [] for name in variants}
+    steps = {name: (lambda t=training: t(x, y)) for name, training in variants.items()}
+    steps["eager"] = _eager_step(x, y)
+    times = {name: [] for name in steps}
     for _ in range(args.rounds):
-        for name, training in variants.items():
-            times[name].append(_timed(lambda t=training: t(x, y)))
+        for name, step in steps.items():
+            times[name].append(_timed(step))
     for name, training in variants.items():
         print(f"{name:<7} step {statistics.median(times[name]) * 1e3:8.1f} ms  cycles/step {training.cycleCount():>10}")
+    print(f"eager   step {statistics.median(times['eager']) * 1e3:8.1f} ms")
     if len(variants) == 2:
         ratios = [d / m for d, m in zip(times["direct"], times["im2col"])]
         print(f"direct / im2col step time: {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
