@@ -13,6 +13,8 @@ EDGE = 0.0625 * FP16_MAX  # PopART's default bin edge, as a fraction of float16'
 UPPER_PROPORTION = 1e-7
 MAX_SCALE = 2.0**15  # PopART keeps the final scale a power of 2 within float16's range
 LR = 0.01
+# Layers whose backward matmuls or convolutions produce the tracked gradients (of the weight and the input).
+TRACKED_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 # The reference's hook on the first Linear (whose input needs no gradient) fires without an input gradient.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -25,6 +27,12 @@ class HalfNet(torch.nn.Module):
 
     def forward(self, x):
         return poptorch.identity_loss(self.net(x).float().pow(2).mean() * self.gain, "none")
+
+
+class HalfConvNet(HalfNet):
+    def __init__(self, gain):
+        super().__init__(gain)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, 3)).half()
 
 
 def _opts():
@@ -41,13 +49,13 @@ def _reference_steps(model, x, scale, steps):
     params = list(model.parameters())
     input_grads = []
     for layer in model.modules():
-        if isinstance(layer, torch.nn.Linear):
+        if isinstance(layer, TRACKED_LAYERS):
             layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
     for _ in range(steps):
         model.zero_grad()
         input_grads.clear()
         (model(x) * scale).backward()
-        weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+        weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
         tracked = weights + [g for g in input_grads if g is not None]
         upper = sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
         elements = sum(g.numel() for g in tracked)
@@ -63,11 +71,11 @@ def _factor(optimizer):
     return float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"])
 
 
-def _run(gain, initial_scale, steps):
+def _run(gain, initial_scale, steps, net=HalfNet, shape=(3, 4)):
     torch.manual_seed(0)
-    model = HalfNet(gain)
+    model = net(gain)
     reference = copy.deepcopy(model)
-    x = torch.randn(3, 4).half()
+    x = torch.randn(*shape).half()
     optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=initial_scale)
     training = poptorch.trainingModel(model, _opts(), optimizer)
     scales = []
@@ -84,6 +92,12 @@ def _run(gain, initial_scale, steps):
 
 def test_overflowing_gradients_halve_the_scale():
     scales, expected = _run(gain=4.0, initial_scale=32768.0, steps=4)
+    assert scales[0] == 16384.0
+    assert scales == expected
+
+
+def test_convolution_gradients_are_tracked():
+    scales, expected = _run(gain=4.0, initial_scale=32768.0, steps=3, net=HalfConvNet, shape=(2, 2, 7, 7))
     assert scales[0] == 16384.0
     assert scales == expected
 
@@ -145,7 +159,7 @@ def _reference_accumulated(model, micro_batches, scale, steps):
     large elements of every micro-batch count towards the step's decision."""
     scales, input_grads = [], []
     for layer in model.modules():
-        if isinstance(layer, torch.nn.Linear):
+        if isinstance(layer, TRACKED_LAYERS):
             layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
     params = list(model.parameters())
     for _ in range(steps):
@@ -155,7 +169,7 @@ def _reference_accumulated(model, micro_batches, scale, steps):
             model.zero_grad()
             input_grads.clear()
             (model(x) * scale).backward()
-            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
             tracked = weights + [g for g in input_grads if g is not None]
             upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
             elements += sum(g.numel() for g in tracked)
