@@ -218,3 +218,19 @@ def test_a_loaded_factor_is_uploaded():
     fresh.load_state_dict(saved)
     poptorch.trainingModel(fresh_model, _opts(), fresh)(x)
     assert _factor(fresh) == 4.0
+
+
+def test_the_factor_starts_at_one_when_compiled_and_carries_over_to_a_new_optimizer():
+    torch.manual_seed(0)
+    model = HalfNet(1e-3)
+    x = torch.randn(3, 4).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    training.compile(x)
+    assert _factor(optimizer) == 1.0
+    training(x)
+    replacement = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training.setOptimizer(replacement)
+    assert _factor(replacement) == 2.0
+    training(x)
+    assert _factor(replacement) == 4.0

@@ -176,6 +176,11 @@ class DeviceWeights:
                 self.opt_generation = None
             else:
                 self.opt_generation = record.device_updated(self)
+            if self.has_scale_factor and loss_scale_factor(optimizer) is None:
+                # As PopTorch's ipu_state, the optimizer shows the factor from compilation on: the initial one,
+                # or the one the device reached with the previous optimizer.
+                factor = self.initial[LOSS_SCALE_FACTOR] if previous is None else self._read_value(LOSS_SCALE_FACTOR)
+                set_loss_scale_factor(optimizer, float(factor))
         self.write_hyper_parameters()
 
     def write_hyper_parameters(self):
