@@ -115,7 +115,9 @@ def main(argv=None):
         return {"steps": steps}  # every process holds the same weights: process 0 evaluates and reports
 
     model.eval()
-    inference_model = poptorch.inferenceModel(model, options=poptorch.Options())
+    eval_opts = poptorch.Options()
+    eval_opts.Distributed.disable()  # process 0 evaluates alone: no other process joins its weight broadcast
+    inference_model = poptorch.inferenceModel(model, options=eval_opts)
     images, labels = test_set.tensors
     correct = 0
     for start_row in range(0, len(labels), args.batch_size):

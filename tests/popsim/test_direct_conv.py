@@ -196,6 +196,43 @@ def test_a_hand_built_conv_vertex_runs_its_geometry():
     np.testing.assert_array_equal(got, np.array(want, np.float32).reshape(-1))
 
 
+def _windowed_reference(geometry):
+    """NumPy's result of the hand-built vertex: the 3x3 patch spread to its spaced positions, each output the
+    sum over 2x2 taps of weights times the spaced element under the tap (zero off the patch or between)."""
+    geo = dict(zip(oc.CONV_GEOMETRY, geometry))
+    ur, uc = geo["in_dilation_rows"], geo["in_dilation_cols"]
+    spread = np.zeros((2 * ur + 1, 2 * uc + 1), np.float32)
+    spread[::ur, ::uc] = np.arange(9).reshape(3, 3)
+
+    def at(r, c):
+        return spread[r, c] if 0 <= r < spread.shape[0] and 0 <= c < spread.shape[1] else 0.0
+
+    w = np.arange(8, dtype=np.float32).reshape(2, 2, 2)
+    out = np.zeros((2, geo["out_rows"], geo["out_cols"]), np.float32)
+    for o, y, x, i, j in np.ndindex(*out.shape, 2, 2):
+        r = geo["first_row"] + y * geo["stride_rows"] + i * geo["dilation_rows"]
+        c = geo["first_col"] + x * geo["stride_cols"] + j * geo["dilation_cols"]
+        out[o, y, x] += w[o, i, j] * at(r, c)
+    return out.reshape(-1)
+
+
+# Strided windows over spaced columns (the period of outputs that land on an element and its column step),
+# padding before the patch, and spaced rows: (out_rows, out_cols, stride, dilation, in_dilation, first).
+SPACED_GEOMETRIES = [
+    (1, 4, (1, 2), (2, 1), (2, 3), (0, -2)),
+    (2, 2, (1, 2), (1, 1), (1, 2), (-1, -1)),
+    (1, 4, (2, 3), (1, 2), (3, 2), (-2, -3)),
+    (4, 1, (1, 1), (1, 1), (2, 1), (-3, 1)),
+]
+
+
+@pytest.mark.parametrize("oh, ow, stride, dilation, in_dilation, first", SPACED_GEOMETRIES)
+def test_a_hand_built_conv_vertex_reads_spaced_strided_windows(oh, ow, stride, dilation, in_dilation, first):
+    geometry = [1, 1, 3, 3, 2, oh, ow, 2, 2, *stride, *dilation, *in_dilation, *first]
+    got = _hand_built_conv(geometry).run()["out"]
+    np.testing.assert_array_equal(got, _windowed_reference(geometry))
+
+
 def test_the_engine_traps_a_geometry_that_disagrees_with_the_vertex_fields():
     # The geometry sits in tile memory, where a program could change it: the engine checks it against the
     # sizes in the vertex's own row before reading anything, and traps instead of reading past the patch.

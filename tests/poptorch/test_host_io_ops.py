@@ -36,13 +36,12 @@ def test_no_overlap_marks_tensors_and_runs_as_eager():
 @pytest.mark.parametrize(
     "mode", [poptorch.OverlapMode.OverlapAccumulationLoop, poptorch.OverlapMode.OverlapDeviceIterationLoop]
 )
-def test_overlapping_modes_run_on_the_cpu_and_are_refused_on_the_ipu(mode):
+def test_overlapping_modes_run_on_the_cpu_and_on_io_tiles_of_the_ipu(mode):
     model = _Overlapped(mode)
     x, extra = torch.randn(4, 3), torch.randn(4, 2)
-    assert model(x, extra).shape == (4, 2)
-    refused = r"set_overlap_for_input\(\.\.\., OverlapMode\.Overlap\w+\) is not modelled by the simulated IPU"
-    with pytest.raises(poptorch.Error, match=refused):
-        poptorch.inferenceModel(model, _options())(x, extra)
+    opts = _options().setExecutionStrategy(poptorch.ShardedExecution())
+    opts.TensorLocations.numIOTiles(32)
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x, extra), model(x, extra))
 
 
 def test_overlap_needs_tensors_and_a_mode():

@@ -194,15 +194,22 @@ def _train(recomputation, checkpoint_every, ipus=1):
     return out, loss, [p.detach().clone() for p in trained.parameters()], program
 
 
-def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatch):
+def _recomputation_trades_cycles_for_memory(monkeypatch, recompute, every):
+    """On roomy tiles: recomputation gives the same numbers, a lower peak and more cycles. Returns the
+    run without recomputation and the roomy target."""
     roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
     *kept, kept_program = _train(0, 0)
-    *again, again_program = _train(4, 2)  # RecomputeAll from a checkpoint every second layer
+    *again, again_program = _train(recompute, every)
     torch.testing.assert_close(again[:2], kept[:2])
     torch.testing.assert_close(again[2], kept[2])
     assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
     assert again_program["total_cycles"] > kept_program["total_cycles"]
+    return kept, roomy
+
+
+def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatch):
+    kept, roomy = _recomputation_trades_cycles_for_memory(monkeypatch, 4, 2)  # RecomputeAll, checkpoint every 2nd
     # On tiles of 256 KiB the model only trains with recomputation.
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: popsim.Target.small(num_tiles=4))
     with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU"):
@@ -217,14 +224,8 @@ def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatc
 
 
 def test_recompute_all_without_checkpoints_lowers_peak_tile_memory(monkeypatch):
-    roomy = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
-    monkeypatch.setattr(poptorch._device, "target_of", lambda options: roomy)
-    *kept, kept_program = _train(0, 0)
-    *again, again_program = _train(4, 0)  # every forward activation is recomputed for each backward reader
-    torch.testing.assert_close(again[:2], kept[:2])
-    torch.testing.assert_close(again[2], kept[2])
-    assert again_program["memory_max_tile_bytes"] < kept_program["memory_max_tile_bytes"]
-    assert again_program["total_cycles"] > kept_program["total_cycles"]
+    # Every forward activation is recomputed for each backward reader.
+    _recomputation_trades_cycles_for_memory(monkeypatch, 4, 0)
 
 
 def test_recomputation_settings_poptorch_cannot_model_are_refused():

@@ -909,61 +909,92 @@ cdef inline bint conv_geometry_ok(const int32_t* g, const offset_t* row) noexcep
 
 cdef inline Py_ssize_t spaced(Py_ssize_t at, Py_ssize_t step, Py_ssize_t size) noexcept nogil:
     """The patch index at spaced coordinate ``at`` (elements ``step`` apart), or -1 for a zero there."""
+    if step == 1:
+        return at if 0 <= at < size else -1  # no division for the common unspaced input
     if at < 0 or at % step != 0 or at // step >= size:
         return -1
     return at // step
 
 
-cdef void conv_columns(const float* patch, const int32_t* g, float* cols) noexcept nogil:
+cdef inline Py_ssize_t gcd(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+cdef inline (Py_ssize_t, Py_ssize_t) spaced_start(Py_ssize_t first, Py_ssize_t sw, Py_ssize_t uc,
+                                                  Py_ssize_t period, Py_ssize_t ow) noexcept nogil:
+    """The first output x whose window (at spaced column first + x * sw) lands on an element ``uc`` apart,
+    and that element's patch column; x is ``ow`` (none) when no output does."""
+    cdef Py_ssize_t x, at
+    for x in range(min(period, ow)):
+        at = first + x * sw
+        if at % uc == 0:
+            return x, at // uc
+    return ow, 0
+
+
+cdef struct ColumnTap:
+    # Where the outputs of one output row read the patch at one kernel column: outputs lo..hi-1 read
+    # inside the patch from column ``first`` on (unspaced input), or outputs x0, x0 + period, ... read
+    # columns q0, q0 + dq, ... (spaced input).
+    Py_ssize_t first, lo, hi, x0, q0
+
+
+cdef void column_taps(const int32_t* g, ColumnTap* taps) noexcept nogil:
+    """Each kernel column's ColumnTap: the same for every channel, kernel row and output row."""
+    cdef Py_ssize_t width = g[CG_COLS], ow = g[CG_OUT_COLS], sw = g[CG_STRIDE_COLS], uc = g[CG_IN_DILATION_COLS]
+    cdef Py_ssize_t period = uc // gcd(sw, uc), j, first
+    for j in range(g[CG_KERNEL_COLS]):
+        first = g[CG_FIRST_COL] + j * g[CG_DILATION_COLS]
+        taps[j].first = first
+        taps[j].lo = 0 if first >= 0 else min(ow, (sw - 1 - first) // sw)
+        taps[j].hi = max(taps[j].lo, 0 if first >= width else min(ow, (width - 1 - first) // sw + 1))
+        taps[j].x0, taps[j].q0 = spaced_start(first, sw, uc, period, ow)
+
+
+cdef void conv_columns(const float* patch, const int32_t* g, const ColumnTap* taps, float* cols) noexcept nogil:
     """The (taps, out_rows * out_cols) window columns of one batch item's patch, zero where a window reads
     padding (outside the patch) or between spaced elements: the operand the AMP streams as it walks the
-    windows in place."""
+    windows in place. ``taps``: column_taps of the geometry."""
     cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS]
     cdef Py_ssize_t kh = g[CG_KERNEL_ROWS], kw = g[CG_KERNEL_COLS], sw = g[CG_STRIDE_COLS], pos = oh * ow
     cdef Py_ssize_t ur = g[CG_IN_DILATION_ROWS], uc = g[CG_IN_DILATION_COLS]
-    cdef Py_ssize_t c, i, j, y, x, r, q, rem, first, lo, hi
+    cdef Py_ssize_t c, i, j, y, x, r, q, lo, hi
+    # Outputs that read a spaced element recur every ``period`` outputs, dq patch columns apart.
+    cdef Py_ssize_t period = uc // gcd(sw, uc), dq = sw // gcd(sw, uc)
     cdef float* dst
     cdef const float* src
     for c in range(g[CG_CHANNELS]):
         for i in range(kh):
-            for j in range(kw):
-                dst = cols + ((c * kh + i) * kw + j) * pos
-                # Outputs lo..hi-1 of a row read inside the patch at this tap; the rest read padding.
-                first = g[CG_FIRST_COL] + j * g[CG_DILATION_COLS]
-                lo = 0 if first >= 0 else min(ow, (sw - 1 - first) // sw)
-                hi = 0 if first >= width else min(ow, (width - 1 - first) // sw + 1)
-                hi = max(hi, lo)
-                # Plain loops, no calls: rows are short (a tile's block of an output row).
-                for y in range(oh):
-                    r = spaced(g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS], ur, rows)
+            for y in range(oh):
+                # The patch row is the same for every kernel column: decode it once.
+                r = spaced(g[CG_FIRST_ROW] + y * g[CG_STRIDE_ROWS] + i * g[CG_DILATION_ROWS], ur, rows)
+                for j in range(kw):
+                    dst = cols + ((c * kh + i) * kw + j) * pos + y * ow
                     if r < 0:
-                        for x in range(ow):
-                            dst[x] = 0.0
+                        memset(dst, 0, ow * sizeof(float))
                     elif uc != 1:
-                        # Walk the spaced columns with a running quotient and remainder (no division per
-                        # element): output x reads patch column q when the remainder is 0.
                         src = patch + (c * rows + r) * width
-                        q = first // uc if first >= 0 else -((uc - 1 - first) // uc)
-                        rem = first - q * uc
-                        for x in range(ow):
-                            dst[x] = src[q] if rem == 0 and 0 <= q < width else 0.0
-                            rem += sw
-                            while rem >= uc:
-                                rem -= uc
-                                q += 1
+                        memset(dst, 0, ow * sizeof(float))
+                        x, q = taps[j].x0, taps[j].q0
+                        while x < ow:
+                            if 0 <= q < width:
+                                dst[x] = src[q]
+                            x += period
+                            q += dq
                     else:
-                        src = patch + (c * rows + r) * width + first
+                        src = patch + (c * rows + r) * width + taps[j].first
+                        lo, hi = taps[j].lo, taps[j].hi
                         for x in range(lo):
                             dst[x] = 0.0
                         if sw == 1:
-                            for x in range(lo, hi):
-                                dst[x] = src[x]
+                            memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float))
                         else:
                             for x in range(lo, hi):
                                 dst[x] = src[x * sw]
                         for x in range(hi, ow):
                             dst[x] = 0.0
-                    dst += ow
 
 
 cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
@@ -978,6 +1009,7 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     cdef float* weights
     cdef float* cols
     cdef float* out
+    cdef ColumnTap* column
     cdef double v
     if not conv_geometry_ok(g, row):
         return TRAPPED
@@ -987,6 +1019,8 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     weights = <float*> (base + row[C_B]) if dtb == DT_FLOAT32 else <float*> malloc(max(row[C_P1], 1) * sizeof(float))
     out = <float*> (base + row[C_OUT]) if dto == DT_FLOAT32 else <float*> malloc(row[C_N] * sizeof(float))
     cols = <float*> malloc(max(taps * pos, 1) * sizeof(float))
+    column = <ColumnTap*> malloc(max(g[CG_KERNEL_COLS], 1) * sizeof(ColumnTap))
+    column_taps(g, column)
     if dta != DT_FLOAT32:
         widen(base + row[C_A], dta, patch, row[C_P0])
     if dtb != DT_FLOAT32:
@@ -995,7 +1029,7 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
         if taps == 0:
             memset(out + b * oc * pos, 0, oc * pos * sizeof(float))
             continue
-        conv_columns(patch + b * per_item, g, cols)
+        conv_columns(patch + b * per_item, g, column, cols)
         if oc <= CONV_REGISTER_ROWS:
             ps_small_gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
         else:
@@ -1010,6 +1044,7 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     if dtb != DT_FLOAT32:
         free(weights)
     free(cols)
+    free(column)
     return 0
 
 

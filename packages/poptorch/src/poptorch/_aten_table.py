@@ -20,6 +20,7 @@ from poptorch import (
     _custom_op,
     _host_print,
     _memory,
+    _overlapped_io,
 )
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
@@ -482,6 +483,13 @@ def _set_available_memory(ctx, x, proportion):
 @lowers(torch.ops.poptorch.ipu_print_tensor.default)
 def _ipu_print_tensor(ctx, x, title, print_gradient):
     _host_print.record(ctx.graph, x, title, print_gradient)
+    return x
+
+
+@lowers(torch.ops.poptorch.set_overlap.default)
+def _set_overlap(ctx, x, mode, direction):
+    # The value itself: the executor overlaps its host transfer with compute (see poptorch._overlapped_io).
+    _overlapped_io.mark(ctx, x, mode, direction)
     return x
 
 

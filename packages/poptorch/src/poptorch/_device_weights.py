@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from poptorch import _weights
-from poptorch._optimizer_graph import LOSS_SCALING, STEP, hyper_name
+from poptorch._optimizer_graph import LOSS_SCALE_FACTOR, LOSS_SCALING, STEP, hyper_name
 from poptorch._replication import GroupedParameters
 from poptorch._training import ACCUMULATOR_PREFIX, RNG_SEED
 from poptorch.errors import Error
+from poptorch.optim import loss_scale_factor, set_loss_scale_factor
 
 _STATE_PREFIX = "_opt."
 _STEP_SLOT = _weights.STEP_SLOT
@@ -43,6 +44,7 @@ class DeviceWeights:
         self.slots = _state_slots(variables, programs.trained)
         self.initial = {name: value for name, value in programs.initial.items() if name in variables}
         self.has_step = STEP in variables
+        self.has_scale_factor = LOSS_SCALE_FACTOR in variables
         self.has_seed = RNG_SEED in variables
         self.random_seed = random_seed
         self.generations = {}
@@ -58,6 +60,7 @@ class DeviceWeights:
         """A freshly attached device: write initial values; every host value is uploaded by ``prepare``."""
         for name, value in self.initial.items():
             self.exe.write_variable(name, value)
+        self._write_loss_scale_factor()
         if self.spec is not None:
             self.write_hyper_parameters()
         if self.has_seed and not self.seeded:
@@ -95,6 +98,9 @@ class DeviceWeights:
             self.generations[name] = _weights.record(self.tensors[name]).device_updated(self)
         if trained and self.optimizer is not None and self.slots:
             self.opt_generation = _weights.optimizer_record(self.optimizer).device_updated(self)
+        if trained and self.has_scale_factor and self.optimizer is not None:
+            # Automatic loss scaling: the host keeps the device's factor (state_dict's ipu_state shows it).
+            set_loss_scale_factor(self.optimizer, float(np.array(self.exe.read_variable(LOSS_SCALE_FACTOR))))
 
     def discard_partial_step(self):
         """Zero the gradient accumulators of an optimizer step that a failure or interrupt cut short."""
@@ -170,6 +176,11 @@ class DeviceWeights:
                 self.opt_generation = None
             else:
                 self.opt_generation = record.device_updated(self)
+            if self.has_scale_factor and loss_scale_factor(optimizer) is None:
+                # As PopTorch's ipu_state, the optimizer shows the factor from compilation on: the initial one,
+                # or the one the device reached with the previous optimizer.
+                factor = self.initial[LOSS_SCALE_FACTOR] if previous is None else self._read_value(LOSS_SCALE_FACTOR)
+                set_loss_scale_factor(optimizer, float(factor))
         self.write_hyper_parameters()
 
     def write_hyper_parameters(self):
@@ -192,8 +203,15 @@ class DeviceWeights:
             self._write_optimizer_state()
             self.opt_generation = record.generation
 
+    def _write_loss_scale_factor(self):
+        """Upload the automatic loss scaling factor the host optimizer holds (the device keeps its own if none)."""
+        factor = loss_scale_factor(self.optimizer) if self.optimizer is not None else None
+        if self.has_scale_factor and factor is not None:
+            self.exe.write_variable(LOSS_SCALE_FACTOR, np.array(factor, dtype=np.float32))
+
     def _write_optimizer_state(self):
         """Upload the host optimizer state; slots the host has no value for restart from their initial value."""
+        self._write_loss_scale_factor()
         steps = {}
         for name, slots in self.slots.items():
             param = self.tensors[name]

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 import popsim
 from poptorch import (
+    _anchors,
     _auto_report,
     _blocks,
     _cache,
@@ -34,6 +35,7 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _overlapped_io,
     _recompute,
     _replication,
     _stochastic_rounding,
@@ -172,6 +174,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self.per_replica_params = {}
         if not training and self._options.Training.gradient_accumulation != 1:
             raise Error("inferenceModel does not support gradient accumulation: set Training.gradientAccumulation(1)")
+        if not training and self._options.Training.automatic_loss_scaling:
+            raise Error(
+                "inferenceModel has no loss to scale: automatic loss scaling is for training; "
+                "set Training.setAutomaticLossScaling(False) in the inference options"
+            )
         self._layout = Layout(self._options, training)
         shared = _SHARED.get(model)
         previous = shared.executors.get(_kind(training)) if shared else None
@@ -210,6 +217,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._cycles = None
         self._perf = None
         self._from_cache = False
+        self._anchors = None
+        self._anchor_memory = {}
 
     # -- compile ---------------------------------------------------------------------------------
     def compile(self, *args, **kwargs):
@@ -265,6 +274,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             finally:
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
+            self._overlapped_io = _overlapped_io.resolve(captured)
             if self._training:
                 group_of = self._group_of(captured)
                 own_counts = _replication.grouped_names(self.per_replica_params, self._options)
@@ -273,6 +283,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
+            self._anchors = _anchors.Anchors.of(captured, programs, self._options)
             if self._options.Precision.stochastic_rounding:
                 programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
@@ -479,6 +490,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         perf.update({k: [[] for _ in captured.outputs] for k in ("output", "output_complete")})
         per_output = self._run_device_iterations(feeds_by_name, perf)
         self._perf = perf
+        self._anchor_memory = {
+            name: torch.from_numpy(np.array(value)) for name, value in self._anchors.read(per_output, layout).items()
+        }
         if self._options.log_cycle_count:
             logger.info("Simulated cycle count of the last call: %d", self._cycles)
         for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
@@ -502,6 +516,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
         # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
         run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
+        micro_batch_cycles = []  # each run's own cycles (run_cycles adds a step's optimizer run to its last)
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
@@ -519,6 +534,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
                     replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
+                    micro_batch_cycles.append(run_cycles[-1])
                     _append_time(perf, ("output",), time.time())
                     for name, value in result.items():
                         per_output.setdefault(name, []).append(np.array(value))
@@ -529,10 +545,14 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
-                            step = programs.graphs[programs.step]
+                            step, step_result = programs.graphs[programs.step], {}
                             self._device.grouped.step(
-                                exe, lambda: _run_on_device(exe, {}, programs.step), [s.name for s in step.updates]
+                                exe,
+                                lambda into=step_result: into.update(_run_on_device(exe, {}, programs.step)),
+                                [s.name for s in step.updates],
                             )
+                            for name, value in step_result.items():  # anchors the step streams to the host
+                                per_output.setdefault(name, []).append(np.array(value))
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
                             cycles += step_cycles
                             run_cycles[-1] += step_cycles
@@ -552,6 +572,16 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
         groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
         cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
+        cycles -= _device.io_overlap(
+            exe,
+            programs.micro_batch,
+            programs.graphs[programs.micro_batch],
+            self._overlapped_io,
+            batches[:done],
+            micro_batch_cycles[:done],
+            self._options.TensorLocations.num_io_tiles,
+            self._training and layout.ga > 1,
+        )
         self._cycles = cycles
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output

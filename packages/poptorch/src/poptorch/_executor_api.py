@@ -17,11 +17,10 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 import popsim
-from poptorch import _precompiled, _weights
+from poptorch import _anchors, _precompiled, _weights
 from poptorch._training import RNG_SEED
 from poptorch.enums import ConnectionType
 from poptorch.errors import Error
-from poptorch.options import not_modelled
 
 # OrderedDicts: RemovableHandle keeps a weak reference to its dict, which a plain dict does not allow.
 _PRE_COMPILE_HOOKS = collections.OrderedDict()
@@ -282,12 +281,18 @@ class ExecutorQueries:
             self.attachToDevice()
 
     def getTensorNames(self):
-        """Refused: graph values are not named after PopART tensors (see Options.anchorTensor)."""
-        raise not_modelled("getTensorNames()", "return the tensors you want to read from the model's forward")
+        """The PopART names of the compiled model's tensors that ``Options.anchorTensor`` can anchor:
+        parameters and buffers (``model.<fqn>``) and, when training, each trained parameter's gradient
+        (``Gradient___model.<fqn>``) and updated value (``UpdatedVar___model.<fqn>``)."""
+        if self._anchors is None:
+            raise AssertionError(_anchors.NOT_COMPILED)  # PopTorch's assertion, kept under python -O
+        return list(self._anchors.names)
 
     def getAnchoredTensor(self, short_name):
-        """Refused, as Options.anchorTensor is."""
-        raise not_modelled(f"getAnchoredTensor({short_name!r})", "return the tensor from the model's forward")
+        """The value of the tensor anchored as ``short_name`` (``Options.anchorTensor``) from the last run."""
+        if short_name not in self._anchor_memory:  # also before the first run, as in PopTorch
+            raise AssertionError(_anchors.NOT_FOUND.format(short_name))
+        return self._anchor_memory[short_name]
 
     def copyWeightsToHostIfNeeded(self):
         """Copy the device's weights to the host if the host copy is out of date; True if it copied."""

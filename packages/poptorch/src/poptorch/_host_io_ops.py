@@ -2,9 +2,10 @@
 ``set_overlap_for_output``, ``CPU`` host callbacks and ``MultiConv``.
 
 Each runs as PopTorch's does on the CPU. Captured for the simulated IPU, what the simulator models is real
-(``OverlapMode.NoOverlap`` marks nothing; a ``CPU`` callback becomes a popir ``host_call`` the device runs
-by streaming its inputs to the host and the results back; ``MultiConv``'s convolutions run as ordinary
-ones), and the rest is refused with an error saying it is not modelled, never accepted and ignored.
+(``OverlapMode.NoOverlap`` marks nothing, the overlapping modes are ``poptorch._overlapped_io``; a ``CPU``
+callback becomes a popir ``host_call`` the device runs by streaming its inputs to the host and the results
+back; ``MultiConv``'s convolutions run as ordinary ones), and the rest is refused with an error saying it
+is not modelled, never accepted and ignored.
 """
 
 import contextlib
@@ -18,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 import popir
-from poptorch import _memory
+from poptorch import _memory, _overlapped_io
 from poptorch._executor_api import capturing_options, capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
@@ -32,24 +33,23 @@ def _overlap(name, tensors, mode):
     bad = next((leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)), None)
     if bad is not None:
         raise Error(f"You may only set overlap for torch.tensor values. {type(bad)} is not supported.")
-    if mode is not OverlapMode.NoOverlap and isRunningOnIpu():
-        raise not_modelled(
-            f"{name}(..., {mode})",
-            "the simulated IPU reserves no I/O tiles, so host transfers never overlap compute; use "
-            "OverlapMode.NoOverlap or remove the call",
-        )
-    return tensors
+    if mode is OverlapMode.NoOverlap or not isRunningOnIpu():
+        return tensors
+    _overlapped_io.check_options(capturing_options())
+    direction = _overlapped_io.INPUT if name == "set_overlap_for_input" else _overlapped_io.OUTPUT
+    return torch.utils._pytree.tree_map(lambda t: _overlapped_io.set_overlap(t, mode.value, direction), tensors)
 
 
 def set_overlap_for_input(input_tensors, mode):
     """Mark model inputs (a tensor or any tuple / list / dict of them) for host transfers that overlap
-    compute, and return them; use the returned tensors. Only ``OverlapMode.NoOverlap`` is modelled."""
+    compute, and return them; use the returned tensors. An overlapping mode needs I/O tiles
+    (``TensorLocations.numIOTiles``) and a sharded or phased execution strategy."""
     return _overlap("set_overlap_for_input", input_tensors, mode)
 
 
 def set_overlap_for_output(output_tensors, mode):
-    """Mark model outputs for host transfers that overlap compute, and return them; only
-    ``OverlapMode.NoOverlap`` is modelled."""
+    """Mark model outputs for host transfers that overlap compute, and return them (as
+    ``set_overlap_for_input``)."""
     return _overlap("set_overlap_for_output", output_tensors, mode)
 
 

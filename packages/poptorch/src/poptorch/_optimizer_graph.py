@@ -9,9 +9,21 @@ executor; constant ones are compiled in and vanish when they are 0 (no weight de
 import numpy as np
 
 from popir import DType, IRError
+from poptorch.errors import Error
 
 STEP = "_opt.step"
 LOSS_SCALING = "_opt.loss_scaling"
+# Automatic loss scaling multiplies the optimizer's loss scaling by this device variable (PopART's
+# lossScaleUpdateFactor, starting at 1), halved or doubled after each step.
+LOSS_SCALE_FACTOR = "_opt.loss_scale_update_factor"
+# PopART's defaults: gradient elements from this fraction of float16's maximum are "large"; more large elements
+# than this proportion of all tracked elements halve the factor, else it doubles.
+ALS_BIN_EDGE = 0.0625 * float(np.finfo(np.float16).max)
+ALS_UPPER_PROPORTION = 1e-7
+# PopART's default tracked tensors: the float16 outputs of the backward pass's matmuls and convolutions.
+_TRACKED_OPS = ("matmul", "conv")
+# PopART clips the factor so the final scale stays at most 2**15, the largest power of 2 float16 holds.
+ALS_MAX_SCALE = 2.0**15
 
 
 def hyper_name(group_index, name):
@@ -44,8 +56,9 @@ def _scalar(graph, h):
 class OptimizerBuilder:
     """Builds one OptimizerSpec's update rule into graphs; records the initial value of every new variable."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, automatic_loss_scaling=False):
         self.spec = spec
+        self.automatic_loss_scaling = automatic_loss_scaling
         self.initial = {}
 
     # -- variables ------------------------------------------------------------------------------
@@ -64,7 +77,14 @@ class OptimizerBuilder:
         return self._variable(graph, hyper_name(group_index, name), (), "float32", group.values[name])
 
     def loss_scaling(self, graph):
-        """The loss scaling factor: a Value if variable, else a float."""
+        """The loss scaling factor: a Value if variable or automatic, else a float."""
+        scale = self._base_loss_scaling(graph)
+        if self.automatic_loss_scaling:
+            return self._variable(graph, LOSS_SCALE_FACTOR, (), "float32", 1.0) * scale
+        return scale
+
+    def _base_loss_scaling(self, graph):
+        """The optimizer's own loss scaling: a Value if variable, else a float."""
         if self.spec.loss_scaling_variable:
             return self._variable(graph, LOSS_SCALING, (), "float32", self.spec.loss_scaling)
         return self.spec.loss_scaling
@@ -92,12 +112,16 @@ class OptimizerBuilder:
         return step, step + 1.0
 
     # -- the update -----------------------------------------------------------------------------
-    def apply(self, graph, params, grads, group_of):
-        """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group."""
+    def apply(self, graph, params, grads, group_of, large_counts=None):
+        """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group.
+        With automatic loss scaling, ``large_counts`` is (large elements, elements) over the step's micro-batches
+        if they were counted elsewhere, else ``grads`` are counted here."""
+        scale = self.loss_scaling(graph)
+        if self.automatic_loss_scaling:
+            self._update_loss_scale_factor(graph, *(large_counts or self.count_large_gradients(grads)))
         grads = {
             name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
         }
-        scale = self.loss_scaling(graph)
         if not _is_one(scale):
             grads = {name: g / scale for name, g in grads.items()}
         if self.spec.max_grad_norm is not None:
@@ -112,6 +136,33 @@ class OptimizerBuilder:
                 graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
         if step is not None:
             graph.update(step, t)
+
+    def count_large_gradients(self, grads):
+        """Automatic loss scaling's statistics: (a float32 Value counting the elements of the tracked float16
+        gradients at or above the bin edge, the number of tracked elements)."""
+        tracked = _tracked_gradients(grads.values())
+        if not tracked:
+            raise Error(
+                "Automatic loss scaling tracks the float16 gradients that the backward pass's matmuls and "
+                "convolutions produce, and this model has none: train a float16 model (model.half()) or disable "
+                "Training.setAutomaticLossScaling"
+            )
+        edge = _scalar(tracked[0].graph, ALS_BIN_EDGE)
+        upper = None
+        for g in tracked:
+            large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
+            count = _op("reduce_sum", large, axes=None, keepdims=False)
+            upper = count if upper is None else upper + count
+        return upper, sum(int(np.prod(g.shape)) for g in tracked)
+
+    def _update_loss_scale_factor(self, graph, upper, elements):
+        """PopART's rule: halve the factor if more than the threshold proportion of elements are large, else
+        double it; clip it so the final scale stays within float16's powers of 2."""
+        too_large = _op("gt", upper, _scalar(graph, ALS_UPPER_PROPORTION * elements))
+        factor = self._variable(graph, LOSS_SCALE_FACTOR, (), "float32", 1.0)
+        new = _op("where", too_large, factor * 0.5, factor * 2.0)
+        limit = _scalar(graph, ALS_MAX_SCALE) / _scalar(graph, self._base_loss_scaling(graph))
+        graph.update(factor, _op("minimum", new, limit))
 
     def _needs_step(self):
         kind = self.spec.kind
@@ -228,6 +279,20 @@ class OptimizerBuilder:
         either_zero = _op("logical_or", _op("eq", r1, zero), _op("eq", r2, zero))
         trust = _op("where", either_zero, _scalar(graph, 1.0), r1 / _op("maximum", r2, _scalar(graph, 1e-30)))
         return p - update * (trust * lr)
+
+
+def _tracked_gradients(grads):
+    """The float16 outputs of backward matmuls and convolutions the parameters' gradients are computed from."""
+    tracked, seen, stack = {}, set(), list(grads)
+    while stack:
+        node = stack.pop().producer
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.role == "backward" and str(node.op).startswith(_TRACKED_OPS):
+            tracked.update({id(v): v for v in node.outputs if v.dtype == DType.float16})
+        stack.extend(node.inputs)
+    return list(tracked.values())
 
 
 def _norm(x):

@@ -18,12 +18,15 @@ from poptorch import _host_print
 from poptorch._optimizer_graph import OptimizerBuilder
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
+from poptorch.options import not_modelled
 
 RNG_SEED = "_rng_seed"
 ACCUMULATOR_PREFIX = "_accum."
 # Micro-batches accumulated so far in the current step (MeanReductionStrategy.Running divides by it). Under
 # ACCUMULATOR_PREFIX, so a step cut short resets it with the accumulators; "#" appears in no parameter name.
 ACCUM_COUNT = ACCUMULATOR_PREFIX + "#micro_batches"
+# Automatic loss scaling's count of large gradient elements over the step's micro-batches (reset likewise).
+LARGE_COUNT = ACCUMULATOR_PREFIX + "#large_gradient_elements"
 NO_LOSS = "Couldn't find a loss in graph!"
 MANY_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. "
@@ -45,6 +48,8 @@ class Programs:
     step: str | None = None
     initial: dict = field(default_factory=dict)
     trained: list = field(default_factory=list)
+    # Trained parameter -> (program, the gradient its optimizer step applies), for anchors.
+    gradients: dict = field(default_factory=dict)
 
 
 def build_inference(captured):
@@ -97,7 +102,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     graph = captured.graph
     loss = the_loss(captured)
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
-    builder = OptimizerBuilder(spec)
+    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling)
     on_phase("autodiff")
     printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(
@@ -119,11 +124,17 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
     processes = options.Distributed.numProcesses
+    if options.Training.automatic_loss_scaling and (options.replication_factor > 1 or processes > 1):
+        raise not_modelled(
+            "Training.setAutomaticLossScaling(True) with replication or several processes",
+            "use one replica, or a fixed loss_scaling",
+        )
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):
             builder.apply(graph, params, grads, group_of)
-        return Programs({"train": graph}, "train", None, builder.initial, trained)
+        gradients = {name: ("train", grads[name]) for name in trained}
+        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients)
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
@@ -147,9 +158,25 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
             reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
-        builder.apply(apply, step_params, reduced, group_of)
+        large_counts = None
+        if builder.automatic_loss_scaling:
+            large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches)
+        builder.apply(apply, step_params, reduced, group_of, large_counts)
     initial.update(builder.initial)
-    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained)
+    gradients = {name: ("apply", reduced[name]) for name in trained}
+    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained, gradients)
+
+
+def _large_counts(builder, graph, apply, initial, grads, micro_batches):
+    """Automatic loss scaling over a step's micro-batches (as PopART accumulates its histograms): each counts
+    its large gradient elements into a variable the step reads and resets."""
+    large, elements = builder.count_large_gradients(grads)
+    count = graph.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
+    initial[LARGE_COUNT] = np.zeros((), dtype=np.float32)
+    graph.update(count, count + large)
+    step_count = apply.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
+    apply.update(step_count, apply.constant(np.float32(0)))
+    return step_count, elements * micro_batches
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):

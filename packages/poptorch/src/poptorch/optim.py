@@ -18,6 +18,9 @@ from poptorch.errors import Error
 EMPTY_STATE = "Cannot load optimizer state dictionary because it is empty."
 NOT_IPU_STATE = "Only IPU optimizer states can be loaded onto the IPU."
 _IPU_KEYS = ("ipu_state", "ipu_param")
+# PopART's name for the automatic loss scaling factor in ipu_state; the optimizer attribute holding it.
+LOSS_SCALE_FACTOR_KEY = "lossScaleUpdateFactor"
+_FACTOR_ATTR = "_loss_scale_update_factor"
 HOST_STEP_WARNING = (
     "optimizer.step() was called on an optimizer that a poptorch.trainingModel uses: the wrapped model already "
     "performs the optimizer step on the IPU at each call, so this step only applies gradients computed on the "
@@ -92,6 +95,9 @@ class _PoptorchOptimizer:
         hyper-parameters). Always current: a device holding a newer state copies it back first."""
         state = super().state_dict()
         state["ipu_state"] = {k: dict(v) for k, v in state["state"].items()}
+        factor = loss_scale_factor(self)
+        if factor is not None:
+            state["ipu_state"][LOSS_SCALE_FACTOR_KEY] = torch.tensor(factor)
         state["ipu_param"] = _ipu_params(self)
         return state
 
@@ -101,9 +107,22 @@ class _PoptorchOptimizer:
             raise Error(EMPTY_STATE)
         if not all(key in state_dict for key in _IPU_KEYS):
             raise Error(NOT_IPU_STATE)
+        factor = state_dict["ipu_state"].get(LOSS_SCALE_FACTOR_KEY)
         state_dict = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
         _weights.check_loading_state(self, state_dict)
         super().load_state_dict(state_dict)
+        if factor is not None:
+            set_loss_scale_factor(self, float(factor))
+
+
+def loss_scale_factor(optimizer):
+    """The automatic loss scaling factor last read from the device (None before any step)."""
+    return getattr(optimizer, _FACTOR_ATTR, None)
+
+
+def set_loss_scale_factor(optimizer, factor):
+    """Keep the automatic loss scaling factor with ``optimizer``: the next device it runs on starts from it."""
+    setattr(optimizer, _FACTOR_ATTR, factor)
 
 
 def use(optimizer, executor):

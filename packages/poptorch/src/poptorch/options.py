@@ -37,6 +37,8 @@ _DEFAULTS = {
     "inputGroupType": CommGroupType.NoGrouping,
     "outputMode": OutputMode.Default,
     "outputReturnPeriod": 1,
+    # (short name, PopART long name, OutputMode or None for the model's, return period) per anchorTensor call.
+    "anchoredTensors": (),
     "randomSeed": None,
     "useIpuModel": False,
     "executableCachePath": None,
@@ -233,13 +235,11 @@ class _TrainingOptions(_Group):
         return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
 
     def setAutomaticLossScaling(self, enabled):
-        """Automatic loss scaling: only False is accepted."""
-        if _bool("setAutomaticLossScaling", enabled):
-            raise not_modelled(
-                "Training.setAutomaticLossScaling(True)",
-                "set a fixed loss_scaling on a poptorch.optim optimizer instead",
-            )
-        return self._set("automaticLossScaling", False)
+        """Automatic loss scaling (PopART's default settings): after each optimizer step the device halves the
+        loss scaling if more than 1e-7 of the float16 weight gradients' elements reach 1/16 of float16's
+        maximum, else doubles it. The optimizer's ``loss_scaling`` is the starting value and is updated from
+        the device after each step."""
+        return self._set("automaticLossScaling", _bool("setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled):
         """Convolution dithering (a tile-placement heuristic): only False is accepted."""
@@ -261,6 +261,10 @@ class _TrainingOptions(_Group):
     @property
     def mean_reduction_strategy(self):
         return self._get("meanAccumulationAndReplicationReductionStrategy")
+
+    @property
+    def automatic_loss_scaling(self):
+        return self._get("automaticLossScaling")
 
 
 class _PrecisionOptions(_Group):
@@ -864,11 +868,22 @@ class Options(_NoAssignment):
         return self._set("availableMemoryProportion", tuple(sorted(proportions.items())))
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
-        """Refused: tensors inside the graph have no PopART names to anchor; return the value from forward."""
-        raise not_modelled(
-            f"anchorTensor({short_name!r}, {long_name!r})",
-            "return the tensor from the model's forward (add it to the outputs) to read it after a run",
-        )
+        """Stream the graph tensor PopART names ``long_name`` to the host after each run, to read it with
+        ``getAnchoredTensor(short_name)``: a parameter ``model.<fqn>``, its gradient
+        ``Gradient___model.<fqn>`` or its value after the optimizer step ``UpdatedVar___model.<fqn>``
+        (``getTensorNames()`` lists them). ``output_mode`` (default: the model's output mode) selects which
+        of a call's values are returned; ``output_return_period`` is used only with ``OutputMode.EveryN``."""
+        for name, value in (("short_name", short_name), ("long_name", long_name)):
+            if not isinstance(value, str) or not value:
+                raise Error(f"anchorTensor's {name} must be a non-empty string, got {value!r}")
+        if output_mode is not None:
+            output_mode = _enum("anchorTensor's output_mode", OutputMode, output_mode)
+        if output_mode == OutputMode.EveryN:
+            output_return_period = _positive_int("output_return_period", output_return_period)
+        else:
+            output_return_period = 1
+        requests = [r for r in self._values["anchoredTensors"] if r[0] != short_name]
+        return self._set("anchoredTensors", (*requests, (short_name, long_name, output_mode, output_return_period)))
 
     # -- read side (PopTorch's snake_case properties) -------------------------------------------
     @property
@@ -918,6 +933,11 @@ class Options(_NoAssignment):
     @property
     def output_return_period(self):
         return self._values["outputReturnPeriod"]
+
+    @property
+    def anchored_tensors(self):
+        """The anchorTensor requests: (short name, long name, OutputMode or None, return period)."""
+        return self._values["anchoredTensors"]
 
     @property
     def random_seed(self):

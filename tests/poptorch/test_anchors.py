@@ -1,0 +1,184 @@
+"""Anchored tensors: Options.anchorTensor, getAnchoredTensor and getTensorNames, against eager PyTorch."""
+
+import copy
+
+import pytest
+import torch
+
+import poptorch
+
+LR = 0.1
+BATCH = 2
+
+
+class Model(torch.nn.Module):
+    """The user guide's anchoring example: two linear layers and an MSE loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 5)
+        self.fc2 = torch.nn.Linear(5, 3)
+        self.loss = torch.nn.MSELoss()
+
+    def forward(self, x, labels):
+        return self.loss(self.fc2(torch.relu(self.fc1(x))), labels)
+
+
+def _eager_steps(model, xs, ys, micro_batches=1):
+    """Eager SGD steps over the chunks of xs/ys (each step averaging ``micro_batches`` micro-batch
+    gradients); returns per step (fc2.bias gradient, fc2.weight after the step)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    steps = []
+    for step_x, step_y in zip(xs.split(BATCH * micro_batches), ys.split(BATCH * micro_batches)):
+        optimizer.zero_grad()
+        for x, y in zip(step_x.split(BATCH), step_y.split(BATCH)):
+            (model(x, y) / micro_batches).backward()
+        optimizer.step()
+        steps.append((model.fc2.bias.grad.clone(), model.fc2.weight.detach().clone()))
+    return steps
+
+
+def _anchored_training(model, opts, mode=None, period=1):
+    opts.anchorTensor("grad_bias", "Gradient___model.fc2.bias", mode, period)
+    opts.anchorTensor("update_weight", "UpdatedVar___model.fc2.weight", mode, period)
+    return poptorch.trainingModel(model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def _select(values, mode, period):
+    """What one call returns of its per-step ``values`` in ``mode``."""
+    if mode == poptorch.OutputMode.Final:
+        return values[-1]
+    if mode == poptorch.OutputMode.Sum:
+        return torch.stack(values).sum(0)
+    if mode == poptorch.OutputMode.EveryN:
+        values = values[period - 1 :: period]
+    return values[0] if len(values) == 1 else torch.stack(values)
+
+
+@pytest.mark.parametrize(
+    ("mode", "period"),
+    [
+        (poptorch.OutputMode.All, 1),
+        (poptorch.OutputMode.Final, 1),
+        (poptorch.OutputMode.EveryN, 2),
+        (poptorch.OutputMode.Sum, 1),
+    ],
+)
+def test_gradient_and_updated_weight_match_eager_step_by_step(mode, period):
+    torch.manual_seed(0)
+    model, iterations = Model(), 4
+    reference = copy.deepcopy(model)
+    poptorch_model = _anchored_training(model, poptorch.Options().deviceIterations(iterations), mode, period)
+    for _ in range(2):
+        x, y = torch.randn(iterations * BATCH, 4), torch.randn(iterations * BATCH, 3)
+        poptorch_model(x, y)
+        grads, weights = zip(*_eager_steps(reference, x, y))
+        _close(poptorch_model.getAnchoredTensor("grad_bias"), _select(list(grads), mode, period))
+        _close(poptorch_model.getAnchoredTensor("update_weight"), _select(list(weights), mode, period))
+
+
+def test_default_mode_follows_the_models_output_mode_and_one_value_has_no_leading_dimension():
+    torch.manual_seed(1)
+    model = Model()
+    reference = copy.deepcopy(model)
+    # A training model's outputs default to Final: so do its anchors.
+    poptorch_model = _anchored_training(model, poptorch.Options().deviceIterations(3))
+    x, y = torch.randn(3 * BATCH, 4), torch.randn(3 * BATCH, 3)
+    poptorch_model(x, y)
+    grad, weight = _eager_steps(reference, x, y)[-1]
+    assert poptorch_model.getAnchoredTensor("grad_bias").shape == (3,)
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
+    _close(poptorch_model.getAnchoredTensor("update_weight"), weight)
+
+
+def test_gradient_accumulation_anchors_the_gradient_the_step_applies():
+    torch.manual_seed(2)
+    model, iterations, accumulation = Model(), 2, 2
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(iterations)
+    opts.Training.gradientAccumulation(accumulation)
+    poptorch_model = _anchored_training(model, opts, poptorch.OutputMode.All)
+    rows = iterations * accumulation * BATCH
+    x, y = torch.randn(rows, 4), torch.randn(rows, 3)
+    poptorch_model(x, y)
+    grads, weights = zip(*_eager_steps(reference, x, y, micro_batches=accumulation))
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), torch.stack(grads))
+    _close(poptorch_model.getAnchoredTensor("update_weight"), torch.stack(weights))
+
+
+def test_inference_anchors_a_parameter():
+    model = torch.nn.Linear(4, 3)
+    opts = poptorch.Options()
+    opts.anchorTensor("w", "model.weight")
+    poptorch_model = poptorch.inferenceModel(model, opts)
+    poptorch_model(torch.randn(2, 4))
+    torch.testing.assert_close(poptorch_model.getAnchoredTensor("w"), model.weight.detach())
+
+
+def test_tensor_names_list_parameters_gradients_and_updated_values():
+    model = Model()
+    poptorch_model = poptorch.trainingModel(model)
+    with pytest.raises(AssertionError, match="Model must be compiled before calling getTensorNames"):
+        poptorch_model.getTensorNames()
+    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+    names = poptorch_model.getTensorNames()
+    for fqn, _ in model.named_parameters():
+        assert {f"model.{fqn}", f"Gradient___model.{fqn}", f"UpdatedVar___model.{fqn}"} <= set(names)
+
+
+def test_unknown_names_raise_poptorchs_errors():
+    opts = poptorch.Options()
+    opts.anchorTensor("grad_bias", "Gradient___model.fc2.bias")
+    poptorch_model = poptorch.trainingModel(Model(), opts)
+    with pytest.raises(AssertionError, match="No tensor with name grad_bias found."):
+        poptorch_model.getAnchoredTensor("grad_bias")  # nothing has run yet
+    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+    with pytest.raises(AssertionError, match="No tensor with name other found."):
+        poptorch_model.getAnchoredTensor("other")
+
+    opts = poptorch.Options()
+    opts.anchorTensor("grad_bias", "Gradient___fc2.bias")  # the long name lacks PopTorch's "model." prefix
+    poptorch_model = poptorch.trainingModel(Model(), opts)
+    with pytest.raises(poptorch.Error, match="no tensor named 'Gradient___fc2.bias'.*Gradient___model.fc2.bias"):
+        poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+
+
+def test_an_anchor_is_streamed_to_the_host_and_costed_as_a_host_transfer():
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+
+    def host_cycles(opts):
+        poptorch_model = poptorch.trainingModel(Model(), opts)
+        poptorch_model(x, y)
+        return poptorch_model.profile.programs["train"]["host_cycles"]
+
+    anchored = poptorch.Options()
+    anchored.anchorTensor("update_weight", "UpdatedVar___model.fc1.weight")
+    assert host_cycles(anchored) > host_cycles(poptorch.Options())
+
+
+def test_every_n_period_must_divide_the_device_iterations_before_anything_runs():
+    model = Model()
+    before = copy.deepcopy(model.state_dict())
+    opts = poptorch.Options().deviceIterations(3)
+    poptorch_model = _anchored_training(model, opts, poptorch.OutputMode.EveryN, 2)
+    with pytest.raises(poptorch.Error, match=r"EveryN\(2\) needs a period dividing the 3 device iterations"):
+        poptorch_model(torch.randn(3 * BATCH, 4), torch.randn(3 * BATCH, 3))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+
+
+def test_replicas_anchor_the_gradient_reduced_over_them():
+    torch.manual_seed(3)
+    model, replicas = Model(), 2
+    reference = copy.deepcopy(model)
+    poptorch_model = _anchored_training(model, poptorch.Options().replicationFactor(replicas))
+    x, y = torch.randn(replicas * BATCH, 4), torch.randn(replicas * BATCH, 3)
+    poptorch_model(x, y)
+    # One step over both replicas' micro-batches, the mean of their gradients.
+    [(grad, weight)] = _eager_steps(reference, x, y, micro_batches=replicas)
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
+    _close(poptorch_model.getAnchoredTensor("update_weight"), weight)

@@ -1,0 +1,236 @@
+"""Automatic loss scaling: the device halves or doubles the loss scaling from the float16 gradients each step."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import poptorch
+
+FP16_MAX = float(np.finfo(np.float16).max)
+EDGE = 0.0625 * FP16_MAX  # PopART's default bin edge, as a fraction of float16's maximum
+UPPER_PROPORTION = 1e-7
+MAX_SCALE = 2.0**15  # PopART keeps the final scale a power of 2 within float16's range
+LR = 0.01
+# Layers whose backward matmuls or convolutions produce the tracked gradients (of the weight and the input).
+TRACKED_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
+# The reference's hook on the first Linear (whose input needs no gradient) fires without an input gradient.
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+
+class HalfNet(torch.nn.Module):
+    def __init__(self, gain):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)).half()
+        self.gain = gain
+
+    def forward(self, x):
+        return poptorch.identity_loss(self.net(x).float().pow(2).mean() * self.gain, "none")
+
+
+class HalfConvNet(HalfNet):
+    def __init__(self, gain):
+        super().__init__(gain)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, 3)).half()
+
+
+def _opts():
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.Training.setAutomaticLossScaling(True)
+    return opts
+
+
+def _reference_steps(model, x, scale, steps):
+    """Eager torch step by step: backward of the scaled loss in float16, SGD on the unscaled gradients, then
+    PopART's rule on the float16 outputs of the backward matmuls (still scaled): each Linear's weight gradient
+    and the gradient of its input. Returns the scale after each step."""
+    scales = []
+    params = list(model.parameters())
+    input_grads = []
+    for layer in model.modules():
+        if isinstance(layer, TRACKED_LAYERS):
+            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    for _ in range(steps):
+        model.zero_grad()
+        input_grads.clear()
+        (model(x) * scale).backward()
+        weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
+        tracked = weights + [g for g in input_grads if g is not None]
+        upper = sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
+        elements = sum(g.numel() for g in tracked)
+        with torch.no_grad():
+            for p in params:
+                p.copy_((p.float() - (p.grad.float() / scale) * LR).half())
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scales.append(scale)
+    return scales
+
+
+def _factor(optimizer):
+    return float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"])
+
+
+def _run(gain, initial_scale, steps, net=HalfNet, shape=(3, 4)):
+    torch.manual_seed(0)
+    model = net(gain)
+    reference = copy.deepcopy(model)
+    x = torch.randn(*shape).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=initial_scale)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(initial_scale * _factor(optimizer))
+    assert optimizer.loss_scaling == initial_scale  # the optimizer keeps its own; the device scales it
+    expected = _reference_steps(reference, x, initial_scale, steps)
+    training.copyWeightsToHost()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    return scales, expected
+
+
+def test_overflowing_gradients_halve_the_scale():
+    scales, expected = _run(gain=4.0, initial_scale=32768.0, steps=4)
+    assert scales[0] == 16384.0
+    assert scales == expected
+
+
+def test_convolution_gradients_are_tracked():
+    scales, expected = _run(gain=4.0, initial_scale=32768.0, steps=3, net=HalfConvNet, shape=(2, 2, 7, 7))
+    assert scales[0] == 16384.0
+    assert scales == expected
+
+
+def test_tiny_gradients_double_the_scale():
+    scales, expected = _run(gain=1e-3, initial_scale=1.0, steps=3)
+    assert scales == [2.0, 4.0, 8.0]
+    assert scales == expected
+
+
+def test_float32_gradients_are_refused():
+    model = torch.nn.Linear(4, 2)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model
+
+        def forward(self, x):
+            return poptorch.identity_loss(self.lin(x).sum(), "none")
+
+    net = Net()
+    training = poptorch.trainingModel(net, _opts(), poptorch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="float16 gradients"):
+        training(torch.randn(2, 4))
+
+
+def test_replication_is_refused():
+    model = HalfNet(1.0)
+    opts = _opts().replicationFactor(2)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="not modelled"):
+        training(torch.randn(6, 4).half())
+
+
+def test_gradient_accumulation_counts_every_micro_batch():
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = copy.deepcopy(model)
+    micro_batches, steps = 2, 4
+    x = torch.randn(3 * micro_batches, 4).half()
+    opts = _opts()
+    opts.Training.gradientAccumulation(micro_batches)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(4096.0 * _factor(optimizer))
+    training.copyWeightsToHost()
+    assert scales == _reference_accumulated(reference, x.chunk(micro_batches), 4096.0, steps)
+    assert scales == [8192.0, 4096.0, 8192.0, 4096.0]  # both ways: a large element in either micro-batch halves
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def _reference_accumulated(model, micro_batches, scale, steps):
+    """As _reference_steps, the float16 gradients summed over the micro-batches and their mean applied; the
+    large elements of every micro-batch count towards the step's decision."""
+    scales, input_grads = [], []
+    for layer in model.modules():
+        if isinstance(layer, TRACKED_LAYERS):
+            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    params = list(model.parameters())
+    for _ in range(steps):
+        upper = elements = 0
+        sums = [torch.zeros_like(p) for p in params]
+        for x in micro_batches:
+            model.zero_grad()
+            input_grads.clear()
+            (model(x) * scale).backward()
+            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
+            tracked = weights + [g for g in input_grads if g is not None]
+            upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
+            elements += sum(g.numel() for g in tracked)
+            sums = [s + p.grad for s, p in zip(sums, params)]
+        with torch.no_grad():
+            for p, s in zip(params, sums):
+                p.copy_((p.float() - ((s.float() / len(micro_batches)) / scale) * LR).half())
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scales.append(scale)
+    return scales
+
+
+def test_inference_is_refused():
+    with pytest.raises(poptorch.Error, match="automatic loss scaling is for training"):
+        poptorch.inferenceModel(torch.nn.Linear(2, 2), _opts())
+
+
+def test_setting_the_optimizer_keeps_the_device_scale():
+    torch.manual_seed(0)
+    model = HalfNet(1e-3)
+    x = torch.randn(3, 4).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    training(x)
+    optimizer.param_groups[0]["lr"] = LR / 2
+    training.setOptimizer(optimizer)
+    training(x)
+    assert _factor(optimizer) == 4.0
+
+
+def test_the_scale_is_capped_at_2_to_the_15():
+    scales, expected = _run(gain=1e-3, initial_scale=8192.0, steps=3)
+    assert scales == [16384.0, 32768.0, 32768.0]
+    assert scales == expected
+
+
+def test_a_loaded_factor_is_uploaded():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4).half()
+    model = HalfNet(1e-3)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    poptorch.trainingModel(model, _opts(), optimizer)(x)
+    saved = optimizer.state_dict()
+    fresh_model = HalfNet(1e-3)
+    fresh = poptorch.optim.SGD(fresh_model.parameters(), lr=LR, loss_scaling=1.0)
+    fresh.load_state_dict(saved)
+    poptorch.trainingModel(fresh_model, _opts(), fresh)(x)
+    assert _factor(fresh) == 4.0
+
+
+def test_the_factor_starts_at_one_when_compiled_and_carries_over_to_a_new_optimizer():
+    torch.manual_seed(0)
+    model = HalfNet(1e-3)
+    x = torch.randn(3, 4).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training = poptorch.trainingModel(model, _opts(), optimizer)
+    training.compile(x)
+    assert _factor(optimizer) == 1.0
+    training(x)
+    replacement = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=1.0)
+    training.setOptimizer(replacement)
+    assert _factor(replacement) == 2.0
+    training(x)
+    assert _factor(replacement) == 4.0
