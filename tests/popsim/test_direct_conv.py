@@ -310,3 +310,75 @@ def test_the_conv_plan_keeps_within_the_available_memory_proportion():
     tight = plan(0.9 * fastest.memory / target.tile_bytes)
     assert tight.memory < fastest.memory
     assert tight.memory <= 0.9 * fastest.memory or tight.memory == plan(1e-9).memory
+
+
+def _conv_vertex(geometry, patch, weights):
+    """One CONV vertex on tile 0 over the given float32 patch and weights, its geometry as given."""
+    dg = popsim.DeviceGraph(TARGET)
+    here = popsim.TileMapping.on_tiles
+    geo = dict(zip(oc.CONV_GEOMETRY, geometry))
+    n = geo["batch"] * geo["out_channels"] * geo["out_rows"] * geo["out_cols"]
+    words = len(oc.CONV_GEOMETRY)
+    tensors = {}
+    for name, value, dtype in (("patch", patch, DType.float32), ("w", weights, DType.float32),
+                               ("geometry", np.array(geometry, np.int32), DType.int32)):  # fmt: skip
+        tensors[name] = dg.add_tensor((value.size,), dtype, here([value.size], [0]), name, "constant", value.ravel())
+    out = dg.add_tensor((n,), DType.float32, here([n], [0]), "out")
+    cs = dg.add_compute_set("conv")
+    fields = {"patch": tensors["patch"].region(0, patch.size), "weights": tensors["w"].region(0, weights.size)}
+    fields["geometry"] = tensors["geometry"].region(0, words)
+    sizes = {"patch_size": patch.size, "weights_size": weights.size, "taps": weights.size // geo["out_channels"]}
+    oc.conv(dg.add_vertex, cs, 0, n, 1, **fields, out=out.region(0, n), **sizes)
+    return popsim.compile_device_graph(dg, outputs={"out": out}).run()["out"]
+
+
+def _ascending_tap_reference(geometry, patch, weights):
+    """The CONV vertex's float32 result for an unspaced input: each output summed over its taps in ascending
+    order from zero, one rounded multiply and one rounded add per tap (zero where a window reads padding)."""
+    geo = dict(zip(oc.CONV_GEOMETRY, geometry))
+    oh, ow, first_row, first_col = geo["out_rows"], geo["out_cols"], geo["first_row"], geo["first_col"]
+    out = np.zeros((geo["batch"], geo["out_channels"], oh, ow), np.float32)
+    w = weights.reshape(geo["out_channels"], -1)
+    ys, xs = np.arange(oh)[:, None], np.arange(ow)[None, :]
+    for t, (c, i, j) in enumerate(np.ndindex(geo["channels"], geo["kernel_rows"], geo["kernel_cols"])):
+        r = first_row + ys * geo["stride_rows"] + i * geo["dilation_rows"]
+        q = first_col + xs * geo["stride_cols"] + j * geo["dilation_cols"]
+        inside = (r >= 0) & (r < geo["rows"]) & (q >= 0) & (q < geo["cols"])
+        column = np.where(inside, patch[:, c, np.clip(r, 0, geo["rows"] - 1), np.clip(q, 0, geo["cols"] - 1)], 0)
+        with np.errstate(invalid="ignore"):  # inf * 0 over padding is NaN, as on the tile
+            out = out + w[None, :, t, None, None] * column.astype(np.float32)[:, None]
+    return out.reshape(-1)
+
+
+# Unit column stride, unspaced input and few output channels (the implicit GEMM that reads window rows in
+# place): (batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel, stride_rows, dilation, first)
+# with output rows narrower than, equal to and wider than one 8-wide vector, and padding on every side.
+IMPLICIT_GEOMETRIES = [
+    (2, 3, 6, 5, 3, 6, 5, (3, 3), 1, (1, 1), (-1, -1)),
+    (1, 2, 16, 16, 8, 8, 16, (3, 3), 2, (1, 1), (-1, -1)),
+    (2, 2, 9, 17, 1, 5, 19, (3, 2), 1, (2, 3), (-2, -4)),
+    (1, 4, 5, 12, 5, 4, 8, (1, 1), 1, (1, 1), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("batch, ch, rows, cols, oc_, oh, ow, kernel, sr, dilation, first", IMPLICIT_GEOMETRIES)
+def test_the_implicit_conv_gemm_sums_taps_in_ascending_order_bit_for_bit(
+    batch, ch, rows, cols, oc_, oh, ow, kernel, sr, dilation, first
+):
+    rng = np.random.default_rng(1)
+    geometry = [batch, ch, rows, cols, oc_, oh, ow, *kernel, sr, 1, *dilation, 1, 1, *first]
+    patch = rng.normal(size=(batch, ch, rows, cols)).astype(np.float32)
+    weights = rng.normal(size=(oc_, ch, *kernel)).astype(np.float32)
+    got = _conv_vertex(geometry, patch, weights)
+    np.testing.assert_array_equal(got, _ascending_tap_reference(geometry, patch, weights))
+
+
+def test_an_infinite_weight_over_padding_gives_nan_as_the_window_columns_do():
+    # inf * 0 is NaN: a tap over padding is still multiplied and added, never skipped.
+    geometry = [1, 1, 4, 4, 2, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, -1, -1]
+    patch = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4) + 1
+    weights = np.ones((2, 1, 3, 3), np.float32)
+    weights[1, 0, 0, 0] = np.inf
+    got = _conv_vertex(geometry, patch, weights).reshape(2, 4, 4)
+    np.testing.assert_array_equal(got, _ascending_tap_reference(geometry, patch, weights).reshape(2, 4, 4))
+    assert np.isnan(got[1, 0]).all() and np.isnan(got[1, :, 0]).all() and np.isinf(got[1, 1:, 1:]).all()

@@ -203,8 +203,66 @@ cdef extern from *:
         if (w && !tail) ps_narrow_columns(a, b, out, m, k, n, full);
         if (tail && tail != stack_tail) free(tail);
     }
+
+    /* Implicit-GEMM direct convolution of one batch item for few output channels, unit column stride and
+       unspaced input: out (m, oh * ow) = w (m, taps) @ window columns, where each tap's 8 outputs of an
+       output row are 8 consecutive elements of a patch row, read in place rather than copied into columns.
+       ``pad`` is the patch with enough zero rows and columns around it that every read lands inside
+       (pad_rows x pad_cols per channel, the window of output (0, 0) at kernel tap (0, 0) at its origin).
+       Every output sums its products in ascending tap order from zero, exactly as ps_small_gemm over the
+       columns would. */
+    #define PS_CONV_PANEL(R)                                                                          \
+        PS_INLINE void ps_conv_panel_##R(const float* w, const float* pad, float* out, long pos,       \
+                                         const int* geo, long taps, int x0, int lanes) {               \
+            ps_v8 c[R];                                                                                \
+            int r, ch, i, j;                                                                           \
+            long t = 0, plane = (long)geo[1] * geo[2];                                                 \
+            for (r = 0; r < R; r++) c[r] = (ps_v8){0};                                                 \
+            for (ch = 0; ch < geo[0]; ch++)                                                            \
+                for (i = 0; i < geo[3]; i++) {                                                         \
+                    const float* src = pad + ch * plane + (long)i * geo[5] * geo[2] + x0;             \
+                    for (j = 0; j < geo[4]; j++, t++) {                                                \
+                        ps_v8 v;                                                                       \
+                        memcpy(&v, src + (long)j * geo[6], sizeof v);                                  \
+                        for (r = 0; r < R; r++) c[r] += w[(long)r * taps + t] * v;                     \
+                    }                                                                                  \
+                }                                                                                      \
+            for (r = 0; r < R; r++) {                                                                  \
+                float l8[PS_LANES];                                                                    \
+                memcpy(l8, &c[r], sizeof l8);                                                          \
+                for (i = 0; i < lanes; i++) out[r * pos + i] = l8[i];                                  \
+            }                                                                                          \
+        }
+    PS_CONV_PANEL(1) PS_CONV_PANEL(2) PS_CONV_PANEL(3) PS_CONV_PANEL(4)
+    PS_CONV_PANEL(5) PS_CONV_PANEL(6) PS_CONV_PANEL(7) PS_CONV_PANEL(8)
+
+    /* geo: channels, pad_rows, pad_cols, kernel rows, kernel cols, dilation rows, dilation cols, out rows,
+       out cols, stride rows. m is at most PS_PANEL_ROWS. */
+    PS_CLONES static void ps_conv_implicit(const float* w, const float* pad, float* out, int m,
+                                           const int* geo) {
+        long taps = (long)geo[0] * geo[3] * geo[4], pos = (long)geo[7] * geo[8];
+        int y, x0, lanes;
+        for (y = 0; y < geo[7]; y++) {
+            const float* row = pad + (long)y * geo[9] * geo[2];
+            float* o = out + (long)y * geo[8];
+            for (x0 = 0; x0 < geo[8]; x0 += PS_LANES) {
+                lanes = geo[8] - x0 < PS_LANES ? geo[8] - x0 : PS_LANES;
+                switch (m) {
+                case 1: ps_conv_panel_1(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 2: ps_conv_panel_2(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 3: ps_conv_panel_3(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 4: ps_conv_panel_4(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 5: ps_conv_panel_5(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 6: ps_conv_panel_6(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                case 7: ps_conv_panel_7(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                default: ps_conv_panel_8(w, row, o + x0, pos, geo, taps, x0, lanes); break;
+                }
+            }
+        }
+    }
     """
     void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil
+    void ps_conv_implicit(const float* w, const float* pad, float* out, int m, const int* geo) noexcept nogil
 
 DEF BLOCK = 256
 # Below this many multiply-adds a plain loop beats the overhead of a BLAS call.
@@ -212,6 +270,9 @@ DEF SMALL_GEMM_MACS = 32768
 # A conv block of at most this many output channels keeps its rows in registers over all taps and positions
 # (BLAS repacks the long window columns for each call, which costs more than such a skinny product).
 DEF CONV_REGISTER_ROWS = 8
+# The implicit conv GEMM's vector width (PS_LANES) and the words of its geometry (see ps_conv_implicit).
+DEF IMPLICIT_LANES = 8
+DEF IMPLICIT_GEOMETRY = 10
 # Rows a float32 reduction runs side by side (see reduce_float32_rows).
 DEF REDUCE_CHAINS = 4
 
@@ -997,6 +1058,44 @@ cdef void conv_columns(const float* patch, const int32_t* g, const ColumnTap* ta
                             dst[x] = 0.0
 
 
+cdef Py_ssize_t implicit_geometry(const int32_t* g, int* geo) noexcept nogil:
+    """Fill ``geo`` (ps_conv_implicit's geometry) and return the padded patch's size in floats when the
+    implicit GEMM runs this CONV vertex: few output channels, unit column stride, unspaced input, and a
+    padded patch no larger than the window columns it stands in for; otherwise 0."""
+    cdef Py_ssize_t oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS], rows, cols, size
+    if (g[CG_OUT_CHANNELS] > CONV_REGISTER_ROWS or g[CG_STRIDE_COLS] != 1 or g[CG_IN_DILATION_ROWS] != 1
+            or g[CG_IN_DILATION_COLS] != 1):
+        return 0
+    rows = (oh - 1) * g[CG_STRIDE_ROWS] + (g[CG_KERNEL_ROWS] - 1) * g[CG_DILATION_ROWS] + 1
+    # Whole vectors of PS_LANES outputs read past the last output: their extra lanes are dropped.
+    cols = (g[CG_KERNEL_COLS] - 1) * g[CG_DILATION_COLS] + (ow + IMPLICIT_LANES - 1) // IMPLICIT_LANES * IMPLICIT_LANES
+    size = g[CG_CHANNELS] * rows * cols
+    if size > <Py_ssize_t> g[CG_CHANNELS] * g[CG_KERNEL_ROWS] * g[CG_KERNEL_COLS] * oh * ow:
+        return 0
+    geo[0], geo[1], geo[2] = g[CG_CHANNELS], <int> rows, <int> cols
+    geo[3], geo[4], geo[5], geo[6] = g[CG_KERNEL_ROWS], g[CG_KERNEL_COLS], g[CG_DILATION_ROWS], g[CG_DILATION_COLS]
+    geo[7], geo[8], geo[9] = <int> oh, <int> ow, g[CG_STRIDE_ROWS]
+    return size
+
+
+cdef void pad_patch(const float* patch, const int32_t* g, const int* geo, float* pad) noexcept nogil:
+    """One batch item's patch into ``pad`` (channels, geo rows, geo cols), zero outside the patch: padded row
+    and column 0 are the patch's first_row and first_col."""
+    cdef Py_ssize_t rows = g[CG_ROWS], width = g[CG_COLS], pr = geo[1], pc = geo[2], c, r, src_row, lo, hi
+    cdef float* dst
+    memset(pad, 0, g[CG_CHANNELS] * pr * pc * sizeof(float))
+    lo = max(0, -g[CG_FIRST_COL])  # the first padded column inside the patch, and one past the last
+    hi = min(pc, width - g[CG_FIRST_COL])
+    if hi <= lo:
+        return
+    for c in range(g[CG_CHANNELS]):
+        for r in range(pr):
+            src_row = g[CG_FIRST_ROW] + r
+            if 0 <= src_row < rows:
+                dst = pad + (c * pr + r) * pc
+                memcpy(dst + lo, patch + (c * rows + src_row) * width + g[CG_FIRST_COL] + lo, (hi - lo) * sizeof(float))
+
+
 cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     """CONV: out (batch, out_channels, positions) = weights (out_channels, taps) @ the window columns of each
     batch item's patch, accumulated in float32 (then rounded once into float16 partials when out is
@@ -1011,6 +1110,8 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     cdef float* out
     cdef ColumnTap* column
     cdef double v
+    cdef int geo[IMPLICIT_GEOMETRY]
+    cdef Py_ssize_t padded
     if not conv_geometry_ok(g, row):
         return TRAPPED
     if row[C_N] == 0:
@@ -1018,7 +1119,9 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     patch = <float*> (base + row[C_A]) if dta == DT_FLOAT32 else <float*> malloc(max(row[C_P0], 1) * sizeof(float))
     weights = <float*> (base + row[C_B]) if dtb == DT_FLOAT32 else <float*> malloc(max(row[C_P1], 1) * sizeof(float))
     out = <float*> (base + row[C_OUT]) if dto == DT_FLOAT32 else <float*> malloc(row[C_N] * sizeof(float))
-    cols = <float*> malloc(max(taps * pos, 1) * sizeof(float))
+    # Scratch for the padded patch of the implicit GEMM, else the window columns.
+    padded = implicit_geometry(g, geo) if taps else 0
+    cols = <float*> malloc(max(padded if padded else taps * pos, 1) * sizeof(float))
     column = <ColumnTap*> malloc(max(g[CG_KERNEL_COLS], 1) * sizeof(ColumnTap))
     column_taps(g, column)
     if dta != DT_FLOAT32:
@@ -1028,6 +1131,10 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     for b in range(g[CG_BATCH]):
         if taps == 0:
             memset(out + b * oc * pos, 0, oc * pos * sizeof(float))
+            continue
+        if padded:
+            pad_patch(patch + b * per_item, g, geo, cols)
+            ps_conv_implicit(weights, cols, out + b * oc * pos, <int> oc, geo)
             continue
         conv_columns(patch + b * per_item, g, column, cols)
         if oc <= CONV_REGISTER_ROWS:
