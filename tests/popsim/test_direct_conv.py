@@ -350,14 +350,16 @@ def _ascending_tap_reference(geometry, patch, weights):
     return out.reshape(-1)
 
 
-# Unit column stride, unspaced input and few output channels (the implicit GEMM that reads window rows in
-# place): (batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel, stride_rows, dilation, first)
-# with output rows narrower than, equal to and wider than one 8-wide vector, and padding on every side.
+# Unit column stride and unspaced input (the implicit GEMM that reads window rows in place, its output
+# channels in strips of up to 8): (batch, channels, rows, cols, out_channels, out_rows, out_cols, kernel,
+# stride_rows, dilation, first) with output rows narrower than, equal to and wider than one 8-wide vector,
+# and padding on every side.
 IMPLICIT_GEOMETRIES = [
     (2, 3, 6, 5, 3, 6, 5, (3, 3), 1, (1, 1), (-1, -1)),
     (1, 2, 16, 16, 8, 8, 16, (3, 3), 2, (1, 1), (-1, -1)),
     (2, 2, 9, 17, 1, 5, 19, (3, 2), 1, (2, 3), (-2, -4)),
     (1, 4, 5, 12, 5, 4, 8, (1, 1), 1, (1, 1), (1, 2)),
+    (1, 8, 10, 10, 13, 10, 10, (3, 3), 1, (1, 1), (-1, -1)),
 ]
 
 

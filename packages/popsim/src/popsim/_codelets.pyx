@@ -236,11 +236,9 @@ cdef extern from *:
     PS_CONV_PANEL(1) PS_CONV_PANEL(2) PS_CONV_PANEL(3) PS_CONV_PANEL(4)
     PS_CONV_PANEL(5) PS_CONV_PANEL(6) PS_CONV_PANEL(7) PS_CONV_PANEL(8)
 
-    /* geo: channels, pad_rows, pad_cols, kernel rows, kernel cols, dilation rows, dilation cols, out rows,
-       out cols, stride rows. m is at most PS_PANEL_ROWS. */
-    PS_CLONES static void ps_conv_implicit(const float* w, const float* pad, float* out, int m,
-                                           const int* geo) {
-        long taps = (long)geo[0] * geo[3] * geo[4], pos = (long)geo[7] * geo[8];
+    /* Rows 0..m-1 (m at most PS_PANEL_ROWS) of ps_conv_implicit. */
+    PS_INLINE void ps_conv_strip(const float* w, const float* pad, float* out, int m, const int* geo, long taps,
+                                 long pos) {
         int y, x0, lanes;
         for (y = 0; y < geo[7]; y++) {
             const float* row = pad + (long)y * geo[9] * geo[2];
@@ -260,6 +258,19 @@ cdef extern from *:
             }
         }
     }
+
+    /* geo: channels, pad_rows, pad_cols, kernel rows, kernel cols, dilation rows, dilation cols, out rows,
+       out cols, stride rows. The m rows run in near-equal strips of up to PS_PANEL_ROWS. */
+    PS_CLONES static void ps_conv_implicit(const float* w, const float* pad, float* out, int m,
+                                           const int* geo) {
+        long taps = (long)geo[0] * geo[3] * geo[4], pos = (long)geo[7] * geo[8];
+        int i = 0, s, strips = (m + PS_PANEL_ROWS - 1) / PS_PANEL_ROWS;
+        for (s = 0; s < strips; s++) {
+            int rows = (m - i) / (strips - s);
+            ps_conv_strip(w + (long)i * taps, pad, out + (long)i * pos, rows, geo, taps, pos);
+            i += rows;
+        }
+    }
     """
     void ps_small_gemm(const float* a, const float* b, float* out, int m, int k, int n) noexcept nogil
     void ps_conv_implicit(const float* w, const float* pad, float* out, int m, const int* geo) noexcept nogil
@@ -273,6 +284,7 @@ DEF CONV_REGISTER_ROWS = 8
 # The implicit conv GEMM's vector width (PS_LANES) and the words of its geometry (see ps_conv_implicit).
 DEF IMPLICIT_LANES = 8
 DEF IMPLICIT_GEOMETRY = 10
+DEF IMPLICIT_MAX_ROWS = 64
 # Rows a float32 reduction runs side by side (see reduce_float32_rows).
 DEF REDUCE_CHAINS = 4
 
@@ -1063,7 +1075,7 @@ cdef Py_ssize_t implicit_geometry(const int32_t* g, int* geo) noexcept nogil:
     implicit GEMM runs this CONV vertex: few output channels, unit column stride, unspaced input, and a
     padded patch no larger than the window columns it stands in for; otherwise 0."""
     cdef Py_ssize_t oh = g[CG_OUT_ROWS], ow = g[CG_OUT_COLS], rows, cols, size
-    if (g[CG_OUT_CHANNELS] > CONV_REGISTER_ROWS or g[CG_STRIDE_COLS] != 1 or g[CG_IN_DILATION_ROWS] != 1
+    if (g[CG_OUT_CHANNELS] > IMPLICIT_MAX_ROWS or g[CG_STRIDE_COLS] != 1 or g[CG_IN_DILATION_ROWS] != 1
             or g[CG_IN_DILATION_COLS] != 1):
         return 0
     rows = (oh - 1) * g[CG_STRIDE_ROWS] + (g[CG_KERNEL_ROWS] - 1) * g[CG_DILATION_ROWS] + 1
