@@ -125,12 +125,35 @@ def test_float32_gradients_are_refused():
         training(torch.randn(2, 4))
 
 
-def test_replication_is_refused():
-    model = HalfNet(1.0)
-    opts = _opts().replicationFactor(2)
-    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="not modelled"):
-        training(torch.randn(6, 4).half())
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_replicas_share_one_decision_from_their_summed_counts(accumulation):
+    """R=2: only the second replica's half of the batch overflows, and the factor halves for both; the steps
+    match the eager rule on the combined batch (scale sequence and weights)."""
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = copy.deepcopy(model)
+    replicas, steps, scale = 2, 3, 4096.0
+    micro_batches = replicas * accumulation
+    # Every micro-batch small (alone they double the scale) except the last, whose large inputs push its
+    # gradients past the bin edge.
+    chunks = [torch.randn(3, 4) * 0.1 for _ in range(micro_batches - 1)] + [torch.randn(3, 4) * 10.0]
+    opts = _opts().replicationFactor(replicas)
+    opts.Training.gradientAccumulation(accumulation)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=scale)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    # The device splits the combined batch by replica, each replica's part by micro-batch.
+    per_replica = [torch.cat(chunks[r::replicas]) for r in range(replicas)]
+    x = torch.cat(per_replica).half()
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(scale * _factor(optimizer))
+    training.copyWeightsToHost()
+    expected = _reference_accumulated(reference, [c.half() for c in chunks], scale, steps)
+    assert expected[0] == scale / 2  # the overflowing replica halves the scale for both
+    assert scales == expected
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
 
 
 def test_gradient_accumulation_counts_every_micro_batch():
