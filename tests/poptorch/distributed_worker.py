@@ -6,6 +6,8 @@ every step's losses and the final weights to OUT_FILE; MODE "die" makes process 
 step, and "stall" makes it stop answering for STALL_SECONDS. REDUCTION is a key of REDUCTIONS (default "post").
 MODE "grouped" trains GroupedModel (weights grouped over the replicas of both processes) from a different
 optimizer state on each process, then runs an inference model built differently on each process.
+MODE "loss_scaling" trains a float16 model with automatic loss scaling where only process 1's last replica
+overflows, and saves every step's loss scale and the final weights.
 """
 
 import os
@@ -64,6 +66,9 @@ def main(out_file, mode, reduction="post"):
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
     if mode == "grouped":
         grouped_main(out_file, opts)
+        return
+    if mode == "loss_scaling":
+        loss_scaling_main(out_file, opts)
         return
     process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     # Each process starts from different weights: the broadcast from process 0 must make them alike.
@@ -134,6 +139,41 @@ def grouped_main(out_file, opts):
     inference = poptorch.inferenceModel(torch.nn.Linear(FEATURES, 3), poptorch.Options().replicationFactor(REPLICAS))
     outputs = inference(x[0, share]).as_subclass(torch.Tensor)
     torch.save({"losses": torch.stack(losses), "state": state, "momentum": momentum, "outputs": outputs}, out_file)
+
+
+# Automatic loss scaling: the float16 model's gain, starting scale and inputs, in that test's units.
+ALS_GAIN = 4.0
+ALS_SCALE = 4096.0
+ALS_LR = 0.01
+ALS_ROWS = 3
+
+
+def loss_scaling_chunks(processes):
+    """Each replica's float16 micro-batch, in global replica order: all small (alone they double the scale)
+    except the last, whose large inputs push its gradients past the bin edge (alone it halves the scale)."""
+    generator = torch.Generator().manual_seed(3)
+    replicas = processes * REPLICAS
+    spreads = [0.1] * (replicas - 1) + [10.0]
+    return [(torch.randn(ALS_ROWS, FEATURES, generator=generator) * s).half() for s in spreads]
+
+
+def loss_scaling_main(out_file, opts):
+    from test_automatic_loss_scaling import HalfNet
+
+    process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
+    torch.manual_seed(0)
+    model = HalfNet(ALS_GAIN)
+    opts.Training.setAutomaticLossScaling(True)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=ALS_LR, loss_scaling=ALS_SCALE)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    x = torch.cat(loss_scaling_chunks(processes)[process * REPLICAS : (process + 1) * REPLICAS])
+    scales = []
+    for _ in range(STEPS):
+        training(x)
+        scales.append(ALS_SCALE * float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"]))
+    training.copyWeightsToHost()
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    torch.save({"scales": scales, "state": state}, out_file)
 
 
 if __name__ == "__main__":

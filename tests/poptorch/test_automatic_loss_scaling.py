@@ -125,12 +125,93 @@ def test_float32_gradients_are_refused():
         training(torch.randn(2, 4))
 
 
-def test_replication_is_refused():
-    model = HalfNet(1.0)
-    opts = _opts().replicationFactor(2)
-    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="not modelled"):
-        training(torch.randn(6, 4).half())
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_replicas_share_one_decision_from_their_summed_counts(accumulation):
+    """R=2: only the second replica's half of the batch overflows, and the factor halves for both; the steps
+    match the eager rule on the combined batch (scale sequence and weights)."""
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = copy.deepcopy(model)
+    replicas, steps, scale = 2, 3, 4096.0
+    micro_batches = replicas * accumulation
+    # Every micro-batch small (alone they double the scale) except the last, whose large inputs push its
+    # gradients past the bin edge.
+    chunks = [torch.randn(3, 4) * 0.1 for _ in range(micro_batches - 1)] + [torch.randn(3, 4) * 10.0]
+    opts = _opts().replicationFactor(replicas)
+    opts.Training.gradientAccumulation(accumulation)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=scale)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    # The device splits the combined batch by replica, each replica's part by micro-batch.
+    per_replica = [torch.cat(chunks[r::replicas]) for r in range(replicas)]
+    x = torch.cat(per_replica).half()
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(scale * _factor(optimizer))
+    training.copyWeightsToHost()
+    expected = _reference_accumulated(reference, [c.half() for c in chunks], scale, steps)
+    assert expected[0] == scale / 2  # the overflowing replica halves the scale for both
+    assert scales == expected
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_replicas_with_grouped_weights_share_one_decision():
+    """A bias grouped per replica (Consecutive, one replica a group): each replica steps its own bias from its
+    own gradient, and both take the one decision from the counts of every replica."""
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = [copy.deepcopy(model) for _ in range(2)]
+    model.net[0].bias = torch.nn.Parameter(torch.stack([model.net[0].bias.detach()] * 2))
+    chunks = [(torch.randn(3, 4) * spread).half() for spread in (0.1, 10.0)]
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
+    training = poptorch.trainingModel(model, _opts().replicationFactor(2), optimizer)
+    training.per_replica_params["net.0.bias"] = (
+        poptorch.CommGroupType.Consecutive,
+        1,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    scales = []
+    for _ in range(3):
+        training(torch.cat(chunks))
+        scales.append(4096.0 * _factor(optimizer))
+    training.copyWeightsToHost()
+    assert scales == _reference_grouped_bias(reference, chunks, 4096.0, 3)
+    assert scales[0] == 2048.0
+    for r, replica in enumerate(reference):
+        torch.testing.assert_close(model.net[0].bias[r], replica.net[0].bias, rtol=2e-3, atol=2e-3)
+    for name, value in reference[0].named_parameters():
+        if name != "net.0.bias":
+            torch.testing.assert_close(model.get_parameter(name), value, rtol=2e-3, atol=2e-3)
+
+
+def _reference_grouped_bias(replicas, chunks, scale, steps):
+    """As _reference_accumulated over one micro-batch per replica model, except that each replica's first
+    bias steps from its own gradient only; the other parameters from the mean over the replicas."""
+    scales, input_grads = [], []
+    for model in replicas:
+        for layer in model.modules():
+            if isinstance(layer, TRACKED_LAYERS):
+                layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    for _ in range(steps):
+        upper = elements = 0
+        for model, x in zip(replicas, chunks):
+            model.zero_grad()
+            input_grads.clear()
+            (model(x) * scale).backward()
+            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
+            tracked = weights + [g for g in input_grads if g is not None]
+            upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
+            elements += sum(g.numel() for g in tracked)
+        with torch.no_grad():
+            shared = [sum(m.get_parameter(n).grad for m in replicas) for n, _ in replicas[0].named_parameters()]
+            for model in replicas:
+                for (name, p), total in zip(model.named_parameters(), shared):
+                    grad = p.grad.float() if name == "net.0.bias" else total.float() / len(replicas)
+                    p.copy_((p.float() - (grad / scale) * LR).half())
+        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scales.append(scale)
+    return scales
 
 
 def test_gradient_accumulation_counts_every_micro_batch():

@@ -9,6 +9,7 @@ import sys
 import distributed_worker as worker
 import pytest
 import torch
+from test_automatic_loss_scaling import HalfNet, _reference_accumulated
 
 import poptorch
 
@@ -130,6 +131,23 @@ def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_pr
     linear = torch.nn.Linear(worker.FEATURES, 3)
     x, _ = worker.grouped_inputs(PROCESSES)
     torch.testing.assert_close(torch.cat([run["outputs"] for run in runs]), linear(x[0]).detach())
+
+
+def test_automatic_loss_scaling_sums_the_counts_of_every_process(tmp_path):
+    """Only process 1's last replica overflows, and the scale halves on both processes, as the eager rule does
+    on the combined batch (scale sequence and weights)."""
+    results = _launch(tmp_path, "loss_scaling", timeout_seconds=120)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+    torch.manual_seed(0)
+    model = HalfNet(worker.ALS_GAIN)
+    expected = _reference_accumulated(model, worker.loss_scaling_chunks(PROCESSES), worker.ALS_SCALE, worker.STEPS)
+    assert expected[0] == worker.ALS_SCALE / 2
+    for run in runs:
+        assert run["scales"] == expected
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(run["state"][name], value, rtol=2e-3, atol=2e-3)
 
 
 def test_a_process_that_stops_makes_the_others_fail_clearly(tmp_path):

@@ -310,7 +310,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
-        self._shared_gradients = [_training.accumulator_name(n) for n in programs.trained] if distributed else []
+        self._shared_gradients = _training.summed_over_processes(programs) if distributed else []
         self._all_reduce_cycles = _replication.all_reduce_cycles(
             exe, programs, self._options, self.per_replica_params, self._spec
         )

@@ -18,7 +18,6 @@ from poptorch import _host_print
 from poptorch._optimizer_graph import OptimizerBuilder
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
-from poptorch.options import not_modelled
 
 RNG_SEED = "_rng_seed"
 ACCUMULATOR_PREFIX = "_accum."
@@ -124,11 +123,6 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
     processes = options.Distributed.numProcesses
-    if options.Training.automatic_loss_scaling and (options.replication_factor > 1 or processes > 1):
-        raise not_modelled(
-            "Training.setAutomaticLossScaling(True) with replication or several processes",
-            "use one replica, or a fixed loss_scaling",
-        )
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):
@@ -160,7 +154,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
         large_counts = None
         if builder.automatic_loss_scaling:
-            large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches)
+            large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
         builder.apply(apply, step_params, reduced, group_of, large_counts)
     initial.update(builder.initial)
     gradients = {name: ("apply", reduced[name]) for name in trained}
@@ -169,7 +163,9 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):
     """Automatic loss scaling over a step's micro-batches (as PopART accumulates its histograms): each counts
-    its large gradient elements into a variable the step reads and resets."""
+    its large gradient elements into a variable the step reads and resets. Replicas run as micro-batches of
+    the shared count and processes sum it with the accumulators, so every replica takes the same decision
+    from the counts over all ``micro_batches`` (of every replica and process)."""
     large, elements = builder.count_large_gradients(grads)
     count = graph.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
     initial[LARGE_COUNT] = np.zeros((), dtype=np.float32)
@@ -177,6 +173,13 @@ def _large_counts(builder, graph, apply, initial, grads, micro_batches):
     step_count = apply.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
     apply.update(step_count, apply.constant(np.float32(0)))
     return step_count, elements * micro_batches
+
+
+def summed_over_processes(programs):
+    """The device variables the processes sum between ``accumulate`` and ``apply``: the gradient
+    accumulators and automatic loss scaling's count of large gradient elements."""
+    names = [accumulator_name(name) for name in programs.trained]
+    return names + [LARGE_COUNT] if LARGE_COUNT in programs.initial else names
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):
