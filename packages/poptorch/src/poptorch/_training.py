@@ -6,7 +6,7 @@ variables by name: ``accumulate`` (forward and backward, gradients added into ``
 variables), run once per micro-batch, and ``apply`` (optimizer step from the reduced accumulators, which
 it then resets). Replicas are simulated as extra micro-batches of the same step. With several processes
 (``Options.Distributed``) every process runs its own replicas and the processes sum their accumulators
-between ``accumulate`` and ``apply`` (``_distributed.all_reduce_accumulators``).
+between ``accumulate`` and ``apply`` (``_distributed.all_reduce_sum``).
 """
 
 from dataclasses import dataclass, field
