@@ -213,9 +213,9 @@ class ShardedExecution(PipelinedExecution):
 
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
-    activations wait in streaming memory (see ``spill_mode``). The simulator runs a phase's stages one after
-    another too, never overlaps streaming-memory transfers with compute, and refuses a separate backward
-    phase when compiling."""
+    activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
+    same time unless one reads another's values (``_device.phase_overlap``); the simulator never overlaps
+    streaming-memory transfers with compute, and refuses a separate backward phase when compiling."""
 
     def __init__(self, *phases):
         if not phases:
@@ -276,6 +276,11 @@ _SPILL = {
     Liveness.OffChipAfterFwdNoOverlap: "backward",
     Liveness.OffChipAfterEachPhase: "phase",
 }
+
+
+def is_phased(strategy):
+    """Whether execution strategy ``strategy`` is SerialPhasedExecution or ParallelPhasedExecution."""
+    return isinstance(strategy, _PhasedExecution)
 
 
 def spill_mode(strategy):
