@@ -2,6 +2,7 @@
 values run at the same time (the phase costs its critical path), dependent ones in order; the phases' timeline
 is in the profile and the numbers are those of eager PyTorch."""
 
+import pytest
 import torch
 
 import poptorch
@@ -88,3 +89,11 @@ def test_training_overlaps_the_independent_stages_forward_and_backward():
     assert cycles < sharded_cycles
     backward = {e["ipu"]: e for e in phases["timeline"] if e["phase"] == 0 and e["pass"] == "backward"}
     assert backward[0]["start"] == backward[1]["start"]
+
+
+def test_parallel_phases_alternate_between_even_and_odd_ipus():
+    strategy = poptorch.ParallelPhasedExecution(poptorch.Phase(poptorch.Stage("A"), poptorch.Stage("B")), "C")
+    strategy.phase(0).ipus(0, 1)  # phase 0 on odd IPU 1
+    strategy.phase(1).ipus(1)
+    with pytest.raises(poptorch.Error, match="even phases must run on even IPUs and odd phases on odd IPUs"):
+        _run(strategy)

@@ -311,6 +311,12 @@ class _Recorder:
                 )
             ipu = stage._stage_id
         _check_ipu_id(ipu)
+        if phased and isinstance(self.strategy, ParallelPhasedExecution) and stage._phase_id % 2 != ipu % 2:
+            raise Error(
+                "When phases are executed in parallel: even phases must run on even IPUs and odd phases on odd "
+                f"IPUs (block {user_id} of phase {stage._phase_id} is on IPU {ipu}): give it an IPU of the phase's "
+                "parity, or use SerialPhasedExecution"
+            )
         self.current = user_id
         self._tag((stage._phase_id if phased else stage._stage_id, ipu))
 
