@@ -36,7 +36,7 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, stash_per_tile, step_schedule
+from popsim.schedule import Schedule, phase_schedule, stash_per_tile, step_schedule
 from popsim.target import Device, Target
 
 __version__ = _version("popsim")
@@ -74,6 +74,7 @@ __all__ = [
     "compile",
     "compile_device_graph",
     "register_lowering",
+    "phase_schedule",
     "stash_per_tile",
     "step_schedule",
     "supported_ops",

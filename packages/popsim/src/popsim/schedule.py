@@ -13,6 +13,7 @@ way. The ``S - 1`` forward slots before every IPU is busy are the ramp-up, the `
 the first IPU is done the ramp-down.
 """
 
+import graphlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,3 +185,50 @@ def stash_per_tile(program, target, stage_ipu):
                 copies = np.array([extra.get(ipu, 0) for ipu in (tiles // target.tiles_per_ipu).tolist()], np.int64)
                 stash[tiles] += nbytes * copies
     return stash
+
+
+def phase_schedule(program, target, depends):
+    """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
+    ``stage`` is its phase) compiled for ``target``. The phases run one after another, forward then backward
+    as the steps order them; within one phase and pass, each IPU's work (its steps with their syncs, the
+    inter-IPU copies into it included) starts once the IPUs it reads from are done, so the phase costs its
+    critical path over ``depends`` (``(phase, pass, from_ipu, to_ipu)``, pass "forward" or "backward"). A
+    phase whose IPUs read from each other both ways runs its IPUs one after another. Returns a dict with the
+    serial and scheduled cycles and a timeline of each phase's IPUs."""
+    work = {}  # (phase, pass) -> {ipu: cycles}, in the order the steps run
+    for step in program["steps"]:
+        if "stage" in step:
+            unit = work.setdefault((step["stage"], _pass_of(step)), {})
+            unit[step["ipu"]] = unit.get(step["ipu"], 0) + step["cycles"] + target.bsp_sync_cycles
+    serial = sum(sum(unit.values()) for unit in work.values())
+    outside = max(0, program["total_cycles"] - serial)
+    timeline, now = [], 0
+    for (phase, direction), unit in work.items():
+        ends = _critical_path(unit, {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction)})
+        for ipu, (start, end) in sorted(ends.items()):
+            timeline.append({"phase": phase, "pass": direction, "ipu": ipu, "start": now + start, "end": now + end})
+        now += max((end for _, end in ends.values()), default=0)
+    return {"serial_cycles": serial + outside, "total_cycles": now + outside, "timeline": timeline}
+
+
+def _pass_of(step):
+    return "forward" if step.get("role") in (None, "forward") else "backward"
+
+
+def _critical_path(cycles, edges):
+    """``{ipu: (start, end)}`` for IPUs with ``cycles`` of work each, an IPU starting when the IPUs it reads
+    from (``edges``: (from, to)) are done; one after another (in IPU order) when the edges form a cycle."""
+    graph = graphlib.TopologicalSorter({ipu: {a for a, b in edges if b == ipu and a in cycles} for ipu in cycles})
+    try:
+        order = list(graph.static_order())
+    except graphlib.CycleError:
+        spans, now = {}, 0
+        for ipu in sorted(cycles):
+            spans[ipu] = (now, now + cycles[ipu])
+            now += cycles[ipu]
+        return spans
+    spans = {}
+    for ipu in order:
+        start = max((spans[a][1] for a, b in edges if b == ipu and a in spans), default=0)
+        spans[ipu] = (start, start + cycles[ipu])
+    return spans

@@ -213,9 +213,9 @@ class ShardedExecution(PipelinedExecution):
 
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
-    activations wait in streaming memory (see ``spill_mode``). The simulator runs a phase's stages one after
-    another too, never overlaps streaming-memory transfers with compute, and refuses a separate backward
-    phase when compiling."""
+    activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
+    same time unless one reads another's values (``_device.phase_overlap``); the simulator never overlaps
+    streaming-memory transfers with compute, and refuses a separate backward phase when compiling."""
 
     def __init__(self, *phases):
         if not phases:
@@ -278,6 +278,11 @@ _SPILL = {
 }
 
 
+def is_phased(strategy):
+    """Whether execution strategy ``strategy`` is SerialPhasedExecution or ParallelPhasedExecution."""
+    return isinstance(strategy, _PhasedExecution)
+
+
 def spill_mode(strategy):
     """popsim's ``spill`` mode for execution strategy ``strategy`` (None unless phased with an off-chip
     ``Liveness``)."""
@@ -306,6 +311,12 @@ class _Recorder:
                 )
             ipu = stage._stage_id
         _check_ipu_id(ipu)
+        if phased and isinstance(self.strategy, ParallelPhasedExecution) and stage._phase_id % 2 != ipu % 2:
+            raise Error(
+                "When phases are executed in parallel: even phases must run on even IPUs and odd phases on odd "
+                f"IPUs (block {user_id} of phase {stage._phase_id} is on IPU {ipu}): give it an IPU of the phase's "
+                "parity, or use SerialPhasedExecution"
+            )
         self.current = user_id
         self._tag((stage._phase_id if phased else stage._stage_id, ipu))
 

@@ -62,6 +62,37 @@ def pipeline_overlap(exe, program, plan, groups, micro_batches):
     return groups * (schedule.serial_cycles - schedule.total_cycles)
 
 
+def phase_overlap(exe, program, graph, strategy, runs):
+    """Cycles a phased ``strategy`` saves on ``runs`` runs of ``program`` (its popir ``graph``): within a phase
+    and pass, the stages on different IPUs that do not read each other's values run at the same time (the
+    phase costs its critical path, inter-IPU copies included); 0 for other strategies. The phases' timeline
+    goes into the profile under ``phases``."""
+    if not _blocks.is_phased(strategy) or not runs:
+        return 0
+    schedule = popsim.phase_schedule(exe.profile.programs[program], exe.target, _phase_reads(graph))
+    exe.profile.programs[program]["phases"] = schedule
+    return runs * (schedule["serial_cycles"] - schedule["total_cycles"])
+
+
+def _phase_reads(graph):
+    """``(phase, pass, from_ipu, to_ipu)`` for each value a node of one phase and pass reads from another IPU
+    of the same phase and pass."""
+    reads = set()
+    for node in graph.nodes:
+        if node.placement is None:
+            continue
+        direction = "forward" if node.role in (None, "forward") else "backward"
+        for value in node.inputs:
+            producer = value.producer
+            if producer is None or producer.placement is None or producer.placement[0] != node.placement[0]:
+                continue
+            if producer.placement[1] == node.placement[1] or producer.op == "constant":
+                continue  # a constant is on the device from load time: no wait
+            if (producer.role in (None, "forward")) == (direction == "forward"):
+                reads.add((node.placement[0], direction, producer.placement[1], node.placement[1]))
+    return reads
+
+
 def check_pipeline_memory(exe, program, plan, options, training):
     """Refuse a pipelined training program whose tiles cannot also hold the activations of the micro-batches
     a pipeline keeps in flight (``popsim.schedule.stash_per_tile``), unless out-of-memory is allowed."""

@@ -572,6 +572,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
         groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
         cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
+        graph, strategy = programs.graphs[programs.micro_batch], self._options.execution_strategy
+        cycles -= _device.phase_overlap(exe, programs.micro_batch, graph, strategy, done // layout.r)
         cycles -= _device.io_overlap(
             exe,
             programs.micro_batch,
