@@ -41,28 +41,43 @@ def _opts():
     return opts
 
 
+def _track_input_grads(model):
+    """The gradients of the tracked layers' inputs, filled by each backward pass (cleared by _scaled_backward)."""
+    input_grads = []
+    for layer in model.modules():
+        if isinstance(layer, TRACKED_LAYERS):
+            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    return input_grads
+
+
+def _scaled_backward(model, x, scale, input_grads):
+    """Backward of the scaled float16 loss; returns (elements at or above the bin edge, elements tracked)."""
+    model.zero_grad()
+    input_grads.clear()
+    (model(x) * scale).backward()
+    weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
+    tracked = weights + [g for g in input_grads if g is not None]
+    return sum(int((g.float().abs() >= EDGE).sum()) for g in tracked), sum(g.numel() for g in tracked)
+
+
+def _next_scale(scale, upper, elements):
+    """PopART's rule: halve when too many elements reach the edge, else double up to the cap."""
+    return scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+
+
 def _reference_steps(model, x, scale, steps):
     """Eager torch step by step: backward of the scaled loss in float16, SGD on the unscaled gradients, then
     PopART's rule on the float16 outputs of the backward matmuls (still scaled): each Linear's weight gradient
     and the gradient of its input. Returns the scale after each step."""
     scales = []
     params = list(model.parameters())
-    input_grads = []
-    for layer in model.modules():
-        if isinstance(layer, TRACKED_LAYERS):
-            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    input_grads = _track_input_grads(model)
     for _ in range(steps):
-        model.zero_grad()
-        input_grads.clear()
-        (model(x) * scale).backward()
-        weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
-        tracked = weights + [g for g in input_grads if g is not None]
-        upper = sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
-        elements = sum(g.numel() for g in tracked)
+        upper, elements = _scaled_backward(model, x, scale, input_grads)
         with torch.no_grad():
             for p in params:
                 p.copy_((p.float() - (p.grad.float() / scale) * LR).half())
-        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scale = _next_scale(scale, upper, elements)
         scales.append(scale)
     return scales
 
@@ -188,28 +203,20 @@ def test_replicas_with_grouped_weights_share_one_decision():
 def _reference_grouped_bias(replicas, chunks, scale, steps):
     """As _reference_accumulated over one micro-batch per replica model, except that each replica's first
     bias steps from its own gradient only; the other parameters from the mean over the replicas."""
-    scales, input_grads = [], []
-    for model in replicas:
-        for layer in model.modules():
-            if isinstance(layer, TRACKED_LAYERS):
-                layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    scales = []
+    input_grads = [_track_input_grads(model) for model in replicas]
     for _ in range(steps):
         upper = elements = 0
-        for model, x in zip(replicas, chunks):
-            model.zero_grad()
-            input_grads.clear()
-            (model(x) * scale).backward()
-            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
-            tracked = weights + [g for g in input_grads if g is not None]
-            upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
-            elements += sum(g.numel() for g in tracked)
+        for model, x, grads in zip(replicas, chunks, input_grads):
+            large, tracked = _scaled_backward(model, x, scale, grads)
+            upper, elements = upper + large, elements + tracked
         with torch.no_grad():
             shared = [sum(m.get_parameter(n).grad for m in replicas) for n, _ in replicas[0].named_parameters()]
             for model in replicas:
                 for (name, p), total in zip(model.named_parameters(), shared):
                     grad = p.grad.float() if name == "net.0.bias" else total.float() / len(replicas)
                     p.copy_((p.float() - (grad / scale) * LR).half())
-        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scale = _next_scale(scale, upper, elements)
         scales.append(scale)
     return scales
 
@@ -238,27 +245,20 @@ def test_gradient_accumulation_counts_every_micro_batch():
 def _reference_accumulated(model, micro_batches, scale, steps):
     """As _reference_steps, the float16 gradients summed over the micro-batches and their mean applied; the
     large elements of every micro-batch count towards the step's decision."""
-    scales, input_grads = [], []
-    for layer in model.modules():
-        if isinstance(layer, TRACKED_LAYERS):
-            layer.register_full_backward_hook(lambda m, grad_in, grad_out: input_grads.extend(grad_in))
+    scales = []
+    input_grads = _track_input_grads(model)
     params = list(model.parameters())
     for _ in range(steps):
         upper = elements = 0
         sums = [torch.zeros_like(p) for p in params]
         for x in micro_batches:
-            model.zero_grad()
-            input_grads.clear()
-            (model(x) * scale).backward()
-            weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
-            tracked = weights + [g for g in input_grads if g is not None]
-            upper += sum(int((g.float().abs() >= EDGE).sum()) for g in tracked)
-            elements += sum(g.numel() for g in tracked)
+            large, tracked = _scaled_backward(model, x, scale, input_grads)
+            upper, elements = upper + large, elements + tracked
             sums = [s + p.grad for s, p in zip(sums, params)]
         with torch.no_grad():
             for p, s in zip(params, sums):
                 p.copy_((p.float() - ((s.float() / len(micro_batches)) / scale) * LR).half())
-        scale = scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+        scale = _next_scale(scale, upper, elements)
         scales.append(scale)
     return scales
 
