@@ -215,6 +215,14 @@ class _Regression(torch.nn.Module):
         return out, torch.nn.functional.mse_loss(out, y)
 
 
+def _replica_bars(browser):
+    """The Replicas chart's bars as [lane, name, start, cycles]."""
+    return browser.execute_script(
+        """return document.getElementById("replicas-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+
+
 def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser, artifacts):
     net = _Regression()
     training = poptorch.trainingModel(
@@ -225,10 +233,7 @@ def test_replicated_training_shows_each_replicas_runs_and_the_all_reduce(browser
     _open(browser, training.profile.save_html(artifacts / "replicas.html"))
     table = browser.find_element(By.ID, "replicas-table").text
     assert f"{replication['step_cycles']:,} = {replication['replica_step_cycles']:,} per replica" in table
-    bars = browser.execute_script(
-        """return document.getElementById("replicas-chart").data
-            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
-    )
+    bars = _replica_bars(browser)
     expected = [[e["lane"], e.get("program", "all-reduce"), e["start"], e["cycles"]] for e in replication["timeline"]]
     assert sorted(bars) == sorted(expected)
     assert {"replica 0", "replica 1", "all-reduce"} == {lane for lane, *_ in bars}
@@ -243,10 +248,7 @@ def test_replicated_inference_shows_each_replicas_runs_without_a_collective(brow
     _open(browser, inference.profile.save_html(artifacts / "replicas_inference.html"))
     table = browser.find_element(By.ID, "replicas-table").text
     assert f"Cycles per inference call (no collective) {replication['step_cycles']:,}" in table
-    bars = browser.execute_script(
-        """return document.getElementById("replicas-chart").data
-            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
-    )
+    bars = _replica_bars(browser)
     assert sorted(bars) == sorted([[e["lane"], e["program"], e["start"], e["cycles"]] for e in replication["timeline"]])
     assert {lane for lane, *_ in bars} == {"replica 0", "replica 1"}
     assert _errors(browser) == []
