@@ -35,9 +35,12 @@ class HalfConvNet(HalfNet):
         self.net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, 3)).half()
 
 
-def _opts():
+def _opts(settings=None):
+    """Options with automatic loss scaling and PopART's ``settings`` (name -> value) set as a user sets them."""
     opts = poptorch.Options().showCompilationProgressBar(False)
     opts.Training.setAutomaticLossScaling(True)
+    for name, value in (settings or {}).items():
+        opts._Popart.set(f"automaticLossScalingSettings.{name}", value)
     return opts
 
 
@@ -50,34 +53,42 @@ def _track_input_grads(model):
     return input_grads
 
 
-def _scaled_backward(model, x, scale, input_grads):
-    """Backward of the scaled float16 loss; returns (elements at or above the bin edge, elements tracked)."""
+def _scaled_backward(model, x, scale, input_grads, edge=EDGE):
+    """Backward of the scaled float16 loss; returns (elements at or above the bin ``edge``, elements tracked)."""
     model.zero_grad()
     input_grads.clear()
     (model(x) * scale).backward()
     weights = [layer.weight.grad for layer in model.modules() if isinstance(layer, TRACKED_LAYERS)]
     tracked = weights + [g for g in input_grads if g is not None]
-    return sum(int((g.float().abs() >= EDGE).sum()) for g in tracked), sum(g.numel() for g in tracked)
+    return sum(int((g.float().abs() >= edge).sum()) for g in tracked), sum(g.numel() for g in tracked)
 
 
-def _next_scale(scale, upper, elements):
-    """PopART's rule: halve when too many elements reach the edge, else double up to the cap."""
-    return scale / 2 if upper > UPPER_PROPORTION * elements else min(scale * 2, MAX_SCALE)
+def _next_scale(scale, upper, elements, proportion=UPPER_PROPORTION):
+    """PopART's rule: halve when more than ``proportion`` of the elements reach the edge, else double up to
+    the cap."""
+    return scale / 2 if upper > proportion * elements else min(scale * 2, MAX_SCALE)
 
 
-def _reference_steps(model, x, scale, steps):
+def _reference_steps(model, x, scale, steps, settings=None):
     """Eager torch step by step: backward of the scaled loss in float16, SGD on the unscaled gradients, then
     PopART's rule on the float16 outputs of the backward matmuls (still scaled): each Linear's weight gradient
-    and the gradient of its input. Returns the scale after each step."""
+    and the gradient of its input. PopART's ``settings`` move the bin edge and the threshold, and with an
+    update period P only every P-th step (the first included) updates the scale. Returns the scale after each
+    step."""
+    settings = settings or {}
+    edge = settings.get("binEdgeLocation", EDGE / FP16_MAX) * FP16_MAX
+    proportion = settings.get("thresholdUpperCountProportion", UPPER_PROPORTION)
+    period = settings.get("updatePeriod", 1)
     scales = []
     params = list(model.parameters())
     input_grads = _track_input_grads(model)
-    for _ in range(steps):
-        upper, elements = _scaled_backward(model, x, scale, input_grads)
+    for step in range(steps):
+        upper, elements = _scaled_backward(model, x, scale, input_grads, edge)
         with torch.no_grad():
             for p in params:
                 p.copy_((p.float() - (p.grad.float() / scale) * LR).half())
-        scale = _next_scale(scale, upper, elements)
+        if step % period == 0:
+            scale = _next_scale(scale, upper, elements, proportion)
         scales.append(scale)
     return scales
 
@@ -86,19 +97,19 @@ def _factor(optimizer):
     return float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"])
 
 
-def _run(gain, initial_scale, steps, net=HalfNet, shape=(3, 4)):
+def _run(gain, initial_scale, steps, net=HalfNet, shape=(3, 4), settings=None):
     torch.manual_seed(0)
     model = net(gain)
     reference = copy.deepcopy(model)
     x = torch.randn(*shape).half()
     optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=initial_scale)
-    training = poptorch.trainingModel(model, _opts(), optimizer)
+    training = poptorch.trainingModel(model, _opts(settings), optimizer)
     scales = []
     for _ in range(steps):
         training(x)
         scales.append(initial_scale * _factor(optimizer))
     assert optimizer.loss_scaling == initial_scale  # the optimizer keeps its own; the device scales it
-    expected = _reference_steps(reference, x, initial_scale, steps)
+    expected = _reference_steps(reference, x, initial_scale, steps, settings)
     training.copyWeightsToHost()
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
@@ -121,6 +132,50 @@ def test_tiny_gradients_double_the_scale():
     scales, expected = _run(gain=1e-3, initial_scale=1.0, steps=3)
     assert scales == [2.0, 4.0, 8.0]
     assert scales == expected
+
+
+def test_bin_edge_and_threshold_set_through_popart_options():
+    # With PopART's defaults this model's gradients halve the scale at once; a higher bin edge and a larger
+    # threshold proportion let it grow, as the eager rule with the same settings does.
+    torch.manual_seed(0)
+    assert _reference_steps(HalfNet(4.0), torch.randn(3, 4).half(), 8192.0, 1) == [4096.0]
+    settings = {"binEdgeLocation": 0.5, "thresholdUpperCountProportion": 0.05}
+    scales, expected = _run(gain=4.0, initial_scale=8192.0, steps=3, settings=settings)
+    assert scales[0] == 16384.0
+    assert scales == expected
+
+
+def test_the_update_period_updates_every_nth_step():
+    scales, expected = _run(gain=1e-3, initial_scale=1.0, steps=5, settings={"updatePeriod": 2})
+    assert scales == [2.0, 2.0, 4.0, 4.0, 8.0]
+    assert scales == expected
+
+
+def test_enabled_through_popart_options():
+    opts = poptorch.Options()
+    opts._Popart.set("automaticLossScalingSettings.enabled", True)
+    assert opts.Training.automatic_loss_scaling_settings == {
+        "binEdgeLocation": 0.0625,
+        "thresholdUpperCountProportion": 1e-7,
+        "updatePeriod": 1,
+    }
+    opts._Popart.set("automaticLossScalingSettings.gradientTensorTrackingMethod", 1)  # the default
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("binEdgeLocation", 1.5, r"Out of range value for 'binEdgeLocation'.*\[0, 1\]"),
+        ("thresholdUpperCountProportion", -0.1, r"Out of range value for 'thresholdUpperCountProportion'"),
+        ("updatePeriod", 0, "positive integer"),
+        ("gradientTensorTrackingMethod", 0, "not modelled.*ConvAndMatmulGradients"),
+        ("gradientTensorTrackingMethod", 2, "not modelled.*ConvAndMatmulGradients"),
+        ("toTrackTensors", ["Mul:0"], "not modelled"),
+    ],
+)
+def test_settings_popart_refuses_or_the_simulator_does_not_model_are_refused(name, value, message):
+    with pytest.raises(poptorch.Error, match=message):
+        poptorch.Options()._Popart.set(f"automaticLossScalingSettings.{name}", value)
 
 
 def test_float32_gradients_are_refused():

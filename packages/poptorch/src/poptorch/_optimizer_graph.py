@@ -16,10 +16,11 @@ LOSS_SCALING = "_opt.loss_scaling"
 # Automatic loss scaling multiplies the optimizer's loss scaling by this device variable (PopART's
 # lossScaleUpdateFactor, starting at 1), halved or doubled after each step.
 LOSS_SCALE_FACTOR = "_opt.loss_scale_update_factor"
-# PopART's defaults: gradient elements from this fraction of float16's maximum are "large"; more large elements
-# than this proportion of all tracked elements halve the factor, else it doubles.
-ALS_BIN_EDGE = 0.0625 * float(np.finfo(np.float16).max)
-ALS_UPPER_PROPORTION = 1e-7
+# Gradient elements from binEdgeLocation times float16's maximum are "large"; more large elements than
+# thresholdUpperCountProportion of all tracked elements halve the factor, else it doubles.
+FP16_MAX = float(np.finfo(np.float16).max)
+# Steps left before automatic loss scaling next updates its factor (with an updatePeriod above 1).
+ALS_COUNTDOWN = "_opt.loss_scale_update_countdown"
 # PopART's default tracked tensors: the float16 outputs of the backward pass's matmuls and convolutions.
 _TRACKED_OPS = ("matmul", "conv")
 # PopART clips the factor so the final scale stays at most 2**15, the largest power of 2 float16 holds.
@@ -56,7 +57,9 @@ def _scalar(graph, h):
 class OptimizerBuilder:
     """Builds one OptimizerSpec's update rule into graphs; records the initial value of every new variable."""
 
-    def __init__(self, spec, automatic_loss_scaling=False):
+    def __init__(self, spec, automatic_loss_scaling=None):
+        """``automatic_loss_scaling``: PopART's settings by name (``Training.automatic_loss_scaling_settings``),
+        or None when disabled."""
         self.spec = spec
         self.automatic_loss_scaling = automatic_loss_scaling
         self.initial = {}
@@ -147,7 +150,7 @@ class OptimizerBuilder:
                 "convolutions produce, and this model has none: train a float16 model (model.half()) or disable "
                 "Training.setAutomaticLossScaling"
             )
-        edge = _scalar(tracked[0].graph, ALS_BIN_EDGE)
+        edge = _scalar(tracked[0].graph, self.automatic_loss_scaling["binEdgeLocation"] * FP16_MAX)
         upper = None
         for g in tracked:
             large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
@@ -157,12 +160,21 @@ class OptimizerBuilder:
 
     def _update_loss_scale_factor(self, graph, upper, elements):
         """PopART's rule: halve the factor if more than the threshold proportion of elements are large, else
-        double it; clip it so the final scale stays within float16's powers of 2."""
-        too_large = _op("gt", upper, _scalar(graph, ALS_UPPER_PROPORTION * elements))
+        double it; clip it so the final scale stays within float16's powers of 2. With an update period P, only
+        the first step of every P (counted from compilation) updates it, from that step's gradients."""
+        settings = self.automatic_loss_scaling
+        too_large = _op("gt", upper, _scalar(graph, settings["thresholdUpperCountProportion"] * elements))
         factor = self._variable(graph, LOSS_SCALE_FACTOR, (), "float32", 1.0)
         new = _op("where", too_large, factor * 0.5, factor * 2.0)
         limit = _scalar(graph, ALS_MAX_SCALE) / _scalar(graph, self._base_loss_scaling(graph))
-        graph.update(factor, _op("minimum", new, limit))
+        new = _op("minimum", new, limit)
+        period = settings["updatePeriod"]
+        if period > 1:
+            countdown = self._variable(graph, ALS_COUNTDOWN, (), "float32", 0.0)
+            due = _op("eq", countdown, _scalar(graph, 0.0))
+            new = _op("where", due, new, factor)
+            graph.update(countdown, _op("where", due, _scalar(graph, float(period - 1)), countdown - 1.0))
+        graph.update(factor, new)
 
     def _needs_step(self):
         kind = self.spec.kind

@@ -101,7 +101,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     graph = captured.graph
     loss = the_loss(captured)
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
-    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling)
+    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling_settings)
     on_phase("autodiff")
     printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(

@@ -65,6 +65,10 @@ _DEFAULTS = {
     "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
     "Training.meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
     "Training.automaticLossScaling": False,
+    # PopART's automaticLossScalingSettings the simulator models (set through _Popart.set), with PopART's defaults.
+    "Training.automaticLossScalingSettings.binEdgeLocation": 0.0625,
+    "Training.automaticLossScalingSettings.thresholdUpperCountProportion": 1e-7,
+    "Training.automaticLossScalingSettings.updatePeriod": 1,
     "Training.convolutionDithering": False,
     "Precision.partialsType": "float32",
     "Precision.stochasticRounding": False,
@@ -93,6 +97,10 @@ COMPILE_KEYS = (
     "Training.gradientAccumulation",
     "Training.accumulationAndReplicationReductionType",
     "Training.meanAccumulationAndReplicationReductionStrategy",
+    "Training.automaticLossScaling",
+    "Training.automaticLossScalingSettings.binEdgeLocation",
+    "Training.automaticLossScalingSettings.thresholdUpperCountProportion",
+    "Training.automaticLossScalingSettings.updatePeriod",
     "Precision.partialsType",
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
@@ -118,6 +126,10 @@ _POPART_OPTIONS = {
     "enableStableNorm": "enableStableNorm",
     "instrumentWithHardwareCycleCounter": "logCycleCount",
 }
+# PopART's prefix of the automatic loss scaling settings in ``_Popart.set`` keys.
+_ALS_PREFIX = "automaticLossScalingSettings."
+# popart.GradientTensorTrackingMethod.ConvAndMatmulGradients, PopART's default and the one method modelled.
+_ALS_CONV_AND_MATMUL = 1
 # Poplar engine options (``_Popart.set("engineOptions", {...})``, string values) the simulator models.
 _ENGINE_OPTIONS = {"debug.allowOutOfMemory": "allowOutOfMemory"}
 _ENGINE_FLAGS = {"true": True, "false": False}
@@ -235,11 +247,39 @@ class _TrainingOptions(_Group):
         return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
 
     def setAutomaticLossScaling(self, enabled):
-        """Automatic loss scaling (PopART's default settings): after each optimizer step the device halves the
-        loss scaling if more than 1e-7 of the float16 weight gradients' elements reach 1/16 of float16's
-        maximum, else doubles it. The optimizer's ``loss_scaling`` is the starting value and is updated from
-        the device after each step."""
+        """Automatic loss scaling: after each optimizer step (or every ``updatePeriod`` steps) the device halves
+        the loss scaling if more than ``thresholdUpperCountProportion`` (1e-7) of the elements of the float16
+        gradients of matmuls and convolutions reach ``binEdgeLocation`` (1/16) of float16's maximum, else
+        doubles it. Those PopART settings are set with ``_Popart.set("automaticLossScalingSettings.<name>", v)``.
+        The optimizer's ``loss_scaling`` is the starting value and is updated from the device after each step."""
         return self._set("automaticLossScaling", _bool("setAutomaticLossScaling", enabled))
+
+    def _automaticLossScalingSetting(self, name, value):
+        """PopART's ``automaticLossScalingSettings.<name>`` (``_Popart.set``), checked as PopART checks it."""
+        if name == "enabled":
+            return self.setAutomaticLossScaling(value)
+        if name in ("binEdgeLocation", "thresholdUpperCountProportion"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise Error(
+                    f"Out of range value for '{name}'. The current value is {value!r}, but it should be in the "
+                    "range [0, 1]."
+                )
+            return self._set(f"automaticLossScalingSettings.{name}", float(value))
+        if name == "updatePeriod":
+            return self._set("automaticLossScalingSettings.updatePeriod", _positive_int(_ALS_PREFIX + name, value))
+        if name == "gradientTensorTrackingMethod":
+            if isinstance(value, bool) or value != _ALS_CONV_AND_MATMUL:
+                raise not_modelled(
+                    f"automaticLossScalingSettings.gradientTensorTrackingMethod {value!r}",
+                    "the tensors it selects are PopART IR tensors; the simulator tracks the gradients of matmuls "
+                    "and convolutions (GradientTensorTrackingMethod.ConvAndMatmulGradients, 1, the default)",
+                )
+            return self
+        raise not_modelled(
+            f"The PopART option {_ALS_PREFIX + name!r}",
+            "the simulator models automaticLossScalingSettings.enabled, binEdgeLocation, "
+            "thresholdUpperCountProportion, updatePeriod and gradientTensorTrackingMethod (1 only)",
+        )
 
     def setConvolutionDithering(self, enabled):
         """Convolution dithering (a tile-placement heuristic): only False is accepted."""
@@ -265,6 +305,14 @@ class _TrainingOptions(_Group):
     @property
     def automatic_loss_scaling(self):
         return self._get("automaticLossScaling")
+
+    @property
+    def automatic_loss_scaling_settings(self):
+        """PopART's automatic loss scaling settings by name (binEdgeLocation, ...), or None when disabled."""
+        if not self.automatic_loss_scaling:
+            return None
+        prefix = f"{self._prefix}.{_ALS_PREFIX}"
+        return {key[len(prefix) :]: value for key, value in self._owner._values.items() if key.startswith(prefix)}
 
 
 class _PrecisionOptions(_Group):
@@ -527,6 +575,9 @@ class _PopartOptions(_Group):
         """Set PopART option ``key``; only those the simulator models are accepted."""
         if key == "engineOptions":
             return self._engine_options(value)
+        if key.startswith(_ALS_PREFIX):
+            self._owner.Training._automaticLossScalingSetting(key[len(_ALS_PREFIX) :], value)
+            return self
         if key not in _POPART_OPTIONS:
             raise not_modelled(
                 f"The PopART option {key!r}",
