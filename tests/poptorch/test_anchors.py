@@ -182,3 +182,53 @@ def test_replicas_anchor_the_gradient_reduced_over_them():
     [(grad, weight)] = _eager_steps(reference, x, y, micro_batches=replicas)
     _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
     _close(poptorch_model.getAnchoredTensor("update_weight"), weight)
+
+
+# (poptorch optimizer, its eager twin, keyword arguments, PopART prefix -> eager state slot)
+OPTIMIZER_STATES = [
+    (
+        poptorch.optim.Adam,
+        torch.optim.Adam,
+        {"lr": 0.01},
+        {"Accl1___": "exp_avg", "Accl2___": "exp_avg_sq", "Step___": "step"},
+    ),
+    (poptorch.optim.SGD, torch.optim.SGD, {"lr": LR, "momentum": 0.9}, {"Accl___": "momentum_buffer"}),
+    (
+        poptorch.optim.RMSprop,
+        torch.optim.RMSprop,
+        {"lr": 0.01, "momentum": 0.5, "centered": True},
+        {"Accl1___": "square_avg", "Accl2___": "grad_avg", "Accl3___": "momentum_buffer"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("poptorch_optim", "eager_optim", "kwargs", "slots"), OPTIMIZER_STATES)
+def test_optimizer_state_anchors_match_eager_state_after_each_step(poptorch_optim, eager_optim, kwargs, slots):
+    torch.manual_seed(0)
+    model, iterations = Model(), 2
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(iterations)
+    for prefix in slots:
+        opts.anchorTensor(prefix, f"{prefix}model.fc2.weight", poptorch.OutputMode.All)
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=poptorch_optim(model.parameters(), **kwargs))
+    x, y = torch.randn(iterations * BATCH, 4), torch.randn(iterations * BATCH, 3)
+    poptorch_model(x, y)
+    assert set(slots) <= {name.split("model.")[0] for name in poptorch_model.getTensorNames()}
+    eager = eager_optim(reference.parameters(), **kwargs)
+    expected = {prefix: [] for prefix in slots}
+    for step_x, step_y in zip(x.split(BATCH), y.split(BATCH)):
+        eager.zero_grad()
+        reference(step_x, step_y).backward()
+        eager.step()
+        state = eager.state[reference.fc2.weight]
+        for prefix, slot in slots.items():
+            expected[prefix].append(torch.as_tensor(state[slot], dtype=torch.float32).clone())
+    for prefix in slots:
+        _close(poptorch_model.getAnchoredTensor(prefix), torch.stack(expected[prefix]))
+
+
+def test_plain_sgd_has_no_optimizer_state_to_name():
+    model = Model()
+    poptorch_model = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
+    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+    assert not [name for name in poptorch_model.getTensorNames() if name.startswith(("Accl", "Step___"))]

@@ -2,7 +2,10 @@
 
 PopTorch names a parameter or buffer ``model.<fqn>`` (its wrapper holds the user's module as ``model``), the
 gradient the optimizer applies to a parameter ``Gradient___model.<fqn>`` and the parameter's value after
-the optimizer step ``UpdatedVar___model.<fqn>``. An anchored value becomes an extra output of the program
+the optimizer step ``UpdatedVar___model.<fqn>``, and its optimizer state after the step by PopART's
+prefixes: ``Accl___`` (SGD's momentum buffer), ``Accl1___`` / ``Accl2___`` (Adam, AdamW and LAMB's first and
+second moments; RMSprop's mean square and, centred, its mean gradient), ``Accl3___`` (RMSprop's momentum
+buffer) and ``Step___`` (Adam, AdamW and LAMB's step count). An anchored value becomes an extra output of the program
 computing it, so the device streams it to the host (costed as a host transfer) every time that program
 runs; the output mode then picks what one call returns from those runs.
 """
@@ -12,12 +15,20 @@ from dataclasses import dataclass
 import numpy as np
 
 import popir
+from poptorch._optimizer_graph import STEP, state_name
 from poptorch.enums import OutputMode
 from poptorch.errors import Error
 
 MODEL_PREFIX = "model."
 GRADIENT = "Gradient___"
 UPDATED = "UpdatedVar___"
+STEP_PREFIX = "Step___"
+# PopART's prefix of each optimizer state slot (torch's name); a momentum buffer is Accl___ (SGD) or, next to
+# RMSprop's square_avg, Accl3___.
+STATE_PREFIXES = {"exp_avg": "Accl1___", "exp_avg_sq": "Accl2___", "square_avg": "Accl1___", "grad_avg": "Accl2___"}
+MOMENTUM = "momentum_buffer"
+SGD_MOMENTUM_PREFIX = "Accl___"
+RMSPROP_MOMENTUM_PREFIX = "Accl3___"
 # Graph outputs carrying anchors; "#" appears in no user output name.
 OUTPUT_PREFIX = "#anchor:"
 NOT_COMPILED = "Model must be compiled before calling getTensorNames"
@@ -47,6 +58,24 @@ def named_values(captured, programs):
         named[GRADIENT + MODEL_PREFIX + fqn] = (program, gradient)
         step = programs.graphs[program]
         named[UPDATED + MODEL_PREFIX + fqn] = (program, step.updates[step.input(fqn)])
+        named.update(_optimizer_state(fqn, program, step))
+    return named
+
+
+def _optimizer_state(fqn, program, step):
+    """PopART long name -> (program, value after the step) of the optimizer state of parameter ``fqn``."""
+    updated = {state.name: value for state, value in step.updates.items()}
+    slots = {
+        slot: updated[state_name(fqn, slot)] for slot in (*STATE_PREFIXES, MOMENTUM) if state_name(fqn, slot) in updated
+    }
+    named = {}
+    for slot, value in slots.items():
+        prefix = STATE_PREFIXES.get(slot)
+        if prefix is None:
+            prefix = RMSPROP_MOMENTUM_PREFIX if "square_avg" in slots else SGD_MOMENTUM_PREFIX
+        named[prefix + MODEL_PREFIX + fqn] = (program, value)
+    if "exp_avg" in slots and STEP in updated:
+        named[STEP_PREFIX + MODEL_PREFIX + fqn] = (program, updated[STEP])
     return named
 
 
