@@ -210,10 +210,16 @@ def test_set_log_level_names_and_legacy_integers():
 
 
 def _fresh_level(env):
+    """The poptorch logger's level in a fresh process with ``env``. ``import poptorch`` imports the logging
+    module, which reads POPTORCH_LOG_LEVEL when imported; the process imports that module alone (by its
+    path), so it does not pay for importing torch."""
     import subprocess
 
-    code = "import poptorch, poptorch._logging as l; print(l.logger.level)"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    code = (
+        "import importlib.util as u, sys; s = u.spec_from_file_location('probe', sys.argv[1]); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.logger.level)"
+    )
+    return subprocess.run([sys.executable, "-c", code, _logging.__file__], env=env, capture_output=True, text=True)
 
 
 def test_log_level_environment(monkeypatch):
