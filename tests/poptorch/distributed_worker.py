@@ -1,9 +1,11 @@
 """One process of a distributed training run started by test_distributed_training.py.
 
-Usage: distributed_worker.py OUT_FILE MODE [REDUCTION]. Process id and count come from torchrun's variables
+Usage: distributed_worker.py OUT_FILE MODE [REDUCTIONS]. Process id and count come from torchrun's variables
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test. MODE "train" trains STEPS steps and saves
 every step's losses and the final weights to OUT_FILE; MODE "die" makes process 1 exit after the first
-step, and "stall" makes it stop answering for STALL_SECONDS. REDUCTION is a key of REDUCTIONS (default "post").
+step, and "stall" makes it stop answering for STALL_SECONDS. REDUCTIONS lists keys of REDUCTIONS, comma
+separated (default "post"): the mode runs once per reduction in turn, in the same processes (one launch,
+one process group), each run saving to OUT_FILE with "{reduction}" replaced by its key.
 MODE "grouped" trains GroupedModel (weights grouped over the replicas of both processes) from a different
 optimizer state on each process, then runs an inference model built differently on each process.
 MODE "loss_scaling" trains a float16 model with automatic loss scaling where only process 1's last replica
@@ -59,7 +61,12 @@ REDUCTIONS = {
 }
 
 
-def main(out_file, mode, reduction="post"):
+def main(out_file, mode, reductions="post"):
+    for reduction in reductions.split(","):
+        run(out_file.format(reduction=reduction), mode, reduction)
+
+
+def run(out_file, mode, reduction):
     opts = poptorch.Options().replicationFactor(REPLICAS).showCompilationProgressBar(False)
     reduction_type, strategy = REDUCTIONS[reduction]
     opts.Training.accumulationAndReplicationReductionType(reduction_type)

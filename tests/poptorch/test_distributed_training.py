@@ -14,8 +14,9 @@ from test_automatic_loss_scaling import HalfNet, _reference_accumulated
 import poptorch
 
 PROCESSES = 2
-# Generous for two compilations on a shared machine; a hang would otherwise stall CI.
-RUN_TIMEOUT = 240
+# Generous for a few compilations on a shared machine; a hang would otherwise stall CI.
+RUN_TIMEOUT = 360
+GROUPED_REDUCTIONS = ["post", "running"]
 
 
 def _free_port():
@@ -30,7 +31,7 @@ def _start(tmp_path, mode, timeout_seconds, reduction="post"):
     for rank in range(PROCESSES):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(PROCESSES), LOCAL_RANK=str(rank))
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), POPTORCH_DISTRIBUTED_TIMEOUT=str(timeout_seconds))
-        command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}.pt"), mode, reduction]
+        command = [sys.executable, worker.__file__, str(tmp_path / f"rank{rank}-{{reduction}}.pt"), mode, reduction]
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return processes
 
@@ -54,6 +55,29 @@ def _launch(tmp_path, mode, timeout_seconds, reduction="post"):
     return _finish(_start(tmp_path, mode, timeout_seconds, reduction))
 
 
+def _runs(tmp_path, reduction="post"):
+    """What every process saved of its run with ``reduction``."""
+    return [torch.load(tmp_path / f"rank{rank}-{reduction}.pt") for rank in range(PROCESSES)]
+
+
+def _launch_reductions(tmp_path, mode, reductions):
+    """One launch running ``mode`` once per reduction in the same processes (sparing a process start and a
+    rendezvous per reduction): reduction -> every process's saved run."""
+    for code, _, err in _launch(tmp_path, mode, timeout_seconds=120, reduction=",".join(reductions)):
+        assert code == 0, err[-3000:]
+    return {reduction: _runs(tmp_path, reduction) for reduction in reductions}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return _launch_reductions(tmp_path_factory.mktemp("train"), "train", sorted(worker.REDUCTIONS))
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    return _launch_reductions(tmp_path_factory.mktemp("grouped"), "grouped", GROUPED_REDUCTIONS)
+
+
 def _eager(steps, summed):
     """Process 0's initial model trained in eager PyTorch on the combined batch of every process (with
     ``summed``, on the sum of the replicas' gradients instead of their mean)."""
@@ -70,11 +94,8 @@ def _eager(steps, summed):
 
 
 @pytest.mark.parametrize("reduction", sorted(worker.REDUCTIONS))
-def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_path, reduction):
-    results = _launch(tmp_path, "train", timeout_seconds=120, reduction=reduction)
-    for code, _, err in results:
-        assert code == 0, err[-3000:]
-    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(trained, reduction):
+    runs = trained[reduction]
     expected_losses, expected_state = _eager(worker.STEPS, summed=reduction == "sum")
     # Each process returns its replicas' losses per step; their mean is the combined batch's loss.
     losses = torch.cat([run["losses"] for run in runs], dim=1).mean(dim=1)
@@ -113,12 +134,9 @@ def _eager_grouped():
     return torch.stack(losses), model, optimizer
 
 
-@pytest.mark.parametrize("reduction", ["post", "running"])
-def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_process(tmp_path, reduction):
-    results = _launch(tmp_path, "grouped", timeout_seconds=120, reduction=reduction)
-    for code, _, err in results:
-        assert code == 0, err[-3000:]
-    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+@pytest.mark.parametrize("reduction", GROUPED_REDUCTIONS)
+def test_parameters_grouped_across_processes_and_process_0s_state_reach_every_process(grouped, reduction):
+    runs = grouped[reduction]
     expected_losses, model, optimizer = _eager_grouped()
     torch.testing.assert_close(torch.cat([run["losses"] for run in runs], dim=1), expected_losses)
     for run in runs:
@@ -139,7 +157,7 @@ def test_automatic_loss_scaling_sums_the_counts_of_every_process(tmp_path):
     results = _launch(tmp_path, "loss_scaling", timeout_seconds=120)
     for code, _, err in results:
         assert code == 0, err[-3000:]
-    runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]
+    runs = _runs(tmp_path)
     torch.manual_seed(0)
     model = HalfNet(worker.ALS_GAIN)
     expected = _reference_accumulated(model, worker.loss_scaling_chunks(PROCESSES), worker.ALS_SCALE, worker.STEPS)
