@@ -53,6 +53,13 @@ def test_overlapped_io_gives_eager_numbers_in_fewer_cycles(mode):
     assert {t["direction"] for t in shown["tensors"].values()} == {"input", "output"}
     assert all(t["mode"] == mode.name for t in shown["tensors"].values())
     assert shown["overlapped_cycles"] < shown["serial_cycles"]
+    # The call's timeline: the marked transfers on the I/O tiles' lane, some while the compute tiles run.
+    timeline = overlapped.profile.programs["inference"]["run_timeline"]
+    assert overlapped.cycleCount() == timeline["makespan"]
+    io = [e for e in timeline["intervals"] if e["lanes"] == ["replica 0 IPU 0 I/O tiles"]]
+    runs = [e for e in timeline["intervals"] if "device_iteration" in e]
+    assert {e["transfer"] for e in io} == {"load", "store"} and len(runs) == DEVICE_ITERATIONS
+    assert any(r["start"] < e["end"] and e["start"] < r["end"] for e in io for r in runs)
     # The I/O tiles hold no compute vertices: the model computes on the others.
     assert overlapped.profile.target.num_tiles == 1472 - 32
 

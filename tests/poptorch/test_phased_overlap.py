@@ -69,6 +69,12 @@ def test_independent_stages_of_a_phase_run_at_the_same_time():
     assert first[0]["start"] == first[1]["start"] == 0  # the profile shows the overlap
     later = [e for e in phases["timeline"] if e["phase"] == 1]
     assert later and min(e["start"] for e in later) == max(e["end"] for e in first.values())
+    # The call's timeline places the same phases on each IPU's lane.
+    placed = {
+        (e["phase"], e["ipu"], e["start"], e["end"]) for e in program["run_timeline"]["intervals"] if "phase" in e
+    }
+    assert placed == {(e["phase"], e["ipu"], e["start"], e["end"]) for e in phases["timeline"]}
+    assert program["run_timeline"]["makespan"] == cycles
 
 
 def test_a_dependent_chain_in_a_phase_runs_in_order():

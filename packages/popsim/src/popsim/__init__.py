@@ -36,8 +36,9 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, phase_schedule, stash_per_tile, step_schedule
+from popsim.schedule import Schedule, phase_schedule, place_phases, place_pipeline, stash_per_tile, step_schedule
 from popsim.target import Device, Target
+from popsim.timeline import Timeline, compute_lane, io_lane
 
 __version__ = _version("popsim")
 
@@ -68,13 +69,18 @@ __all__ = [
     "Tensor",
     "TileArena",
     "TileMapping",
+    "Timeline",
     "UnsupportedOpError",
     "Vertices",
     "__version__",
     "compile",
     "compile_device_graph",
+    "compute_lane",
+    "io_lane",
     "register_lowering",
     "phase_schedule",
+    "place_phases",
+    "place_pipeline",
     "stash_per_tile",
     "step_schedule",
     "supported_ops",

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from popsim.timeline import Timeline, compute_lane
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -189,46 +191,100 @@ def stash_per_tile(program, target, stage_ipu):
 
 def phase_schedule(program, target, depends):
     """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
-    ``stage`` is its phase) compiled for ``target``. The phases run one after another, forward then backward
-    as the steps order them; within one phase and pass, each IPU's work (its steps with their syncs, the
-    inter-IPU copies into it included) starts once the IPUs it reads from are done, so the phase costs its
-    critical path over ``depends`` (``(phase, pass, from_ipu, to_ipu)``, pass "forward" or "backward"). A
-    phase whose IPUs read from each other both ways runs its IPUs one after another. Returns a dict with the
-    serial and scheduled cycles and a timeline of each phase's IPUs."""
-    work = {}  # (phase, pass) -> {ipu: cycles}, in the order the steps run
+    ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
+    (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
+    timeline = Timeline()
+    work = _phase_work(program, target)
+    ipus = {ipu for unit in work.values() for ipu in unit} | {0}
+    place_phases(timeline, program, target, depends, lambda ipu: compute_lane(0, ipu), sorted(ipus))
+    serial = sum(sum(unit.values()) for unit in work.values())
+    entries = [
+        {key: i.label[key] for key in ("phase", "pass", "ipu")} | {"start": i.start, "end": i.end}
+        for i in timeline.intervals
+        if "phase" in i.label
+    ]
+    return {
+        "serial_cycles": max(serial, program["total_cycles"]),
+        "total_cycles": timeline.makespan,
+        "timeline": sorted(entries, key=lambda e: (e["start"], e["ipu"])),
+    }
+
+
+def place_phases(timeline, program, target, depends, lane, ipus, not_before=0, extra_cycles=0, **label):
+    """Lay one run of a phased ``program`` on ``ipus`` out on ``timeline`` (``lane(ipu)``: the resource of
+    an IPU's compute tiles). The phases run one after another, forward then backward as the steps order them; within
+    one phase and pass, each IPU's work (its steps with their syncs, the inter-IPU copies into it included)
+    starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``), so a
+    phase costs its critical path; IPUs that read each other both ways run one after another. The steps of
+    no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU. Returns the intervals."""
+    work = _phase_work(program, target)
+    outside = max(0, program["total_cycles"] - sum(sum(unit.values()) for unit in work.values()))
+    placed, previous = [], []
+    for (phase, direction), unit in work.items():
+        edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
+        order, edges = _run_order(unit, edges)
+        done = {}
+        for ipu in order:
+            after = previous + [done[a] for a, b in edges if b == ipu]
+            done[ipu] = timeline.add(
+                [lane(ipu)], unit[ipu], after, not_before, phase=phase, **{"pass": direction}, ipu=ipu, **label
+            )
+        previous = list(done.values())
+        placed += previous
+    placed.append(timeline.add([lane(i) for i in ipus], outside + extra_cycles, previous, not_before, **label))
+    return placed
+
+
+def _phase_work(program, target):
+    """``{(phase, pass): {ipu: cycles}}`` of a phased program's placed steps with their syncs, in the order
+    the steps run."""
+    work = {}
     for step in program["steps"]:
         if "stage" in step:
             unit = work.setdefault((step["stage"], _pass_of(step)), {})
             unit[step["ipu"]] = unit.get(step["ipu"], 0) + step["cycles"] + target.bsp_sync_cycles
-    serial = sum(sum(unit.values()) for unit in work.values())
-    outside = max(0, program["total_cycles"] - serial)
-    timeline, now = [], 0
-    for (phase, direction), unit in work.items():
-        ends = _critical_path(unit, {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction)})
-        for ipu, (start, end) in sorted(ends.items()):
-            timeline.append({"phase": phase, "pass": direction, "ipu": ipu, "start": now + start, "end": now + end})
-        now += max((end for _, end in ends.values()), default=0)
-    return {"serial_cycles": serial + outside, "total_cycles": now + outside, "timeline": timeline}
+    return work
+
+
+def _run_order(cycles, edges):
+    """The order to place the IPUs of one phase (``cycles``: {ipu: work}) and the edges to wait on: the
+    reads ``edges`` (from, to) in topological order, or, when they form a cycle, every IPU after the one
+    before it in IPU order."""
+    graph = graphlib.TopologicalSorter({ipu: {a for a, b in edges if b == ipu} for ipu in cycles})
+    try:
+        return list(graph.static_order()), edges
+    except graphlib.CycleError:
+        order = sorted(cycles)
+        return order, set(zip(order, order[1:]))
+
+
+def place_pipeline(timeline, schedule, lane, ipus, not_before=0, **label):
+    """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` out on ``timeline``
+    (``lane(ipu)``: the resource of an IPU's compute tiles). Each pipeline cycle is a superstep of all the
+    IPUs as long as the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages
+    idle), so each stage's work starts at its slot's start (``Schedule.timeline``); the steps of no stage
+    follow on every IPU.
+    Returns the intervals."""
+    lanes = [lane(ipu) for ipu in ipus]
+    start = max(not_before, timeline.free_at(lanes))
+    placed = [
+        timeline.add(
+            [lane(e["ipu"])],
+            e["end"] - e["start"],
+            not_before=start + e["start"],
+            stage=e["stage"],
+            micro_batch=e["micro_batch"],
+            ipu=e["ipu"],
+            **{"pass": e["pass"]},
+            **label,
+        )
+        for e in schedule.timeline()
+    ]
+    piped = schedule.ramp_up_cycles + schedule.main_cycles + schedule.ramp_down_cycles
+    outside = schedule.micro_batches * schedule.outside_cycles
+    placed.append(timeline.add(lanes, outside, not_before=start + piped, **label))
+    return placed
 
 
 def _pass_of(step):
     return "forward" if step.get("role") in (None, "forward") else "backward"
-
-
-def _critical_path(cycles, edges):
-    """``{ipu: (start, end)}`` for IPUs with ``cycles`` of work each, an IPU starting when the IPUs it reads
-    from (``edges``: (from, to)) are done; one after another (in IPU order) when the edges form a cycle."""
-    graph = graphlib.TopologicalSorter({ipu: {a for a, b in edges if b == ipu and a in cycles} for ipu in cycles})
-    try:
-        order = list(graph.static_order())
-    except graphlib.CycleError:
-        spans, now = {}, 0
-        for ipu in sorted(cycles):
-            spans[ipu] = (now, now + cycles[ipu])
-            now += cycles[ipu]
-        return spans
-    spans = {}
-    for ipu in order:
-        start = max((spans[a][1] for a, b in edges if b == ipu and a in spans), default=0)
-        spans[ipu] = (start, start + cycles[ipu])
-    return spans
