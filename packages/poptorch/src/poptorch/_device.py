@@ -7,8 +7,10 @@ import numpy as np
 
 import popir
 import popsim
-from poptorch import _blocks, _replication, _streaming
+from poptorch import _blocks, _overlapped_io, _replication, _streaming
 from poptorch.errors import Error
+
+MAX_IO_TILES = 192  # TensorLocations.numIOTiles accepts an even count from 32 to this
 
 
 def target_of(options):
@@ -70,6 +72,39 @@ def check_pipeline_memory(exe, program, plan, options, training):
             f"{target.tile_bytes:,} bytes ({over.size} tile(s) over). Recompute the activations from each stage's "
             """inputs (opts._Popart.set("autoRecomputation", 3)), use more IPUs, or ShardedExecution."""
         )
+
+
+def io_tile_memory(graph, marks, options):
+    """The I/O tiles' memory for the tensors of ``graph`` marked for overlapped I/O (``marks``: ``{name:
+    (direction, mode)}``): each marked input or output is held once on the ``TensorLocations.numIOTiles`` I/O
+    tiles of the first IPU, its elements spread evenly over them, while it streams to or from the host.
+    Refuses, unless out-of-memory is allowed, bytes beyond an I/O tile's memory. Returns the profile's
+    ``io_tiles`` entry (None without marks)."""
+    if not marks:
+        return None
+    count, tile_bytes = options.TensorLocations.num_io_tiles, target_of(options).tile_bytes
+    tensors, used = [], np.zeros(count, np.int64)
+    for name, (direction, _) in marks.items():
+        value_type = (graph.input(name) if direction == _overlapped_io.INPUT else graph.outputs[name]).type
+        elements = np.full(count, value_type.size // count, np.int64)
+        elements[: value_type.size % count] += 1
+        per_tile = elements * value_type.dtype.itemsize
+        used += per_tile
+        tensors.append(
+            {"name": name, "direction": direction, "bytes": value_type.nbytes, "tile_bytes": per_tile.tolist()}
+        )
+    if used.max() > tile_bytes and not options.allow_out_of_memory:
+        total = sum(t["bytes"] for t in tensors)
+        needed = next((n for n in range(count, MAX_IO_TILES + 1, 2) if -(-total // n) <= tile_bytes), None)
+        fix = f"numIOTiles({needed})" if needed else f"the most I/O tiles, {MAX_IO_TILES}, and fewer marked bytes"
+        names = ", ".join(f"{t['name']} ({t['bytes']:,} bytes)" for t in tensors)
+        raise Error(
+            f"Out of memory on the simulated IPU's I/O tiles: the tensors marked for overlapped I/O, {names}, take "
+            f"{int(used.max()):,} bytes on an I/O tile, more than its {tile_bytes:,} bytes, with "
+            f"TensorLocations.numIOTiles({count}). Reserve more I/O tiles ({fix}), or mark fewer or smaller "
+            "tensors with set_overlap_for_input / set_overlap_for_output."
+        )
+    return {"io_tiles": count, "ipu": 0, "tile_bytes": tile_bytes, "memory": used.tolist(), "tensors": tensors}
 
 
 def check_input_fits(name, shape, itemsize, options):

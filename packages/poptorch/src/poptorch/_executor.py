@@ -276,6 +276,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             self._overlapped_io = _overlapped_io.resolve(captured)
+            io_tiles = _device.io_tile_memory(captured.graph, self._overlapped_io, self._options)
             if self._training:
                 group_of = self._group_of(captured)
                 own_counts = _replication.grouped_names(self.per_replica_params, self._options)
@@ -308,6 +309,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
+        if io_tiles:
+            exe.profile.programs[programs.micro_batch]["io_tiles"] = io_tiles
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
