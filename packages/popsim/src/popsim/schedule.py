@@ -20,6 +20,9 @@ import numpy as np
 
 from popsim.timeline import Timeline, compute_lane
 
+# Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
+OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -231,7 +234,8 @@ def place_phases(timeline, program, target, depends, lane, ipus, not_before=0, e
             )
         previous = list(done.values())
         placed += previous
-    placed.append(timeline.add([lane(i) for i in ipus], outside + extra_cycles, previous, not_before, **label))
+    rest = outside + extra_cycles
+    placed.append(timeline.add([lane(i) for i in ipus], rest, previous, not_before, work=OUTSIDE_PHASES, **label))
     return placed
 
 
@@ -282,7 +286,7 @@ def place_pipeline(timeline, schedule, lane, ipus, not_before=0, **label):
     ]
     piped = schedule.ramp_up_cycles + schedule.main_cycles + schedule.ramp_down_cycles
     outside = schedule.micro_batches * schedule.outside_cycles
-    placed.append(timeline.add(lanes, outside, not_before=start + piped, **label))
+    placed.append(timeline.add(lanes, outside, not_before=start + piped, work=OUTSIDE_STAGES, **label))
     return placed
 
 
