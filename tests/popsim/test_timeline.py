@@ -42,3 +42,29 @@ def test_as_dict_lists_lanes_and_labelled_intervals_without_empty_ones():
     ]
     with pytest.raises(ValueError, match="cannot last -1 cycles"):
         timeline.add([A], -1)
+
+
+def test_a_sharded_run_places_each_stage_on_its_ipu_in_program_order():
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    steps = [
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 10},
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 5},
+        {"stage": 1, "ipu": 1, "role": "forward", "cycles": 20},
+        {"cycles": 7},
+        {"stage": 0, "ipu": 0, "role": "backward", "cycles": 30},
+    ]
+    staged = sum(s["cycles"] + sync for s in steps)
+    timeline = popsim.Timeline()
+    lane = lambda ipu: popsim.compute_lane(0, ipu)  # noqa: E731
+    placed = popsim.place_steps(timeline, {"steps": steps}, target, lane, [0, 1], staged + 100, replica=0)
+    shown = [(i.resources, i.end - i.start, i.label.get("stage"), i.label.get("pass")) for i in placed]
+    assert shown == [
+        ((A,), 15 + 2 * sync, 0, "forward"),
+        ((B,), 20 + sync, 1, "forward"),
+        ((A, B), 7 + sync, None, None),
+        ((A,), 30 + sync, 0, "backward"),
+        ((A, B), 100, None, None),
+    ]
+    assert all(a.end == b.start for a, b in zip(placed, placed[1:])) and timeline.makespan == staged + 100
+    assert popsim.place_steps(popsim.Timeline(), {"steps": steps}, target, lane, [0, 1], staged - 1) is None

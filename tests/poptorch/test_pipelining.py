@@ -119,7 +119,12 @@ def test_a_pipelined_step_takes_fewer_cycles_than_a_sharded_one(reference):
     assert any(
         a["lanes"] != b["lanes"] and a["start"] < b["end"] and b["start"] < a["end"] for a in staged for b in staged
     )
-    assert sharded.cycleCount() == sharded.profile.programs["accumulate"]["run_timeline"]["makespan"]
+    # Sharded: each stage on its IPU's lane, nothing overlapping.
+    timeline = sharded.profile.programs["accumulate"]["run_timeline"]
+    assert sharded.cycleCount() == timeline["makespan"]
+    assert {e["ipu"] for e in timeline["intervals"] if "stage" in e} == {0, 1, 2, 3}
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
 
 
 def test_blocks_are_the_default_pipeline_and_copy_pickle_and_print():

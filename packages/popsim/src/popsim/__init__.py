@@ -36,7 +36,15 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, phase_schedule, place_phases, place_pipeline, stash_per_tile, step_schedule
+from popsim.schedule import (
+    Schedule,
+    phase_schedule,
+    place_phases,
+    place_pipeline,
+    place_steps,
+    stash_per_tile,
+    step_schedule,
+)
 from popsim.target import Device, Target
 from popsim.timeline import Timeline, compute_lane, io_lane
 
@@ -81,6 +89,7 @@ __all__ = [
     "phase_schedule",
     "place_phases",
     "place_pipeline",
+    "place_steps",
     "stash_per_tile",
     "step_schedule",
     "supported_ops",

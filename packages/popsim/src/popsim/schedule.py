@@ -239,6 +239,34 @@ def place_phases(timeline, program, target, depends, lane, ipus, not_before=0, e
     return placed
 
 
+def place_steps(timeline, program, target, lane, ipus, cycles, not_before=0, **label):
+    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` out on ``timeline`` in program order:
+    each stretch of steps of one stage, IPU and pass on that IPU's lane (``lane(ipu)``), each after the one
+    before; steps of no stage, and what the run's ``cycles`` have beyond the steps (control, host), on every
+    IPU. None (nothing placed) when the steps add up to more than ``cycles``. Returns the intervals."""
+    stretches = []  # [key, cycles]: key (stage, pass, ipu), or None for steps of no stage
+    for step in program["steps"]:
+        key = (step["stage"], _pass_of(step), step["ipu"]) if "stage" in step else None
+        if not stretches or stretches[-1][0] != key:
+            stretches.append([key, 0])
+        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    rest = cycles - sum(c for _, c in stretches)
+    if rest < 0:
+        return None
+    everywhere = [lane(i) for i in ipus]
+    placed = []
+    for key, span in [*stretches, [None, rest]]:
+        after = placed[-1:]
+        if key is None:
+            placed.append(timeline.add(everywhere, span, after, not_before, work=OUTSIDE_STAGES, **label))
+        else:
+            stage, direction, ipu = key
+            placed.append(
+                timeline.add([lane(ipu)], span, after, not_before, stage=stage, ipu=ipu, **{"pass": direction}, **label)
+            )
+    return placed
+
+
 def _phase_work(program, target):
     """``{(phase, pass): {ipu: cycles}}`` of a phased program's placed steps with their syncs, in the order
     the steps run."""

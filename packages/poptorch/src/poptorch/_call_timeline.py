@@ -113,8 +113,14 @@ class _Placement:
             return popsim.place_phases(
                 timeline, self.profile, target, self.depends, lane, self.ipus, not_before, extra_cycles, **label
             )
+        cycles = self.call.run_cycles[index] + extra_cycles
+        if len(self.ipus) > 1:  # sharded: each stage on its IPU's lane, one after another
+            target, lane = self.exe.target, self._lane(replica)
+            placed = popsim.place_steps(timeline, self.profile, target, lane, self.ipus, cycles, not_before, **label)
+            if placed is not None:
+                return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
-        return [timeline.add(lanes, self.call.run_cycles[index] + extra_cycles, not_before=not_before, **label)]
+        return [timeline.add(lanes, cycles, not_before=not_before, **label)]
 
     def io_figures(self, marks, serial, overlapped):
         """The profile's ``io_overlap`` entry: the marked tensors, their transfers and the call's cycles with
