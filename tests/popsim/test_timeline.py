@@ -50,21 +50,43 @@ def test_a_sharded_run_places_each_stage_on_its_ipu_in_program_order():
     steps = [
         {"stage": 0, "ipu": 0, "role": "forward", "cycles": 10},
         {"stage": 0, "ipu": 0, "role": "forward", "cycles": 5},
+        {"stage": 1, "ipu": 1, "ipus": [0, 1], "role": "forward", "cycles": 4},  # an inter-IPU copy into IPU 1
         {"stage": 1, "ipu": 1, "role": "forward", "cycles": 20},
         {"cycles": 7},
         {"stage": 0, "ipu": 0, "role": "backward", "cycles": 30},
     ]
     staged = sum(s["cycles"] + sync for s in steps)
     timeline = popsim.Timeline()
-    lane = lambda ipu: popsim.compute_lane(0, ipu)  # noqa: E731
-    placed = popsim.place_steps(timeline, {"steps": steps}, target, lane, [0, 1], staged + 100, replica=0)
+    placed = popsim.place_steps(timeline, {"steps": steps}, target, 0, [0, 1], staged + 100)
     shown = [(i.resources, i.end - i.start, i.label.get("stage"), i.label.get("pass")) for i in placed]
+    assert all(i.label["replica"] == 0 for i in placed)
     assert shown == [
         ((A,), 15 + 2 * sync, 0, "forward"),
+        ((B, popsim.link_lane(0, 0, 1)), 4 + sync, 1, "forward"),
         ((B,), 20 + sync, 1, "forward"),
         ((A, B), 7 + sync, None, None),
         ((A,), 30 + sync, 0, "backward"),
         ((A, B), 100, None, None),
     ]
     assert all(a.end == b.start for a, b in zip(placed, placed[1:])) and timeline.makespan == staged + 100
-    assert popsim.place_steps(popsim.Timeline(), {"steps": steps}, target, lane, [0, 1], staged - 1) is None
+    assert popsim.place_steps(popsim.Timeline(), {"steps": steps}, target, 0, [0, 1], staged - 1) is None
+
+
+def test_a_phase_copy_into_an_ipu_holds_its_link_and_the_phase_spans_its_pieces():
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    steps = [
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 40},
+        {"stage": 0, "ipu": 1, "ipus": [0, 1], "role": "forward", "cycles": 6},
+        {"stage": 0, "ipu": 1, "role": "forward", "cycles": 30},
+    ]
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + sync for s in steps)}
+    timeline = popsim.Timeline()
+    placed = popsim.place_phases(timeline, program, target, {(0, "forward", 0, 1)}, 0, [0, 1])
+    link = popsim.link_lane(0, 0, 1)
+    copy = next(i for i in placed if link in i.resources)
+    assert copy.resources == (B, link) and copy.start == 40 + sync and copy.end - copy.start == 6 + sync
+    schedule = popsim.phase_schedule(program, target, {(0, "forward", 0, 1)})
+    spans = {e["ipu"]: (e["start"], e["end"]) for e in schedule["timeline"]}
+    assert spans == {0: (0, 40 + sync), 1: (40 + sync, 76 + 3 * sync)}
+    assert schedule["total_cycles"] == timeline.makespan == program["total_cycles"]

@@ -46,7 +46,7 @@ from popsim.schedule import (
     step_schedule,
 )
 from popsim.target import Device, Target
-from popsim.timeline import Timeline, compute_lane, io_lane
+from popsim.timeline import Timeline, compute_lane, io_lane, link_lane
 
 __version__ = _version("popsim")
 
@@ -85,6 +85,7 @@ __all__ = [
     "compile_device_graph",
     "compute_lane",
     "io_lane",
+    "link_lane",
     "register_lowering",
     "phase_schedule",
     "place_phases",

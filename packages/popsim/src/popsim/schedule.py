@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import Timeline, compute_lane
+from popsim.timeline import Timeline, compute_lane, link_lane
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
@@ -197,31 +197,32 @@ def phase_schedule(program, target, depends):
     ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
     (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
     timeline = Timeline()
-    work = _phase_work(program, target)
+    work = _phase_work(program, target, 0)
     ipus = {ipu for unit in work.values() for ipu in unit} | {0}
-    place_phases(timeline, program, target, depends, lambda ipu: compute_lane(0, ipu), sorted(ipus))
-    serial = sum(sum(unit.values()) for unit in work.values())
-    entries = [
-        {key: i.label[key] for key in ("phase", "pass", "ipu")} | {"start": i.start, "end": i.end}
-        for i in timeline.intervals
-        if "phase" in i.label
-    ]
+    place_phases(timeline, program, target, depends, 0, sorted(ipus))
+    spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces
+    for i in timeline.intervals:
+        if "phase" in i.label:
+            span = spans.setdefault((i.label["phase"], i.label["pass"], i.label["ipu"]), [i.start, i.end])
+            span[:] = min(span[0], i.start), max(span[1], i.end)
+    entries = [{"phase": p, "pass": d, "ipu": u, "start": a, "end": b} for (p, d, u), (a, b) in spans.items()]
     return {
-        "serial_cycles": max(serial, program["total_cycles"]),
+        "serial_cycles": max(_total(work), program["total_cycles"]),
         "total_cycles": timeline.makespan,
         "timeline": sorted(entries, key=lambda e: (e["start"], e["ipu"])),
     }
 
 
-def place_phases(timeline, program, target, depends, lane, ipus, not_before=0, extra_cycles=0, **label):
-    """Lay one run of a phased ``program`` on ``ipus`` out on ``timeline`` (``lane(ipu)``: the resource of
-    an IPU's compute tiles). The phases run one after another, forward then backward as the steps order them; within
-    one phase and pass, each IPU's work (its steps with their syncs, the inter-IPU copies into it included)
+def place_phases(timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, **label):
+    """Lay one run of a phased ``program`` on ``ipus`` of ``replica`` out on ``timeline``. The phases run one
+    after another, forward then backward as the steps order them; within one phase and pass, each IPU's work
+    (its steps with their syncs, the inter-IPU copies into it included, which also hold their IPU-Links)
     starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``), so a
     phase costs its critical path; IPUs that read each other both ways run one after another. The steps of
     no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU. Returns the intervals."""
-    work = _phase_work(program, target)
-    outside = max(0, program["total_cycles"] - sum(sum(unit.values()) for unit in work.values()))
+    label = {"replica": replica, **label}
+    work = _phase_work(program, target, replica)
+    outside = max(0, program["total_cycles"] - _total(work))
     placed, previous = [], []
     for (phase, direction), unit in work.items():
         edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
@@ -229,53 +230,68 @@ def place_phases(timeline, program, target, depends, lane, ipus, not_before=0, e
         done = {}
         for ipu in order:
             after = previous + [done[a] for a, b in edges if b == ipu]
-            done[ipu] = timeline.add(
-                [lane(ipu)], unit[ipu], after, not_before, phase=phase, **{"pass": direction}, ipu=ipu, **label
-            )
+            for links, cycles in unit[ipu]:  # one after another on the IPU's lane
+                resources = [compute_lane(replica, ipu), *links]
+                tags = {"phase": phase, "pass": direction, "ipu": ipu}
+                done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
+                placed.append(done[ipu])
         previous = list(done.values())
-        placed += previous
+    lanes = [compute_lane(replica, i) for i in ipus]
     rest = outside + extra_cycles
-    placed.append(timeline.add([lane(i) for i in ipus], rest, previous, not_before, work=OUTSIDE_PHASES, **label))
+    placed.append(timeline.add(lanes, rest, previous, not_before, work=OUTSIDE_PHASES, **label))
     return placed
 
 
-def place_steps(timeline, program, target, lane, ipus, cycles, not_before=0, **label):
-    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` out on ``timeline`` in program order:
-    each stretch of steps of one stage, IPU and pass on that IPU's lane (``lane(ipu)``), each after the one
-    before; steps of no stage, and what the run's ``cycles`` have beyond the steps (control, host), on every
-    IPU. None (nothing placed) when the steps add up to more than ``cycles``. Returns the intervals."""
-    stretches = []  # [key, cycles]: key (stage, pass, ipu), or None for steps of no stage
+def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, **label):
+    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` of ``replica`` out on ``timeline`` in
+    program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an inter-IPU copy on
+    its IPU-Links too), each after the one before; steps of no stage, and what the run's ``cycles`` have
+    beyond the steps (control, host), on every IPU. None (nothing placed) when the steps add up to more than
+    ``cycles``. Returns the intervals."""
+    label = {"replica": replica, **label}
+    stretches = []  # [key, cycles]: key (stage, pass, ipu, links), or None for steps of no stage
     for step in program["steps"]:
-        key = (step["stage"], _pass_of(step), step["ipu"]) if "stage" in step else None
+        key = (step["stage"], _pass_of(step), step["ipu"], _links(step, replica)) if "stage" in step else None
         if not stretches or stretches[-1][0] != key:
             stretches.append([key, 0])
         stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
     rest = cycles - sum(c for _, c in stretches)
     if rest < 0:
         return None
-    everywhere = [lane(i) for i in ipus]
+    everywhere = [compute_lane(replica, i) for i in ipus]
     placed = []
     for key, span in [*stretches, [None, rest]]:
         after = placed[-1:]
         if key is None:
             placed.append(timeline.add(everywhere, span, after, not_before, work=OUTSIDE_STAGES, **label))
         else:
-            stage, direction, ipu = key
-            placed.append(
-                timeline.add([lane(ipu)], span, after, not_before, stage=stage, ipu=ipu, **{"pass": direction}, **label)
-            )
+            stage, direction, ipu, links = key
+            tags = {"stage": stage, "pass": direction, "ipu": ipu}
+            placed.append(timeline.add([compute_lane(replica, ipu), *links], span, after, not_before, **tags, **label))
     return placed
 
 
-def _phase_work(program, target):
-    """``{(phase, pass): {ipu: cycles}}`` of a phased program's placed steps with their syncs, in the order
-    the steps run."""
+def _links(step, replica):
+    """The IPU-Link lanes an inter-IPU copy into the step's IPU holds (from each other IPU it keeps busy)."""
+    return tuple(link_lane(replica, other, step["ipu"]) for other in step.get("ipus", ()) if other != step["ipu"])
+
+
+def _phase_work(program, target, replica):
+    """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
+    in the order the steps run: consecutive steps holding the same IPU-Links merged."""
     work = {}
     for step in program["steps"]:
         if "stage" in step:
-            unit = work.setdefault((step["stage"], _pass_of(step)), {})
-            unit[step["ipu"]] = unit.get(step["ipu"], 0) + step["cycles"] + target.bsp_sync_cycles
+            pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
+            links = _links(step, replica)
+            if not pieces or pieces[-1][0] != links:
+                pieces.append([links, 0])
+            pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
+
+
+def _total(work):
+    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles in pieces)
 
 
 def _run_order(cycles, edges):
@@ -290,18 +306,19 @@ def _run_order(cycles, edges):
         return order, set(zip(order, order[1:]))
 
 
-def place_pipeline(timeline, schedule, lane, ipus, not_before=0, **label):
-    """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` out on ``timeline``
-    (``lane(ipu)``: the resource of an IPU's compute tiles). Each pipeline cycle is a superstep of all the
+def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
+    """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
+    ``timeline``. Each pipeline cycle is a superstep of all the
     IPUs as long as the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages
     idle), so each stage's work starts at its slot's start (``Schedule.timeline``); the steps of no stage
     follow on every IPU.
     Returns the intervals."""
-    lanes = [lane(ipu) for ipu in ipus]
+    label = {"replica": replica, **label}
+    lanes = [compute_lane(replica, ipu) for ipu in ipus]
     start = max(not_before, timeline.free_at(lanes))
     placed = [
         timeline.add(
-            [lane(e["ipu"])],
+            [compute_lane(replica, e["ipu"])],
             e["end"] - e["start"],
             not_before=start + e["start"],
             stage=e["stage"],

@@ -1,6 +1,6 @@
-"""A timeline of one call's work: intervals on resources (each IPU's compute tiles, its I/O tiles), scheduled
-in the order they are added. An interval starts once all its resources are free, every interval it depends on
-has ended, and not before a given cycle; the call's cycles are the makespan.
+"""A timeline of one call's work: intervals on resources (each IPU's compute tiles, its I/O tiles, the
+IPU-Links), scheduled in the order they are added. An interval starts once all its resources are free, every
+interval it depends on has ended, and not before a given cycle; the call's cycles are the makespan.
 
 Overlap follows from the resources alone: work on different IPUs, or on the I/O tiles while the compute tiles
 run, shares no resource and so runs at the same time unless a dependency orders it.
@@ -17,6 +17,12 @@ def compute_lane(replica, ipu):
 def io_lane(replica, ipu):
     """The resource of the I/O tiles of ``ipu`` in ``replica`` (TensorLocations.numIOTiles)."""
     return f"replica {replica} IPU {ipu} I/O tiles"
+
+
+def link_lane(replica, source, destination):
+    """The resource of the IPU-Links carrying data from IPU ``source`` to IPU ``destination`` of ``replica``
+    (one per direction: the links are full duplex)."""
+    return f"replica {replica} IPU-Link {source}->{destination}"
 
 
 @dataclass(frozen=True)

@@ -81,12 +81,11 @@ class _Placement:
         for step, group in enumerate(self._groups()):
             start = timeline.free_at(every)  # replicas start each group together
             for replica in self.replicas:
-                own = [i for i in group if self.call.runs[i][2] == replica]
                 if self.schedule is not None:
-                    lane = self._lane(replica)
-                    popsim.place_pipeline(timeline, self.schedule, lane, self.ipus, start, replica=replica)
-                else:
-                    for i in own:
+                    popsim.place_pipeline(timeline, self.schedule, replica, self.ipus, start)
+                    continue
+                for i in group:
+                    if self.call.runs[i][2] == replica:
                         io[replica].place_run(timeline, i, start)
             if step < len(self.call.step_cycles):
                 timeline.add(every, self.call.step_cycles[step], program="step")
@@ -100,31 +99,28 @@ class _Placement:
         size = runs if whole else self.call.runs_per_step
         return [range(start, min(start + size, runs)) for start in range(0, runs, size)]
 
-    def _lane(self, replica):
-        return lambda ipu: popsim.compute_lane(replica, ipu)
-
     def place_body(self, timeline, index, not_before, extra_cycles):
         """One run (``index`` into the call's runs) on its replica's compute tiles, ``extra_cycles`` added to
         its cycles; returns its intervals."""
         d, a, replica = self.call.runs[index]
-        label = {"device_iteration": d, "accumulation_step": a, "replica": replica}
+        label = {"device_iteration": d, "accumulation_step": a}
         if self.phased:
-            target, lane = self.exe.target, self._lane(replica)
+            depends, target = self.depends, self.exe.target
             return popsim.place_phases(
-                timeline, self.profile, target, self.depends, lane, self.ipus, not_before, extra_cycles, **label
+                timeline, self.profile, target, depends, replica, self.ipus, not_before, extra_cycles, **label
             )
         cycles = self.call.run_cycles[index] + extra_cycles
         if len(self.ipus) > 1:  # sharded: each stage on its IPU's lane, one after another
-            target, lane = self.exe.target, self._lane(replica)
-            placed = popsim.place_steps(timeline, self.profile, target, lane, self.ipus, cycles, not_before, **label)
+            target = self.exe.target
+            placed = popsim.place_steps(timeline, self.profile, target, replica, self.ipus, cycles, not_before, **label)
             if placed is not None:
                 return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
-        return [timeline.add(lanes, cycles, not_before=not_before, **label)]
+        return [timeline.add(lanes, cycles, not_before=not_before, replica=replica, **label)]
 
     def io_figures(self, marks, serial, overlapped):
         """The profile's ``io_overlap`` entry: the marked tensors, their transfers and the call's cycles with
-        the transfers serial and overlapped."""
+        the transfers in their runs (``serial``) and overlapped (``overlapped``)."""
         transfers = _MarkedTransfers(self, marks, self.replicas[0])
         return {
             "io_tiles": self.io_tiles,
