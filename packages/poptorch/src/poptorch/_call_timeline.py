@@ -156,6 +156,7 @@ class _MarkedTransfers:
         io_tiles = max(placement.io_tiles, 1)
         self.exchange = popsim.cost.exchange_cycles(target, -(-sum(self.nbytes.values()) // io_tiles))
         self.own = [i for i, run in enumerate(placement.call.runs) if run[2] == replica]
+        self.position = {index: position for position, index in enumerate(self.own)}
         self.loaded = {}  # run index -> the intervals that loaded its inputs ahead
 
     def _loop(self, position, mode):
@@ -176,7 +177,7 @@ class _MarkedTransfers:
         if not self.marks:
             self.placement.place_body(timeline, index, not_before, 0)
             return
-        position = self.own.index(index)
+        position = self.position[index]
         io = [popsim.io_lane(self.replica, IO_IPU)]
         both = io + [popsim.compute_lane(self.replica, ipu) for ipu in self.placement.ipus]
         before = max(not_before, timeline.free_at(both[1:]))
