@@ -41,12 +41,40 @@ class ConvSpec(NamedTuple):
 
 class ConvPlan(NamedTuple):
     """Split counts and block sizes of (batch, out_channels, out_rows, channels), estimated cycles and
-    temporary bytes on the busiest tile."""
+    temporary bytes on the busiest tile, and whether the vertices fold the kernel columns into the channels."""
 
     splits: tuple
     blocks: tuple
     cycles: int
     memory: int
+    fold: bool = False
+
+
+# Input channels one AMP weight load covers at a kernel position (*estimate*, by activation itemsize): a
+# convolution with fewer channels per position leaves AMP lanes idle, which folding fills.
+AMP_INPUT_CHANNELS = {4: 8, 2: 16}
+
+
+def _folds(spec):
+    """Whether the vertices may fold the kernel columns into the input channels, as poplin's tile-level
+    expandDims: a view of the patch (the AMP reads overlapping windows of each row, no copy and no extra
+    memory) when the columns are unit-spaced. Candidates: (False,) or (False, True)."""
+    return np.array([False, True]) if spec.dilation[1] == 1 and spec.in_dilation[1] == 1 else np.array([False])
+
+
+def _fold_fits(spec, fold, channels, dtype):
+    """Whether a block of ``channels`` may use ``fold``: folded columns must fit one AMP weight load, the only
+    case where folding saves reloads (more channels need a load per channel group at each position anyway)."""
+    return ~fold | (channels * spec.kernel[1] <= AMP_INPUT_CHANNELS[dtype.itemsize])
+
+
+def vertex_cycles(target, spec, fold, channels, out_channels, positions, dtype):
+    """Cycles of CONV vertices (integers or arrays, one per vertex) of ``channels`` -> ``out_channels`` over
+    ``positions`` outputs: the AMP reloads its weights at each kernel position, once per kernel row when the
+    columns are folded into the channels."""
+    kh, kw = spec.kernel
+    kernel_positions = np.where(fold, kh, kh * kw)
+    return cost.conv_cycles(target, out_channels, channels * kh * kw, kernel_positions, positions, dtype)
 
 
 def _split_counts(size):
@@ -70,12 +98,12 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.stride, spec.dilation
     (h, w), (oh, ow) = spec.in_size, spec.out_size
     sizes = (spec.batch, spec.out_channels, oh, spec.channels)
-    grids = np.meshgrid(*(_split_counts(n) for n in sizes), indexing="ij")
-    gb, go, gr, gc = (a.reshape(-1) for a in grids)
+    grids = np.meshgrid(*(_split_counts(n) for n in sizes), _folds(spec), indexing="ij")
+    gb, go, gr, gc, fold = (a.reshape(-1) for a in grids)
     bb, ob, rb, cb = (-(-n // g) for n, g in zip(sizes, (gb, go, gr, gc)))
     tasks = spec.groups * gb * go * gr * gc
-    keep = tasks <= max(target.num_tiles, spec.groups)
-    gb, go, gr, gc, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, bb, ob, rb, cb, tasks))
+    keep = (tasks <= max(target.num_tiles, spec.groups)) & _fold_fits(spec, fold, cb, dtype)
+    gb, go, gr, gc, fold, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, fold, bb, ob, rb, cb, tasks))
     per_tile = -(-tasks // target.num_tiles)
     (uh, uw) = spec.in_dilation
     rows, cols = _patch_extent(rb, kh, sh, dh, uh, h), _patch_extent(ow, kw, sw, dw, uw, w)
@@ -83,7 +111,7 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     memory = per_tile * (operand_bytes + bb * ob * rb * ow * partials.itemsize)
     reduced = (gc > 1) | (dtype != partials)
     exchange = functools.partial(cost.exchange_cycles, target)
-    compute = cost.conv_cycles(target, ob, cb * kh * kw, kh * kw, bb * rb * ow, dtype)
+    compute = vertex_cycles(target, spec, fold, cb, ob, bb * rb * ow, dtype)
     # Each contiguous patch row or weight row received is one exchange region with its own setup cycles.
     cycles = (3 + reduced) * target.bsp_sync_cycles + per_tile * (compute + bb * cb * rows + ob * cb)
     cycles += exchange(per_tile * operand_bytes)
@@ -99,7 +127,7 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     best = pick[np.argmin(cycles[pick])]
     splits = tuple(int(a[best]) for a in (gb, go, gr, gc))
     blocks = tuple(int(a[best]) for a in (bb, ob, rb, cb))
-    return ConvPlan(splits, blocks, int(cycles[best]), int(memory[best]))
+    return ConvPlan(splits, blocks, int(cycles[best]), int(memory[best]), bool(fold[best]))
 
 
 def direct_is_faster(lw, spec, dtype):
@@ -164,7 +192,7 @@ class ConvLayout(NamedTuple):
     """Everything a convolution's vertices and exchanges are built from: the tile of each task, the index
     maps of the patch and weight gathers (and each task's count of each), the geometry constant (shared by
     repeated layers, as any constant), the partials' sizes and dtype, and for each result element its
-    partial from each input-channel block."""
+    partial from each input-channel block, and whether the vertices fold the kernel columns into the channels."""
 
     tiles: np.ndarray
     patch_index: np.ndarray
@@ -175,6 +203,7 @@ class ConvLayout(NamedTuple):
     out_sizes: np.ndarray
     partial: DType
     q: np.ndarray
+    fold: bool
 
 
 def _conv_layout(lw, x_index, w_index, spec, dtype, order):
@@ -190,7 +219,16 @@ def _conv_layout(lw, x_index, w_index, spec, dtype, order):
     q = where.reshape(-1, plan.splits[3])[np.asarray(order).reshape(-1)]
     counts = [np.array([p.size for p in parts], np.int64) for parts in (patches, weights)]
     return ConvLayout(
-        tiles, np.concatenate(patches), counts[0], np.concatenate(weights), counts[1], geom, out_sizes, partial, q
+        tiles,
+        np.concatenate(patches),
+        counts[0],
+        np.concatenate(weights),
+        counts[1],
+        geom,
+        out_sizes,
+        partial,
+        q,
+        plan.fold,
     )
 
 
@@ -221,10 +259,9 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
     p = lw.new((int(out_sizes.sum()),), layout.partial, TileMapping.on_tiles(out_sizes, tiles))
     ends = np.cumsum(out_sizes)
     g = {name: geometry[:, i].astype(np.int64) for name, i in oc.CONV_GEOM.items()}
-    kernel_positions = spec.kernel[0] * spec.kernel[1]
-    taps = g["channels"] * kernel_positions
+    taps = g["channels"] * spec.kernel[0] * spec.kernel[1]
     positions = g["batch"] * g["out_rows"] * g["out_cols"]
-    cycles = cost.conv_cycles(lw.target, g["out_channels"], taps, kernel_positions, positions, dtype)
+    cycles = vertex_cycles(lw.target, spec, layout.fold, g["channels"], g["out_channels"], positions, dtype)
     words = np.arange(len(tiles)) * len(oc.CONV_GEOMETRY)
     oc.conv(
         lw.dg.add_vertices,
