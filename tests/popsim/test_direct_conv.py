@@ -413,25 +413,21 @@ def test_few_channel_blocks_fold_the_kernel_columns_and_so_run_as_conv_vertices(
     conv_plan.plan_conv.cache_clear()
 
 
-@pytest.mark.parametrize(
-    "channels, dilation, in_dilation",
-    [(12, (1, 2), (1, 1)), (12, (1, 1), (1, 2)), (64, (1, 1), (1, 1))],
-    ids=["dilated-columns", "spaced-input", "many-channels"],
-)
-def test_kernel_columns_fold_only_into_one_amp_load_of_unit_spaced_columns(channels, dilation, in_dilation):
-    # Dilated or spaced columns are no view of the patch, and a block whose channels times kernel columns
-    # exceed one AMP weight load saves no reloads by folding.
-    spec = conv_plan.ConvSpec(1, 2, channels, 5, (9, 9), (3, 3), (3, 3), (1, 1), dilation, (0, 0), in_dilation)
+@pytest.mark.parametrize("dilation, in_dilation", [((1, 2), (1, 1)), ((1, 1), (1, 2))])
+def test_only_unit_spaced_kernel_columns_fold(dilation, in_dilation):
+    # Dilated or spaced columns are no view of the patch: the same few-channel conv folds only when unit-spaced.
+    spec = conv_plan.ConvSpec(1, 2, 12, 5, (9, 9), (3, 3), (3, 3), (1, 1), dilation, (0, 0), in_dilation)
+    assert not conv_plan.plan_conv(TARGET, spec, DType.float32).fold
+    assert conv_plan.plan_conv(TARGET, spec._replace(dilation=(1, 1), in_dilation=(1, 1)), DType.float32).fold
+
+
+@pytest.mark.parametrize("channels, loads", [(1, 3), (3, 6), (8, 9), (16, 18)])
+def test_folded_vertices_load_weights_per_kernel_row_and_amp_channel_group(channels, loads):
+    # A 3x3 kernel reloads at its 9 positions; folded, once per kernel row and 8 float32 channels of the
+    # 3 * channels folded ones: fewer loads only while the channels alone leave AMP lanes idle.
+    spec = conv_plan.ConvSpec(1, 1, channels, 4, (8, 8), (6, 6), (3, 3), (1, 1), (1, 1), (0, 0))
+    folded, unfolded = (conv_plan.vertex_cycles(TARGET, spec, f, channels, 4, 36, DType.float32) for f in (1, 0))
+    assert folded - unfolded == (loads - 9) * popsim.cost.CONV_WEIGHT_LOAD_CYCLES[4]
+    # The plan folds exactly when its own channel block loads fewer weights folded.
     plan = conv_plan.plan_conv(TARGET, spec, DType.float32)
-    fits = plan.blocks[3] * spec.kernel[1] <= conv_plan.AMP_INPUT_CHANNELS[4]
-    assert not plan.fold or (fits and dilation[1] == in_dilation[1] == 1)
-    if channels == 12:
-        assert not plan.fold
-
-
-def test_folded_vertices_reload_weights_once_per_kernel_row():
-    spec = conv_plan.ConvSpec(1, 1, 1, 4, (8, 8), (6, 6), (3, 3), (1, 1), (1, 1), (0, 0))
-    args = (TARGET, spec)
-    folded, unfolded = (conv_plan.vertex_cycles(*args, f, 1, 4, 36, DType.float32) for f in (True, False))
-    reload = popsim.cost.CONV_WEIGHT_LOAD_CYCLES[4]
-    assert unfolded - folded == (9 - 3) * reload
+    assert plan.fold == (3 * -(-plan.blocks[3] * 3 // conv_plan.AMP_INPUT_CHANNELS[4]) < 9)

@@ -62,19 +62,15 @@ def _folds(spec):
     return np.array([False, True]) if spec.dilation[1] == 1 and spec.in_dilation[1] == 1 else np.array([False])
 
 
-def _fold_fits(spec, fold, channels, dtype):
-    """Whether a block of ``channels`` may use ``fold``: folded columns must fit one AMP weight load, the only
-    case where folding saves reloads (more channels need a load per channel group at each position anyway)."""
-    return ~fold | (channels * spec.kernel[1] <= AMP_INPUT_CHANNELS[dtype.itemsize])
-
-
 def vertex_cycles(target, spec, fold, channels, out_channels, positions, dtype):
     """Cycles of CONV vertices (integers or arrays, one per vertex) of ``channels`` -> ``out_channels`` over
-    ``positions`` outputs: the AMP reloads its weights at each kernel position, once per kernel row when the
-    columns are folded into the channels."""
+    ``positions`` outputs. The AMP reloads its weights at each kernel position; with the kernel columns
+    folded into the channels, once per kernel row and AMP load of the folded channels (fewer loads only when
+    the channels alone leave AMP lanes idle)."""
     kh, kw = spec.kernel
-    kernel_positions = np.where(fold, kh, kh * kw)
-    return cost.conv_cycles(target, out_channels, channels * kh * kw, kernel_positions, positions, dtype)
+    folded_loads = kh * -(-channels * kw // AMP_INPUT_CHANNELS[dtype.itemsize])
+    loads = np.where(fold, folded_loads, kh * kw)
+    return cost.conv_cycles(target, out_channels, channels * kh * kw, loads, positions, dtype)
 
 
 def _split_counts(size):
@@ -102,7 +98,7 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     gb, go, gr, gc, fold = (a.reshape(-1) for a in grids)
     bb, ob, rb, cb = (-(-n // g) for n, g in zip(sizes, (gb, go, gr, gc)))
     tasks = spec.groups * gb * go * gr * gc
-    keep = (tasks <= max(target.num_tiles, spec.groups)) & _fold_fits(spec, fold, cb, dtype)
+    keep = tasks <= max(target.num_tiles, spec.groups)
     gb, go, gr, gc, fold, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, fold, bb, ob, rb, cb, tasks))
     per_tile = -(-tasks // target.num_tiles)
     (uh, uw) = spec.in_dilation
