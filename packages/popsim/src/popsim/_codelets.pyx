@@ -229,6 +229,8 @@ cdef extern from *:
                 }                                                                                      \
             for (r = 0; r < R; r++) {                                                                  \
                 float l8[PS_LANES];                                                                    \
+                /* A full vector is one unaligned store: a variable-length copy would call memcpy. */  \
+                if (lanes == PS_LANES) { memcpy(out + r * pos, &c[r], sizeof c[r]); continue; }        \
                 memcpy(l8, &c[r], sizeof l8);                                                          \
                 for (i = 0; i < lanes; i++) out[r * pos + i] = l8[i];                                  \
             }                                                                                          \
