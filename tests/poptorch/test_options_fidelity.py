@@ -113,7 +113,6 @@ def test_ipu_model_environment(monkeypatch):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda o: o.Training.setConvolutionDithering(True),
         lambda o: o.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf),
         lambda o: o.syncPattern(poptorch.SyncPattern.SinglePipeline),
         lambda o: o._Popart.set("autoRecomputation", 1),

@@ -4,10 +4,14 @@ A convolution is split over groups x batch x output channels x output rows x inp
 tile receives, once, the union of the input windows its output rows read (its *patch*: rows of the input
 with their halo, padding left out) and its weights, runs one CONV vertex, and writes an output partial;
 partials of an input-channel split are reduced across tiles. Nothing is expanded into im2col columns on
-the exchange: an input element reaches a tile at most once however many taps read it.
+the exchange: an input element reaches a tile at most once however many taps read it. With few input
+channels a vertex folds the kernel columns into its channels on the tile (poplin's tile-level expandDims),
+so that each AMP weight load covers more of them.
 """
 
+import contextlib
 import functools
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -206,11 +210,9 @@ def _conv_layout(lw, x_index, w_index, spec, dtype, order):
     partial = lw.partials_type if dtype == DType.float16 else DType.float32
     plan = plan_conv(lw.target, spec, dtype, partial, lw.available_memory)
     patches, weights, geometry, out_sizes, where = _layout(spec, plan, x_index, w_index)
-    tasks = len(out_sizes)
-    first = (tasks * 7919) % lw.target.num_tiles
-    tiles = lw.target.first_tile + (first + np.arange(tasks)) % lw.target.num_tiles
+    tiles = lw.task_tiles(len(out_sizes))
     # The geometry is vertex state: placed on each tile when the program loads, as Poplar places it.
-    place = TileMapping.on_tiles(np.full(tasks, len(oc.CONV_GEOMETRY)), tiles)
+    place = TileMapping.on_tiles(np.full(len(tiles), len(oc.CONV_GEOMETRY)), tiles)
     geom = lw.dg.add_tensor(geometry.shape, DType.int32, place, "conv-geometry", "constant", geometry)
     q = where.reshape(-1, plan.splits[3])[np.asarray(order).reshape(-1)]
     counts = [np.array([p.size for p in parts], np.int64) for parts in (patches, weights)]
@@ -235,7 +237,7 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
 
     A layout depends only on what its key names, so a repeated layer (same shapes, dtypes, placements and
     memory proportion) reuses the layout of its first instance."""
-    where = (lw.target.first_tile, lw.target.num_tiles, lw.available_memory)
+    where = (lw.target.first_tile, lw.target.num_tiles, lw.available_memory, lw.dither)
     key = (where, dtype, spec, _sources_key(x_srcs), _sources_key(w_srcs))
     key += (_index_key(x_index), _index_key(w_index), _index_key(np.asarray(order)))
     if key not in lw.conv_layouts:
@@ -276,3 +278,25 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
     if layout.q.shape[1] == 1 and dtype == layout.partial:
         return lw.gather(shape, dtype, [p], layout.q[:, 0], name="conv-out")
     return lw.reduce_index("sum", [p], layout.q, shape, dtype, layout.partial)
+
+
+# Tiles sharing an exchange bus (*estimate*): a dithered convolution starts on the first tile of a column.
+TILES_PER_COLUMN = 4
+
+
+@contextlib.contextmanager
+def dithered(lw, groups, batch, channels, out_channels, field):
+    """Lower one pass of a convolution (forward, input or weight gradient) with Poplar's convolution
+    dithering when ``lw.conv_dithering`` is set: its tasks start at a column and run in a direction both
+    hashed from the forward convolution's ``groups``, input ``field`` and the product of ``batch``,
+    ``channels`` and ``out_channels`` (the same for every pass, as poplin's pass-oblivious hash)."""
+    if not lw.conv_dithering:
+        yield
+        return
+    seed = zlib.crc32(np.array([groups, *field, batch * channels * out_channels], np.int64).tobytes())
+    columns = -(-lw.target.num_tiles // TILES_PER_COLUMN)
+    lw.dither = ((seed % columns) * TILES_PER_COLUMN, -1 if seed // columns % 2 else 1)
+    try:
+        yield
+    finally:
+        lw.dither = None

@@ -81,12 +81,16 @@ def compile(  # noqa: A001
     remote=(),
     spill=None,
     shards=None,
+    conv_dithering=False,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     ``available_memory`` ({IPU index: proportion from 0 to 1}) bounds the temporary tile memory of each IPU's
     matmul and convolution plans (Poplar's availableMemoryProportion; a node's own ``available_memory``
     annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
+    ``conv_dithering`` (Poplar's enableConvDithering) starts each convolution's tiles, forward and gradients
+    alike, at a column and in a direction hashed from its shape, so that convolutions of different shapes
+    spread over different tiles instead of starting where their task counts put them.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
     Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
@@ -142,7 +146,7 @@ def compile(  # noqa: A001
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
-        lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
+        lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory, conv_dithering)
         inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)

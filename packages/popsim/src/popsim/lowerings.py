@@ -618,11 +618,27 @@ def _ungrouped(shape, groups):
     return np.arange(n * c * h * w).reshape(groups, n, c // groups, h, w).transpose(1, 0, 2, 3, 4)
 
 
+def _dithered(forward):
+    """Lower a convolution pass inside ``conv_plan.dithered``, keyed by ``forward(*inputs, **attrs)``: the
+    forward convolution's groups, batch, weight shape and input field."""
+
+    def wrap(fn):
+        def lower(lw, node, *inputs, **attrs):
+            groups, batch, (o, cg, *_), field = forward(*inputs, **attrs)
+            with conv_plan.dithered(lw, groups, batch, cg, o // groups, tuple(field)):
+                return fn(lw, node, *inputs, **attrs)
+
+        return lower
+
+    return wrap
+
+
 @lowering("conv2d")
+@_dithered(lambda x, w, groups, **_: (groups, x.shape[0], w.shape, x.shape[2:]))
 def _conv2d(lw, node, x, w, stride, padding, dilation, groups):
     """As poplin's planner: CONV vertices over windows on their tiles, or the kernel folded into the input
     channels (a matmul over im2col columns) when that is estimated faster (few input channels, where each
-    AMP weight reload at a kernel position does little work)."""
+    AMP weight reload at a kernel position does little work even with the kernel columns folded)."""
     o, cg, kh, kw = w.shape
     out_shape = node.outputs[0].shape
     spec = conv_plan.ConvSpec(
@@ -651,6 +667,7 @@ def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
 
 
 @lowering("conv2d_grad_weight")
+@_dithered(lambda x, gy, weight_shape, groups, **_: (groups, x.shape[0], weight_shape, x.shape[2:]))
 def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation, groups):
     n = x.shape[0]
     o, cg, kh, kw = weight_shape
@@ -665,6 +682,7 @@ def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation
 
 
 @lowering("conv2d_grad_input")
+@_dithered(lambda gy, w, input_shape, groups, **_: (groups, gy.shape[0], w.shape, input_shape[2:]))
 def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, groups):
     """The input gradient is a convolution of the output gradient, its elements spaced ``stride`` apart,
     with the kernel flipped and its channels swapped: CONV vertices when estimated faster, else a matmul

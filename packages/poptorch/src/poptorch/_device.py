@@ -36,6 +36,7 @@ def compile_programs(graphs, options, num_ipus=1):
             graphs,
             target=popsim.Device(target_of(options), num_ipus),
             partials_type=options.Precision.partials_type,
+            conv_dithering=options.Training.convolution_dithering,
             relax_memory=options.allow_out_of_memory,
             available_memory=available_memory,
             remote=_streaming.remote_variables(graphs, options),

@@ -93,6 +93,7 @@ COMPILE_KEYS = (
     "Training.gradientAccumulation",
     "Training.accumulationAndReplicationReductionType",
     "Training.meanAccumulationAndReplicationReductionStrategy",
+    "Training.convolutionDithering",
     "Precision.partialsType",
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
@@ -242,13 +243,11 @@ class _TrainingOptions(_Group):
         return self._set("automaticLossScaling", _bool("setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled):
-        """Convolution dithering (a tile-placement heuristic): only False is accepted."""
-        if _bool("setConvolutionDithering", enabled):
-            raise not_modelled(
-                "Training.setConvolutionDithering(True)",
-                "the convolution planner places tiles its own way; remove the call",
-            )
-        return self._set("convolutionDithering", False)
+        """Convolution dithering (Poplar's enableConvDithering for every convolution): each convolution's
+        tiles, forward and gradients alike, start at a tile column and run in a direction hashed from its
+        shape, so that convolutions of different shapes spread their temporary memory over different tiles.
+        Results are unchanged."""
+        return self._set("convolutionDithering", _bool("setConvolutionDithering", enabled))
 
     @property
     def gradient_accumulation(self):
@@ -265,6 +264,10 @@ class _TrainingOptions(_Group):
     @property
     def automatic_loss_scaling(self):
         return self._get("automaticLossScaling")
+
+    @property
+    def convolution_dithering(self):
+        return self._get("convolutionDithering")
 
 
 class _PrecisionOptions(_Group):
