@@ -133,16 +133,14 @@ def test_min_elements_for_replicated_tensor_sharding_keeps_smaller_tensors_whole
     assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4
 
 
-def test_sharding_that_is_not_modelled_is_refused():
+def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_sharded_on_or_off_chip():
     locations = poptorch.Options().TensorLocations
-    on_chip = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
-    with pytest.raises(poptorch.Error, match=r"useOnChipStorage\(True\) and useReplicatedTensorSharding\(True\)"):
-        locations.setOptimizerLocation(on_chip)
-    off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
-    for setter in ("setWeightLocation", "setAccumulatorLocation"):
-        with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
-            getattr(locations, setter)(off_chip)
-    assert locations.setOptimizerLocation(off_chip).sharded_optimizer == 8192
+    for on_chip in (True, False):
+        sharded = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(True)
+        for setter in ("setWeightLocation", "setAccumulatorLocation"):
+            with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+                getattr(locations, setter)(sharded)
+        assert locations.setOptimizerLocation(sharded).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
 
 

@@ -46,7 +46,8 @@ def named_values(captured, programs):
     for fqn, (program, gradient) in programs.gradients.items():
         named[GRADIENT + MODEL_PREFIX + fqn] = (program, gradient)
         step = programs.graphs[program]
-        named[UPDATED + MODEL_PREFIX + fqn] = (program, step.updates[step.input(fqn)])
+        if fqn not in programs.sharded:  # a sharded update's whole new weight exists only after the all-gather
+            named[UPDATED + MODEL_PREFIX + fqn] = (program, step.updates[step.input(fqn)])
     return named
 
 
