@@ -1,7 +1,9 @@
-"""Replicated tensor sharding of optimizer state in streaming memory: each replica holds and moves its shard
-(streaming-memory bytes and transfer cycles divided by the replicas), gradients are reduce-scattered and
-updated weights all-gathered, and the numbers equal the unsharded run and eager torch step by step."""
+"""Replicated tensor sharding of optimizer state, in tile or streaming memory: each replica's optimizer step
+holds and updates only its shard (tile memory, optimizer cycles, streaming-memory bytes and transfers fall
+with the replicas), gradients are reduce-scattered and updated weights all-gathered, and the numbers equal
+the unsharded run and eager torch step by step."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +13,16 @@ import poptorch
 REPLICAS, WIDTH, BATCH, STEPS = 2, 96, 4, 3
 ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
 STATE_SLOTS = ("exp_avg", "exp_avg_sq")
+# Sizes no replica count divides: 143, 11, 55 and 5 elements leave padding in the last shards.
+ODD_SIZES = (13, 11, 5)
+OPTIMIZERS = {
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+    # poptorch.optim.LAMB steps on the host with the device's rule when used eagerly.
+    "lamb": lambda params: poptorch.optim.LAMB(params, lr=0.01, weight_decay=0.01),
+    # The global gradient norm the clipping takes sums the replicas' partial norms too.
+    "lamb_clipped": lambda params: poptorch.optim.LAMB(params, lr=0.01, max_grad_norm=0.05),
+}
 
 
 class Net(torch.nn.Module):
@@ -29,9 +41,9 @@ def _data():
     return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
 
 
-def _options(sharded, min_elements=None):
-    opts = poptorch.Options().showCompilationProgressBar(False).replicationFactor(REPLICAS).logCycleCount(True)
-    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(sharded)
+def _options(sharded, min_elements=None, replicas=REPLICAS, on_chip=False):
+    opts = poptorch.Options().showCompilationProgressBar(False).replicationFactor(replicas).logCycleCount(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(sharded)
     if min_elements is not None:
         location.minElementsForReplicatedTensorSharding(min_elements)
     opts.TensorLocations.setOptimizerLocation(location)
@@ -161,3 +173,97 @@ def test_lamb_all_reduces_the_norms_of_sharded_updates(monkeypatch):
         "norms: IPU-Links in an IPU-M2000",
         "all-gather: IPU-Links in an IPU-M2000",
     ]
+
+
+def _levels(profile):
+    return [level["name"] for level in profile.replication["all_reduce"]["levels"]]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall(monkeypatch, replicas):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    programs = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        opts = _options(sharded, replicas=replicas, on_chip=True)
+        trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+        g = torch.Generator().manual_seed(1)
+        trained(torch.randn(BATCH * replicas, WIDTH, generator=g), torch.randn(BATCH * replicas, WIDTH, generator=g))
+        programs.append(trained.profile.programs)
+        trained.destroy()
+    unsharded, sharded = programs
+    # The optimizer step of one replica: its state, weight and gradient shards only.
+    for figure in ("memory_max_tile_bytes", "compute_cycles", "total_cycles"):
+        assert sharded["apply"][figure] < unsharded["apply"][figure], figure
+    # The state stays on the chip between steps: every program's busiest tile holds less of it.
+    peak = [max(p["memory_max_tile_bytes"] for p in run.values()) for run in programs]
+    assert peak[1] < peak[0]
+
+
+class OddNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(ODD_SIZES[0], ODD_SIZES[1])
+        self.second = torch.nn.Linear(ODD_SIZES[1], ODD_SIZES[2])
+
+    def forward(self, x, y):
+        out = self.second(torch.tanh(self.first(x)))
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def _odd_data(replicas):
+    g = torch.Generator().manual_seed(2)
+    n = BATCH * replicas
+    return torch.randn(n, ODD_SIZES[0], generator=g), torch.randn(n, ODD_SIZES[2], generator=g)
+
+
+def _state_of(optimizer, model):
+    return [
+        (slot, value.detach().clone())
+        for p in model.parameters()
+        for slot, value in sorted(optimizer.state[p].items())
+        if isinstance(value, torch.Tensor) and value.shape == p.shape
+    ]
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, kind):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    reference = OddNet()
+    eager_optimizer = OPTIMIZERS[kind](reference.parameters())
+    torch.manual_seed(0)
+    model = OddNet()
+    optimizer = OPTIMIZERS[kind](model.parameters())
+    # Every tensor is sharded, however small.
+    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    for _ in range(STEPS):
+        eager_optimizer.zero_grad()
+        loss = reference(x, y)[1]
+        loss.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(trained(x, y)[1].mean(), loss.detach(), rtol=1e-5, atol=1e-6)
+        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    levels = _levels(trained.profile)
+    # Every gradient is reduce-scattered (none all-reduced whole), every new weight all-gathered.
+    assert levels[0].startswith("reduce-scatter") and levels[-1].startswith("all-gather")
+    assert "IPU-Links in an IPU-M2000" not in levels
+    trained.copyWeightsToHost()
+    state, expected = _state_of(optimizer, model), _state_of(eager_optimizer, reference)
+    assert [slot for slot, _ in state] == [slot for slot, _ in expected] and state
+    for (_, got), (_, want) in zip(state, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_shards_are_laid_out_as_popart_pads_them():
+    """PopART's example: 30 elements over 4 replicas are shards of 8, 8, 7 and 7 elements, each padded to 8."""
+    whole = np.arange(1, 31, dtype=np.float32).reshape(5, 2, 3)
+    shards = poptorch._replication._split(whole, 4)
+    assert shards.shape == (4, 8)
+    assert [int(np.count_nonzero(shard)) for shard in shards] == [8, 8, 7, 7]
+    np.testing.assert_array_equal(shards[2], [17, 18, 19, 20, 21, 22, 23, 0])
+    np.testing.assert_array_equal(poptorch._replication._join(shards, whole.shape), whole)

@@ -464,8 +464,8 @@ class ShardedState:
     weight shard into ``shard_name`` (standing for the slice of the weight the replica updates) and places its
     gradient shard where the step reads it (``replica_shard``), and afterwards joins the replicas' updated
     shards into the new weights (the all-gather). Norms over sharded tensors (LAMB, gradient clipping) need
-    every replica's partial sum (the all-reduce): the replicas then run the
-    step twice, the first time only to sum their partial norms.
+    every replica's partial sum (the all-reduce): the replicas then run the step again with the sums of the
+    previous run's partial norms until those sums are the run's own.
     """
 
     def __init__(self, replicas=1, shapes=None, state=None, norms=0):
@@ -515,7 +515,9 @@ class ShardedState:
         new_weights = {name: np.empty_like(_split(w, self.replicas)) for name, w in weights.items()}
         new_state = {name: np.empty_like(values) for name, values in self.values.items()}
         summed = np.zeros(self.norms, np.float32)
-        for _ in range(2 if self.norms else 1):
+        # A pass is exact when the sums it was given are those of its partial norms; each pass makes one more
+        # level of a chain of norms exact (LAMB's over gradients clipped by their global norm): at most all.
+        for _ in range(self.norms + 1):
             partial = np.zeros(self.norms, np.float32)
             # Replica 0 runs last: the device is left with its view (what anchors and later reads see).
             for replica in reversed(range(self.replicas)):
@@ -526,6 +528,8 @@ class ShardedState:
                 for variable in self.values:
                     new_state[variable][replica] = exe.read_variable(variable)
                 partial += [np.float32(exe.read_variable(partial_norm_name(i))) for i in range(self.norms)]
+            if np.array_equal(partial, summed):
+                break
             summed = partial
         self.values = new_state
         for name, shards in new_weights.items():
