@@ -259,11 +259,32 @@ def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whol
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_shards_are_laid_out_as_popart_pads_them():
+def test_shards_are_padded_as_popart_pads_them():
     """PopART's example: 30 elements over 4 replicas are shards of 8, 8, 7 and 7 elements, each padded to 8."""
     whole = np.arange(1, 31, dtype=np.float32).reshape(5, 2, 3)
     shards = poptorch._replication._split(whole, 4)
     assert shards.shape == (4, 8)
     assert [int(np.count_nonzero(shard)) for shard in shards] == [8, 8, 7, 7]
-    np.testing.assert_array_equal(shards[2], [17, 18, 19, 20, 21, 22, 23, 0])
+    np.testing.assert_array_equal(shards[2], [3, 7, 11, 15, 19, 23, 27, 0])
     np.testing.assert_array_equal(poptorch._replication._join(shards, whole.shape), whole)
+
+
+def test_a_sharded_parameters_gradient_is_anchored_whole_and_its_updated_value_is_refused(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    gradients = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        opts = _options(sharded)
+        opts.anchorTensor("grad", "Gradient___model.first.weight")
+        trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        trained(*_data())
+        gradients.append(trained.getAnchoredTensor("grad"))
+        trained.destroy()
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=0)
+    opts = _options(True)
+    opts.anchorTensor("new", "UpdatedVar___model.first.weight")
+    model = Net()
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    with pytest.raises(poptorch.Error, match="'first.weight' is sharded over the replicas"):
+        trained(*_data())

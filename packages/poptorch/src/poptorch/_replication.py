@@ -458,8 +458,8 @@ class ShardedState:
     """The replicas' shards of the optimizer state sharded over them (replicated tensor sharding).
 
     Each replica's step program holds and updates only its shard: ``shard_size`` elements of its parameters'
-    flattened weight, gradient and optimizer state, laid out as PopART does (every shard ceil(n / replicas)
-    elements, the last ones ending with one zero of padding). The replicas share one simulated device, so the
+    flattened weight, gradient and optimizer state, padded as PopART does (every shard ceil(n / replicas)
+    elements, the last ones ending with one zero; see ``_split``). The replicas share one simulated device, so the
     host keeps every replica's state shards and runs the step once per replica: it first writes the replica's
     weight shard into ``shard_name`` (standing for the slice of the weight the replica updates) and places its
     gradient shard where the step reads it (``replica_shard``), and afterwards joins the replicas' updated
@@ -554,33 +554,30 @@ class ShardedState:
             exe.write_variable(summed_norm_name(i), np.float32(total))
 
 
-def _shard_counts(size, replicas):
-    """Elements of the tensor in each replica's shard: the last ``padding`` shards hold one zero of padding."""
-    shard = shard_size(size, replicas)
-    padding = shard * replicas - size
-    return [shard - (replica >= replicas - padding) for replica in range(replicas)]
-
-
 def _split(whole, replicas):
-    """[replicas, shard]: each replica's shard of ``whole`` flattened, padded with zeros."""
+    """[replicas, shard]: each replica's shard of ``whole`` flattened, replica r holding elements r, r +
+    replicas, r + 2 x replicas...: shards of ceil(n / replicas) elements, the last ones ending with a zero of
+    padding (PopART's counts; the element order is the simulator's, invisible to the host)."""
     flat = whole.reshape(-1)
-    counts = _shard_counts(flat.size, replicas)
-    shards = np.zeros((replicas, max(counts)), flat.dtype)
-    starts = np.cumsum([0, *counts[:-1]])
-    for replica, (start, count) in enumerate(zip(starts, counts)):
-        shards[replica, :count] = flat[start : start + count]
+    shards = np.zeros((replicas, shard_size(flat.size, replicas)), flat.dtype)
+    for replica in range(replicas):
+        own = flat[replica::replicas]
+        shards[replica, : own.size] = own
     return shards
 
 
 def _join(shards, shape):
     """The whole tensor of ``shape`` from every replica's shard, padding dropped."""
-    counts = _shard_counts(int(np.prod(shape, dtype=np.int64)), len(shards))
-    return np.concatenate([shard[:count] for shard, count in zip(shards, counts)]).reshape(shape)
+    whole = np.empty(int(np.prod(shape, dtype=np.int64)), shards.dtype)
+    for replica, shard in enumerate(shards):
+        own = whole[replica :: len(shards)]
+        own[:] = shard[: own.size]
+    return whole.reshape(shape)
 
 
 def _placed(whole, replica, replicas):
     """``whole`` with ``replica``'s shard (padded) at elements 0, replicas, 2 x replicas... of it flattened,
-    where the step program reads a gradient's shard (``replica_shard``)."""
+    where the step program reads a gradient's shard (``replica_shard``): replica 0's own elements."""
     flat = whole.reshape(-1).copy()
     flat[::replicas] = _split(whole, replicas)[replica]
     return flat.reshape(whole.shape)
