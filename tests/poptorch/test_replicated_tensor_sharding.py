@@ -288,3 +288,20 @@ def test_a_sharded_parameters_gradient_is_anchored_whole_and_its_updated_value_i
     trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(poptorch.Error, match="'first.weight' is sharded over the replicas"):
         trained(*_data())
+
+
+def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(monkeypatch):
+    """PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
+    still goes off chip when its whole tensor does not fall below it."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    opts = _options(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    opts.TensorLocations.setOptimizerLocation(location.minElementsForOffChip(WIDTH * WIDTH))
+    torch.manual_seed(0)
+    model = Net()
+    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+    trained(*_data())
+    steps = trained.profile.programs["apply"]["steps"]
+    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
+    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
+    assert "remote load _opt.first.bias.exp_avg" not in loads
