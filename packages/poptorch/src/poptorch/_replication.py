@@ -492,10 +492,11 @@ class ShardedState:
         return name in self.values
 
     def write(self, name, value):
-        """The host's value of state variable ``name``: a whole tensor, or one shard's value for every replica."""
+        """The host's value of state variable ``name``: a whole tensor, or one shard's value for every replica
+        (its initial value)."""
         value = np.asarray(value)
         shards = self.values[name]
-        if value.shape == shards.shape[1:]:
+        if value.shape == shards.shape[1:] and value.shape != self.shapes[self.state[name]]:
             shards[:] = value
         else:
             shards[:] = _split(value.astype(shards.dtype), self.replicas)
@@ -505,14 +506,17 @@ class ShardedState:
         return _join(self.values[name], self.shapes[self.state[name]])
 
     def step(self, exe, run, updated):
-        """Run the optimizer step ``run`` once per replica (twice with norms over sharded tensors), each on
-        that replica's shards and from the same values of the rest; ``updated`` are the step's updates."""
+        """Run the optimizer step ``run`` once per replica (in passes while norms over sharded tensors are not
+        yet exact), each on that replica's shards and from the same values of the rest; ``updated`` are the
+        step's updates."""
         if not self.shapes:
             run()
             return
         kept = {n: np.array(exe.read_variable(n)) for n in updated if n not in self.values and n not in self._own()}
-        weights = {name: np.array(exe.read_variable(name)) for name in self.shapes}
-        new_weights = {name: np.empty_like(_split(w, self.replicas)) for name, w in weights.items()}
+        # Every replica's shard of each sharded weight and gradient.
+        weights = {name: _split(np.array(exe.read_variable(name)), self.replicas) for name in self.shapes}
+        grads = {name: _split(kept[_training.accumulator_name(name)], self.replicas) for name in self.shapes}
+        new_weights = {name: np.empty_like(shards) for name, shards in weights.items()}
         new_state = {name: np.empty_like(values) for name, values in self.values.items()}
         summed = np.zeros(self.norms, np.float32)
         # A pass is exact when the sums it was given are those of its partial norms; each pass makes one more
@@ -521,7 +525,7 @@ class ShardedState:
             partial = np.zeros(self.norms, np.float32)
             # Replica 0 runs last: the device is left with its view (what anchors and later reads see).
             for replica in reversed(range(self.replicas)):
-                self._place(exe, replica, kept, weights, summed)
+                self._place(exe, replica, kept, weights, grads, summed)
                 run()
                 for name in self.shapes:
                     new_weights[name][replica] = exe.read_variable(shard_name(name))
@@ -539,15 +543,15 @@ class ShardedState:
         names = {shard_name(name) for name in self.shapes}
         return names | {partial_norm_name(i) for i in range(self.norms)}
 
-    def _place(self, exe, replica, kept, weights, summed):
+    def _place(self, exe, replica, kept, weights, grads, summed):
         """Before ``replica``'s step: the step's other updated variables as before the step, its shard of each
         sharded weight and gradient where the step reads it, its state shards, and the summed norms."""
         for name, value in kept.items():
             exe.write_variable(name, value)
-        for name, weight in weights.items():
+        for name, shards in weights.items():
             accumulator = _training.accumulator_name(name)
-            exe.write_variable(shard_name(name), _split(weight, self.replicas)[replica])
-            exe.write_variable(accumulator, _placed(kept[accumulator], replica, self.replicas))
+            exe.write_variable(shard_name(name), shards[replica])
+            exe.write_variable(accumulator, _placed(kept[accumulator], grads[name][replica], self.replicas))
         for variable, shards in self.values.items():
             exe.write_variable(variable, shards[replica])
         for i, total in enumerate(summed):
@@ -575,9 +579,9 @@ def _join(shards, shape):
     return whole.reshape(shape)
 
 
-def _placed(whole, replica, replicas):
-    """``whole`` with ``replica``'s shard (padded) at elements 0, replicas, 2 x replicas... of it flattened,
+def _placed(whole, shard, replicas):
+    """``whole`` with a replica's ``shard`` (padded) at elements 0, replicas, 2 x replicas... of it flattened,
     where the step program reads a gradient's shard (``replica_shard``): replica 0's own elements."""
     flat = whole.reshape(-1).copy()
-    flat[::replicas] = _split(whole, replicas)[replica]
+    flat[::replicas] = shard
     return flat.reshape(whole.shape)
