@@ -37,8 +37,8 @@ def remote_variables(graphs, options):
 
 
 def _whole_size(variable, inputs):
-    """Elements of the whole tensor ``variable`` holds: its parameter's for a replica's shard of optimizer
-    state (the step program then also holds the parameter's updated shard)."""
+    """Elements of the whole tensor ``variable`` holds a part of: its parameter's for the optimizer state of a
+    sharded parameter (one whose shard variable the step program holds), else its own."""
     param = variable.name.partition(".")[2].rpartition(".")[0]  # _opt.<param>.<slot>
     if variable.name == state_name(param, variable.name.rpartition(".")[2]) and shard_name(param) in inputs:
         return inputs[param].type.size
