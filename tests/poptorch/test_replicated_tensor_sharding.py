@@ -3,6 +3,8 @@ holds and updates only its shard (tile memory, optimizer cycles, streaming-memor
 with the replicas), gradients are reduce-scattered and updated weights all-gathered, and the numbers equal
 the unsharded run and eager torch step by step."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -305,3 +307,26 @@ def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(mo
     loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
     assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
     assert "remote load _opt.first.bias.exp_avg" not in loads
+
+
+def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    model = OddNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):  # eager steps: the optimizer holds moments the device starts from
+        optimizer.zero_grad()
+        model(x, y)[1].backward()
+        optimizer.step()
+    reference = copy.deepcopy(model)
+    eager_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    eager_optimizer.load_state_dict(optimizer.state_dict())
+    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    trained(x, y)
+    eager_optimizer.zero_grad()
+    reference(x, y)[1].backward()
+    eager_optimizer.step()
+    for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
