@@ -532,7 +532,7 @@ class ShardedState:
                 for variable in self.values:
                     new_state[variable][replica] = exe.read_variable(variable)
                 partial += [np.float32(exe.read_variable(partial_norm_name(i))) for i in range(self.norms)]
-            if np.array_equal(partial, summed):
+            if np.array_equal(partial, summed, equal_nan=True):
                 break
             summed = partial
         self.values = new_state
