@@ -70,7 +70,7 @@ def test_tensor_locations_take_settings_and_refuse_what_is_not_modelled():
     assert opts.TensorLocations.streamed == {"Weight": 2}
     sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
     with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
-        opts.TensorLocations.setOptimizerLocation(sharded)
+        opts.TensorLocations.setWeightLocation(sharded)
     with pytest.raises(poptorch.Error, match="takes a poptorch.TensorLocationSettings"):
         opts.TensorLocations.setAccumulatorLocation({"useOnChipStorage": False})
     with pytest.raises(poptorch.Error, match="useOnChipStorage takes True or False"):

@@ -7,7 +7,7 @@ import numpy as np
 
 import popir
 import popsim
-from poptorch import _blocks, _replication, _streaming
+from poptorch import _blocks, _streaming
 from poptorch.enums import OverlapMode
 from poptorch.errors import Error
 
@@ -40,7 +40,6 @@ def compile_programs(graphs, options, num_ipus=1):
             relax_memory=options.allow_out_of_memory,
             available_memory=available_memory,
             remote=_streaming.remote_variables(graphs, options),
-            shards=_streaming.sharded_variables(graphs, options, _replication.global_replicas(options)),
             spill=_blocks.spill_mode(options.execution_strategy),
             optimize=False,  # the executor optimised the programs before keying its cache on them
         )

@@ -367,7 +367,7 @@ class _DistributedOptions(_Group):
 class TensorLocationSettings:
     """Where one kind of tensor lives (``Options.TensorLocations.set*Location``): tile memory, or streaming
     (off-chip) memory for tensors of at least ``minElementsForOffChip`` elements (default 2, as PopART).
-    Replicated tensor sharding is modelled for optimizer state in streaming memory (see ``_streaming``); I/O
+    Replicated tensor sharding is modelled for optimizer state (see ``_streaming``); I/O
     tiles for loading or storing are refused as not modelled when given to a ``set*Location``."""
 
     MIN_ELEMENTS_FOR_OFF_CHIP = 2  # PopART's default: smaller tensors (scalars) stay on the chip
@@ -447,14 +447,12 @@ class _TensorLocationOptions(_Group):
                 "tensors live in tile memory or in streaming memory, unsharded, loaded and stored by the compute "
                 "tiles (no I/O-tile loading or storing); drop those settings",
             )
-        if location.sharded() and not (kind == "Optimizer" and location.off_chip()):
+        if location.sharded() and kind != "Optimizer":
             raise not_modelled(
-                f"TensorLocations.set{kind}Location with "
-                + ("useOnChipStorage(True) and " if kind == "Optimizer" else "")
-                + "useReplicatedTensorSharding(True)",
-                "replicated tensor sharding is modelled for optimizer state in streaming memory only "
-                "(setOptimizerLocation(TensorLocationSettings().useOnChipStorage(False)"
-                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
+                f"TensorLocations.set{kind}Location with useReplicatedTensorSharding(True)",
+                "replicated tensor sharding is modelled for optimizer state only, in tile or streaming memory "
+                "(setOptimizerLocation(TensorLocationSettings().useReplicatedTensorSharding(True))); drop "
+                "useReplicatedTensorSharding here",
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
