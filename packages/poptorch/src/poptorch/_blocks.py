@@ -559,6 +559,14 @@ def plan(graph, options, training):
     num_ipus = _device_ipus(used, options.auto_round_num_ipus)
     if pipelined and len(stages) > 1:
         _check_pipeline_depth(len(stages), options, training)
+        if training and options.recomputation in ("standard", "norm_only"):
+            raise not_modelled(
+                "autoRecomputation "
+                + ("1 (Standard)" if options.recomputation == "standard" else "2 (NormOnly)")
+                + " with PipelinedExecution",
+                "a pipeline recomputes each stage from its stashed inputs: use 3 (Pipeline) with "
+                "recomputationCheckpoint, or ShardedExecution",
+            )
     return MultiIpuPlan(stages, num_ipus, pipelined and len(stages) > 1)
 
 

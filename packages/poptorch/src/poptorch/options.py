@@ -104,7 +104,7 @@ COMPILE_KEYS = (
 )
 
 # popart.RecomputationType values the simulator models -> what they recompute.
-RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
+RECOMPUTATION = {0: "none", 1: "standard", 2: "norm_only", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
@@ -757,18 +757,15 @@ class Options(_NoAssignment):
 
     def _autoRecomputation(self, recomputation):
         """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
-        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
-        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
-        4 (RecomputeAll) recomputes every forward activation from the inputs and checkpoints afresh for each
-        backward op that reads it, with no stage boundaries. Standard (1) and NormOnly (2) choose their
-        checkpoints by PopART heuristics the simulator does not model."""
+        0 (None) keeps every activation for the backward pass; 1 (Standard) keeps the activations PopART's
+        heuristic checkpoints (the smallest set of live activations in each of a series of intervals of the
+        forward pass) and recomputes the others; 2 (NormOnly) recomputes only normalisation layers' outputs;
+        3 (Pipeline) recomputes each stage's forward activations in its backward pass from the stage's inputs
+        and ``recomputationCheckpoint`` values; 4 (RecomputeAll) recomputes every forward activation from the
+        inputs and checkpoints afresh for each backward op that reads it, with no stage boundaries (see
+        ``poptorch._recompute``)."""
         if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
             raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
-        if recomputation not in RECOMPUTATION:
-            raise not_modelled(
-                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
-                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
-            )
         return self._set("autoRecomputation", recomputation)
 
     def autoRoundNumIPUs(self, auto_round=True):
@@ -892,7 +889,8 @@ class Options(_NoAssignment):
 
     @property
     def recomputation(self):
-        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        """The recomputation mode: "none", "standard", "norm_only", "pipeline" or "all" (see
+        ``_autoRecomputation``)."""
         return RECOMPUTATION[self._values["autoRecomputation"]]
 
     @property
