@@ -116,24 +116,37 @@ def transfer_cycles(target, nbytes):
 SPILL_MODES = ("backward", "phase")
 
 
-class Spiller:
-    """Activations moved to streaming memory between the parts of a program (PopTorch's phased ``Liveness``).
+@dataclass(frozen=True)
+class Spill:
+    """Which activations ``Spiller`` moves to streaming memory: ``mode`` (one of ``SPILL_MODES``) says which
+    reads take a value off chip, and values of fewer than ``min_elements`` elements stay on the tiles."""
 
-    With ``mode`` "backward", a forward value that a later pass (backward, optimizer) reads is stored off chip
-    after its last forward reader and loaded afresh before each later reader; with "phase", so is every value
-    read outside its own segment, a segment being the nodes of one pipeline stage or phase
-    (``placement[0]``) in one pass. Values computed inside their reader's fused vertex, variables, inputs and
-    constants never move. With ``mode`` None nothing moves.
+    mode: str
+    min_elements: int = 0
+
+
+class Spiller:
+    """Activations moved to streaming memory between the parts of a program (PopTorch's phased ``Liveness``,
+    or activations in streaming memory by ``TensorLocations.setActivationLocation``).
+
+    ``spill`` is None (nothing moves), a mode of ``SPILL_MODES`` or a ``Spill``. With mode "backward", a
+    forward value that a later pass (backward, optimizer) reads is stored off chip after its last forward
+    reader and loaded afresh before each later reader; with "phase", so is every value read outside its own
+    segment, a segment being the nodes of one pipeline stage or phase (``placement[0]``) in one pass. Values
+    computed inside their reader's fused vertex, variables, inputs, constants and values smaller than the
+    ``Spill``'s ``min_elements`` never move.
     """
 
-    def __init__(self, dg, graph, mode):
-        if mode not in (None, *SPILL_MODES):
-            raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {mode!r}")
+    def __init__(self, dg, graph, spill):
+        spill = Spill(spill) if isinstance(spill, str) else spill
+        if spill is not None and spill.mode not in SPILL_MODES:
+            raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {spill.mode!r}")
         self.dg = dg
         self.due = {}  # node index -> values to store once that node has been lowered
         self.spilled = {}  # popir value id -> its storage in streaming memory
-        if mode is None:
+        if spill is None:
             return
+        mode = spill.mode
         nodes = graph.nodes
 
         def segment(node):
@@ -149,7 +162,7 @@ class Spiller:
             for v in node.outputs:
                 uses = readers.get(v.id, [])
                 away = [r for r in uses if segment(nodes[r]) != home]
-                if node.op == "constant" or not away:
+                if node.op == "constant" or not away or v.type.size < spill.min_elements:
                     continue
                 at = max([i] + [r for r in uses if r < away[0]])
                 self.due.setdefault(at, []).append(v)

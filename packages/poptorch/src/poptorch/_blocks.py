@@ -567,6 +567,11 @@ def plan(graph, options, training):
                 "a pipeline recomputes each stage from its stashed inputs: use 3 (Pipeline) with "
                 "recomputationCheckpoint, or ShardedExecution",
             )
+        if training and "Activation" in options.TensorLocations.streamed:
+            raise not_modelled(
+                "TensorLocations.setActivationLocation with useOnChipStorage(False) with PipelinedExecution",
+                "a pipeline stashes each stage's activations on its IPU: use ShardedExecution, or recomputation",
+            )
     return MultiIpuPlan(stages, num_ipus, pipelined and len(stages) > 1)
 
 

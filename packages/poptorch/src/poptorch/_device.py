@@ -40,7 +40,7 @@ def compile_programs(graphs, options, num_ipus=1):
             available_memory=available_memory,
             remote=_streaming.remote_variables(graphs, options),
             shards=_streaming.sharded_variables(graphs, options, _replication.global_replicas(options)),
-            spill=_blocks.spill_mode(options.execution_strategy),
+            spill=_streaming.activation_spill(options),
             optimize=False,  # the executor optimised the programs before keying its cache on them
         )
     except popsim.OutOfMemoryError as exc:

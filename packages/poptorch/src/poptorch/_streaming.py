@@ -2,6 +2,7 @@
 ``useOnChipStorage(False)``): parameters are weights, ``_accum.`` state is gradient accumulators, other
 optimizer state is the optimizer's. Buffers (running statistics) stay on the chip. popsim keeps the chosen
 variables off the tiles and loads each into a tile buffer just before each use (``popsim.remote``).
+Activations in streaming memory are the forward values the backward pass reads (``activation_spill``).
 
 With ``useReplicatedTensorSharding(True)`` on the optimizer's location, each replica holds 1/replicas of its
 streaming-memory optimizer state: popsim divides that state's streaming-memory bytes and transfer cycles by
@@ -9,6 +10,8 @@ the replicas, and the step's collectives become a gradient reduce-scatter and a 
 (``popsim.collectives.sharded_update``). The simulated replica still updates the whole tensors, which gives
 the same numbers as each replica updating its shard (the updates are elementwise)."""
 
+from popsim.remote import Spill
+from poptorch import _blocks
 from poptorch._optimizer_graph import state_name
 from poptorch._training import ACCUMULATOR_PREFIX
 
@@ -33,6 +36,18 @@ def remote_variables(graphs, options):
             if kind in streamed and v.type.size >= streamed[kind]:
                 names.add(v.name)
     return names
+
+
+def activation_spill(options):
+    """The activations ``options`` send to streaming memory (a ``popsim.remote.Spill``, or None): a phased
+    strategy's off-chip ``Liveness`` moves what it says, whatever their size; else
+    ``setActivationLocation(useOnChipStorage(False))`` moves the forward activations that the backward pass
+    reads, of at least its ``minElementsForOffChip`` elements, after their last forward reader."""
+    mode = _blocks.spill_mode(options.execution_strategy)
+    if mode is not None:
+        return Spill(mode)
+    min_elements = options.TensorLocations.streamed.get("Activation")
+    return None if min_elements is None else Spill("backward", min_elements)
 
 
 def sharded_variables(graphs, options, replicas):

@@ -429,8 +429,8 @@ def _non_negative(name, value):
 
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state and accumulators in
-    tile memory or streaming memory; activations in tile memory)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
+    activations in tile memory or streaming memory)."""
 
     _prefix = "TensorLocations"
 
@@ -455,12 +455,6 @@ class _TensorLocationOptions(_Group):
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
-        if kind == "Activation" and location.off_chip():
-            raise not_modelled(
-                "TensorLocations.setActivationLocation with useOnChipStorage(False)",
-                "activations stay in tile memory between their producer and their last reader; to save their "
-                "memory use recomputation (RecomputationType.RecomputeAll or recomputationCheckpoint)",
-            )
         streamed = {k: n for k, n in self._get("streamed") if k != kind}
         if location.off_chip():
             streamed[kind] = location.min_elements_off_chip()
@@ -468,8 +462,8 @@ class _TensorLocationOptions(_Group):
 
     @property
     def streamed(self):
-        """{kind ("Weight", "Optimizer", "Accumulator"): minElementsForOffChip} of the kinds in streaming
-        memory."""
+        """{kind ("Weight", "Optimizer", "Accumulator", "Activation"): minElementsForOffChip} of the kinds in
+        streaming memory."""
         return dict(self._get("streamed"))
 
     @property
@@ -482,7 +476,9 @@ class _TensorLocationOptions(_Group):
         return self._location("Weight", location)
 
     def setActivationLocation(self, location):
-        """Where activations live: tile memory only on the simulated IPU (streaming memory is refused)."""
+        """Where activations live: tile memory, or with ``useOnChipStorage(False)`` the forward activations the
+        backward pass reads (of at least ``minElementsForOffChip`` elements) go to streaming memory after their
+        last forward reader and are loaded again before each backward reader."""
         return self._location("Activation", location)
 
     def setOptimizerLocation(self, location):
