@@ -208,3 +208,43 @@ def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch)
     torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
     profile = executor.profile.programs["inference"]
     assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
+
+
+class TwoWide(torch.nn.Module):
+    """Two wide layers on a small batch: the weights dominate tile memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(256, 256, bias=False)
+        self.b = torch.nn.Linear(256, 256, bias=False)
+
+    def forward(self, x, y):
+        x = self.b(torch.relu(self.a(x)))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _weight_loads(monkeypatch, tile_kib):
+    """{streamed weight: loads in one training step} on tiles of ``tile_kib`` KiB, the step checked against eager."""
+    target = popsim.Target.small(num_tiles=4, tile_bytes=tile_kib * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: target)
+    torch.manual_seed(0)
+    model, eager = TwoWide(), TwoWide()
+    eager.load_state_dict(model.state_dict())
+    x, y = torch.randn(4, 256), torch.randn(4, 256)
+    trained = poptorch.trainingModel(model, _options("Weight"), torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = trained(x, y)[1]
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(list(trained.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-5)
+    steps = trained.profile.programs["train"]["steps"]
+    return {name: sum(s["name"] == f"remote load {name}" for s in steps) for name in ("a.weight", "b.weight")}
+
+
+def test_a_streamed_weight_is_loaded_once_per_phase_unless_that_does_not_fit(monkeypatch):
+    # b.weight has three readers: its forward matmul, the backward matmul for a's gradient, and its update.
+    # Roomy tiles: one load for the forward pass and one for the backward pass and update.
+    assert _weight_loads(monkeypatch, 512) == {"a.weight": 2, "b.weight": 2}
+    # Held from the backward matmul to its update, b.weight does not fit beside the gradients: one load per reader.
+    assert _weight_loads(monkeypatch, 320) == {"a.weight": 2, "b.weight": 3}

@@ -81,6 +81,7 @@ def compile(  # noqa: A001
     remote=(),
     spill=None,
     shards=None,
+    remote_loads="phase",
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -89,9 +90,11 @@ def compile(  # noqa: A001
     annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
-    Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
-    loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
+    Those named in ``remote`` live in streaming memory, off the tiles: their readers get a tile buffer loaded
+    just before them, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
     "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
+    ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there, "reader"
+    afresh for each reader (less tile memory, more transfers; ``remote.Loads``).
     ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
     a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
     cycles (the simulated program still loads and updates the whole tensor on its tiles).
@@ -143,7 +146,7 @@ def compile(  # noqa: A001
     for name, g in graphs.items():
         dg.program = []
         lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
-        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill, remote_loads)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 

@@ -2,9 +2,10 @@
 through explicit loads and stores.
 
 A remote variable holds no tile memory. Its bytes sit in a region of the simulator's arena beyond the last
-tile (the host-side buffer standing for the IPU-Machine's DDR), laid out densely in element order. A node
-that reads it reads a fresh tile buffer that a ``RemoteCopy`` load fills just before the node, so the buffer
-is live only from that load to its last reader; a state update writes its new value back by a store. Each
+tile (the host-side buffer standing for the IPU-Machine's DDR), laid out densely in element order. Its readers
+read a tile buffer that a ``RemoteCopy`` load fills just before the first of them (once per phase, or for
+each reader: ``Loads``), so the buffer is live only from that load to its last reader; a state update writes
+its new value back by a store. Each
 transfer is charged at the streaming-memory bandwidth, which is far below the exchange's: cycles go up,
 peak tile memory goes down.
 """
@@ -63,6 +64,50 @@ def load_operands(dg, args, where):
             a = buffers[a.storage] if a is a.storage else dg.alias(buffers[a.storage], a.shape)
         out.append(a)
     return out
+
+
+# How remote variables reach their readers: "phase" loads each once per phase for all its readers there,
+# "reader" loads it afresh for each reading node (the least tile memory).
+LOAD_MODES = ("phase", "reader")
+
+
+class Loads:
+    """The loads of remote variables for the nodes of one graph (``mode`` one of ``LOAD_MODES``).
+
+    With "phase" a variable is loaded once per phase for all its readers in that phase: one tile buffer per
+    variable, pass (forward or later) and placement (pipeline stage or phase, and IPU), live from its first
+    reader there to its last, as PopART loads a phase's streamed weights at the start of the phase. A store
+    of a new value ends the buffers of the old one. With "reader" each reading node gets a fresh buffer.
+    """
+
+    def __init__(self, dg, mode="phase"):
+        if mode not in LOAD_MODES:
+            raise Error(f"remote_loads must be one of {LOAD_MODES}, got {mode!r}")
+        self.dg, self.mode = dg, mode
+        self.buffers = {}  # (remote storage, pass, placement) -> its tile buffer
+
+    def operands(self, node, args, where):
+        """``args`` of ``node`` with each remote variable among them read from its phase's buffer (loaded now if
+        this is its first reader in the phase), on ``where`` (a Target view)."""
+        if self.mode == "reader":
+            return load_operands(self.dg, args, where)
+        phase = (node.role not in (None, "forward"), node.placement)
+        out = []
+        for a in args:
+            storage = getattr(a, "storage", None)
+            if storage is not None and storage in self.dg.remote:
+                buffer = self.buffers.get((storage, *phase))
+                if buffer is None:
+                    buffer = load(self.dg, storage, where, f"remote load {storage.name}")
+                    self.buffers[(storage, *phase)] = buffer
+                a = buffer if a is storage else self.dg.alias(buffer, a.shape)
+            out.append(a)
+        return out
+
+    def stored(self, storage):
+        """``storage`` took a new value: later readers load it afresh."""
+        for key in [k for k in self.buffers if k[0] is storage]:
+            del self.buffers[key]
 
 
 def store_points(graph, streamed):
