@@ -93,8 +93,9 @@ def compile(  # noqa: A001
     Those named in ``remote`` live in streaming memory, off the tiles: their readers get a tile buffer loaded
     just before them, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
     "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
-    ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there, "reader"
-    afresh for each reader (less tile memory, more transfers; ``remote.Loads``).
+    ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there ("shared_phase":
+    the last forward phase and the first backward one are one phase), "reader" afresh for each reader (less
+    tile memory, more transfers; ``remote.Loads``).
     ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
     a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
     cycles (the simulated program still loads and updates the whole tensor on its tiles).

@@ -80,7 +80,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
     stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
     stored = set()
     spiller = remote.Spiller(lw.dg, graph, spill)
-    loads = remote.Loads(lw.dg, remote_loads)
+    loads = remote.Loads(lw.dg, graph, remote_loads)
     for index, node in enumerate(graph.nodes):
         spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]

@@ -67,8 +67,9 @@ def load_operands(dg, args, where):
 
 
 # How remote variables reach their readers: "phase" loads each once per phase for all its readers there,
+# "shared_phase" likewise with the last forward phase and the backward pass's first phase as one phase,
 # "reader" loads it afresh for each reading node (the least tile memory).
-LOAD_MODES = ("phase", "reader")
+LOAD_MODES = ("phase", "shared_phase", "reader")
 
 
 class Loads:
@@ -77,21 +78,31 @@ class Loads:
     With "phase" a variable is loaded once per phase for all its readers in that phase: one tile buffer per
     variable, pass (forward or later) and placement (pipeline stage or phase, and IPU), live from its first
     reader there to its last, as PopART loads a phase's streamed weights at the start of the phase. A store
-    of a new value ends the buffers of the old one. With "reader" each reading node gets a fresh buffer.
+    of a new value ends the buffers of the old one. "shared_phase" counts the later passes' nodes of the last
+    forward phase (``placement[0]`` of ``graph``'s forward nodes) in that forward phase, as phased execution
+    runs the end of the forward pass and the start of the backward pass in one phase. With "reader" each
+    reading node gets a fresh buffer.
     """
 
-    def __init__(self, dg, mode="phase"):
+    def __init__(self, dg, graph, mode="phase"):
         if mode not in LOAD_MODES:
             raise Error(f"remote_loads must be one of {LOAD_MODES}, got {mode!r}")
         self.dg, self.mode = dg, mode
         self.buffers = {}  # (remote storage, pass, placement) -> its tile buffer
+        placed = [n.placement[0] for n in graph.nodes if n.role in (None, "forward") and n.placement is not None]
+        self.shared = max(placed) if mode == "shared_phase" and placed else None  # the phase both passes share
+
+    def _phase(self, node):
+        later = node.role not in (None, "forward")
+        shared = node.placement is not None and node.placement[0] == self.shared
+        return (later and not shared, node.placement)
 
     def operands(self, node, args, where):
         """``args`` of ``node`` with each remote variable among them read from its phase's buffer (loaded now if
         this is its first reader in the phase), on ``where`` (a Target view)."""
         if self.mode == "reader":
             return load_operands(self.dg, args, where)
-        phase = (node.role not in (None, "forward"), node.placement)
+        phase = self._phase(node)
         out = []
         for a in args:
             storage = getattr(a, "storage", None)

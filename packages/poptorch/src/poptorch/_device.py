@@ -50,7 +50,7 @@ def compile_programs(graphs, options, num_ipus=1):
 
     try:
         try:
-            return attempt("phase")
+            return attempt("shared_phase" if _blocks.shares_last_phase(options.execution_strategy) else "phase")
         except popsim.OutOfMemoryError:
             if not remote:
                 raise

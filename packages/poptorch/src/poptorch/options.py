@@ -1008,6 +1008,8 @@ class Options(_NoAssignment):
         key = {k: str(self._values[k]) for k in COMPILE_KEYS}
         # Phased Liveness moves activations to streaming memory without changing the graphs.
         key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # Whether the passes share the last phase decides how often its streamed variables are loaded.
+        key["sharedPhase"] = str(_blocks.shares_last_phase(self.execution_strategy))
         # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
         strategy = self.execution_strategy
         key["executionStrategy"] = type(strategy).__name__ if strategy is not None else "PipelinedExecution"
