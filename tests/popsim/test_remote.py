@@ -7,6 +7,7 @@ import pytest
 
 import popir
 import popsim
+from popsim.remote import Spill
 
 TARGET = popsim.Target.small(num_tiles=8, tile_bytes=65_536)
 ROOMY = popsim.Target.small(num_tiles=8, tile_bytes=256 * 1024)
@@ -127,6 +128,16 @@ def test_spilled_activations_give_the_same_gradient_with_less_tile_memory(mode):
         np.testing.assert_allclose(runs[mode][0][name], runs[None][0][name], rtol=1e-5, atol=1e-5)
     assert runs[mode][1]["memory_max_tile_bytes"] < runs[None][1]["memory_max_tile_bytes"]
     assert runs[mode][1]["total_cycles"] > runs[None][1]["total_cycles"]
+
+
+def test_a_spill_leaves_values_below_its_minimum_size_on_the_chip():
+    def stored(min_elements):
+        exe = popsim.compile(_trained_graph(), target=ROOMY, spill=Spill("backward", min_elements))
+        return [s["name"] for s in exe.profile.programs["train"]["steps"] if s["name"].startswith("remote store")]
+
+    activation = 256 * 32  # each sin output the backward pass reads
+    assert len(stored(activation)) >= 6
+    assert stored(activation + 1) == []
 
 
 def test_an_unknown_spill_mode_is_refused():

@@ -8,7 +8,9 @@ Kept (read by the backward pass as they are): graph inputs, parameters and const
 - Standard (1): the outputs of the forward ops PopART's Standard heuristic checkpoints. It walks the forward
   ops in order, noting after each one the set of ops whose outputs a later forward op still reads (the live
   set) and those outputs' bytes; it cuts the ops into intervals of decreasing length (``_decreasing_intervals``)
-  and keeps every op of the smallest live set of each interval. The other forward ops are recomputed.
+  and keeps every op of the smallest live set of each interval. The other forward ops are recomputed. (PopART
+  walks the ops on a path to the loss; here every forward node counts, one off that path only adding its
+  outputs to the live sets it is in.)
 - NormOnly (2): every forward value except the outputs of normalisation layers (layer, group, batch and
   instance norm), whose outputs are large and cheap to recompute.
 - Pipeline (3): every forward value except those computed and read inside one pipeline stage (the values a
