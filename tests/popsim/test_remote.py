@@ -1,6 +1,6 @@
 """Streaming memory (remote buffers): a variable named in ``compile(remote=...)`` lives off the tiles, is
-loaded into a tile buffer before each reader and stored back after its update: the same numbers as in tile
-memory, a lower tile-memory peak, more cycles."""
+loaded into a tile buffer before its readers (once per phase, or per reader) and stored back after its update:
+the same numbers as in tile memory, a lower tile-memory peak, more cycles."""
 
 import numpy as np
 import pytest

@@ -92,7 +92,8 @@ def compile(  # noqa: A001
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
     Those named in ``remote`` live in streaming memory, off the tiles: their readers get a tile buffer loaded
     just before them, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
-    "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
+    "phase", or a ``remote.Spill`` that also sets a minimum size) likewise moves activations to streaming
+    memory between passes or phases (``remote.Spiller``).
     ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there ("shared_phase":
     the last forward phase and the first backward one are one phase), "reader" afresh for each reader (less
     tile memory, more transfers; ``remote.Loads``).
