@@ -118,7 +118,8 @@ def _kept_values(graph, mode):
     elif mode == "norm_only":
         kept.update(v.id for node in forward if not _is_norm(node) for v in node.outputs)
     elif mode == "standard":
-        kept.update(v.id for node in _standard_checkpoints(forward) for v in node.outputs)
+        ops = [n for n in forward if n.op != "constant"]  # PopART's constants are tensors, not ops
+        kept.update(v.id for node in _standard_checkpoints(ops) for v in node.outputs)
     return kept
 
 
