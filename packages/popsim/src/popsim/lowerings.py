@@ -51,13 +51,14 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
+def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, remote_loads="phase"):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
 
     On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
     vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
     ``spill`` ("backward" or "phase") moves activations to streaming memory between passes or phases (see
-    ``remote.Spiller``).
+    ``remote.Spiller``). ``remote_loads`` (one of ``remote.LOAD_MODES``) says whether a remote variable is
+    loaded once per phase for its readers there, or for each reader (see ``remote.Loads``).
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
@@ -79,13 +80,14 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
     stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
     stored = set()
     spiller = remote.Spiller(lw.dg, graph, spill)
+    loads = remote.Loads(lw.dg, graph, remote_loads)
     for index, node in enumerate(graph.nodes):
         spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]
         if lw.dg.remote:
             lw.dg.origin = node
             where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
-            args = remote.load_operands(lw.dg, spiller.operands(node, args, where), where)
+            args = loads.operands(node, spiller.operands(node, args, where), where)
             lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
@@ -112,6 +114,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
         for state, value in stores.get(index, ()):
             lw.dg.origin = node
             remote.store(lw.dg, variables[state.name], env[value.id])
+            loads.stored(variables[state.name])
             lw.dg.origin = None
             stored.add(state.name)
     spiller.store_due(len(graph.nodes) - 1, env)

@@ -23,7 +23,8 @@ def target_of(options):
 
 def compile_programs(graphs, options, num_ipus=1):
     """Compile ``{program: popir.Graph}`` for a device of ``num_ipus`` of the simulated IPUs chosen by
-    ``options``; returns the executable."""
+    ``options``; returns the executable. A variable in streaming memory is loaded once per phase for all its
+    readers there, or, when the program does not fit that way, afresh for each reader."""
     available_memory = options.available_memory_proportion
     beyond = sorted(ipu for ipu in available_memory if ipu >= num_ipus)
     if beyond:
@@ -31,7 +32,9 @@ def compile_programs(graphs, options, num_ipus=1):
             f"setAvailableMemoryProportion names IPU{beyond[0]}, but the model runs on {num_ipus} IPU(s) "
             f"(IPU0 to IPU{num_ipus - 1}): remove that key or place a block on that IPU"
         )
-    try:
+    remote = _streaming.remote_variables(graphs, options)
+
+    def attempt(remote_loads):
         return popsim.compile(
             graphs,
             target=popsim.Device(target_of(options), num_ipus),
@@ -39,10 +42,20 @@ def compile_programs(graphs, options, num_ipus=1):
             conv_dithering=options.Training.convolution_dithering,
             relax_memory=options.allow_out_of_memory,
             available_memory=available_memory,
-            remote=_streaming.remote_variables(graphs, options),
-            spill=_blocks.spill_mode(options.execution_strategy),
+            remote=remote,
+            spill=_streaming.activation_spill(options),
             optimize=False,  # the executor optimised the programs before keying its cache on them
+            remote_loads=remote_loads,
         )
+
+    try:
+        try:
+            return attempt("shared_phase" if _blocks.shares_last_phase(options.execution_strategy) else "phase")
+        except popsim.OutOfMemoryError:
+            if not remote:
+                raise
+            # A streamed variable held for all its readers in a phase does not fit: load it for each reader.
+            return attempt("reader")
     except popsim.OutOfMemoryError as exc:
         raise Error(
             f"Out of memory on the simulated IPU: {exc} From poptorch, compile anyway with "

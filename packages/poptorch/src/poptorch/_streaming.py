@@ -2,12 +2,15 @@
 ``useOnChipStorage(False)``): parameters are weights, ``_accum.`` state is gradient accumulators, other
 optimizer state is the optimizer's. Buffers (running statistics) stay on the chip. popsim keeps the chosen
 variables off the tiles and loads each into a tile buffer just before each use (``popsim.remote``).
+Activations in streaming memory are the forward values the backward pass reads (``activation_spill``).
 
 With ``useReplicatedTensorSharding(True)`` on the optimizer's location (in tile or streaming memory), the
 optimizer state of each large enough parameter is sharded over the replicas: each replica's step program holds
 and updates only its shard (``_training.build_training``, ``_replication.ShardedState``), its gradient is
 reduce-scattered and the updated weight all-gathered (``popsim.collectives.sharded_update``)."""
 
+from popsim.remote import Spill
+from poptorch import _blocks
 from poptorch._optimizer_graph import SHARD_PREFIX, shard_name, state_name
 from poptorch._training import ACCUMULATOR_PREFIX
 
@@ -34,6 +37,18 @@ def remote_variables(graphs, options):
         if kind in streamed and _whole_size(v, inputs) >= streamed[kind]:
             names.add(v.name)
     return names
+
+
+def activation_spill(options):
+    """The activations ``options`` send to streaming memory (a ``popsim.remote.Spill``, or None): a phased
+    strategy's off-chip ``Liveness`` moves what it says, whatever their size; else
+    ``setActivationLocation(useOnChipStorage(False))`` moves the forward activations that the backward pass
+    reads, of at least its ``minElementsForOffChip`` elements, after their last forward reader."""
+    mode = _blocks.spill_mode(options.execution_strategy)
+    if mode is not None:
+        return Spill(mode)
+    min_elements = options.TensorLocations.streamed.get("Activation")
+    return None if min_elements is None else Spill("backward", min_elements)
 
 
 def _whole_size(variable, inputs):

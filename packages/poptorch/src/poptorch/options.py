@@ -105,7 +105,7 @@ COMPILE_KEYS = (
 )
 
 # popart.RecomputationType values the simulator models -> what they recompute.
-RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
+RECOMPUTATION = {0: "none", 1: "standard", 2: "norm_only", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
@@ -432,8 +432,8 @@ def _non_negative(name, value):
 
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state and accumulators in
-    tile memory or streaming memory; activations in tile memory)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
+    activations in tile memory or streaming memory)."""
 
     _prefix = "TensorLocations"
 
@@ -456,12 +456,6 @@ class _TensorLocationOptions(_Group):
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
-        if kind == "Activation" and location.off_chip():
-            raise not_modelled(
-                "TensorLocations.setActivationLocation with useOnChipStorage(False)",
-                "activations stay in tile memory between their producer and their last reader; to save their "
-                "memory use recomputation (RecomputationType.RecomputeAll or recomputationCheckpoint)",
-            )
         streamed = {k: n for k, n in self._get("streamed") if k != kind}
         if location.off_chip():
             streamed[kind] = location.min_elements_off_chip()
@@ -469,8 +463,8 @@ class _TensorLocationOptions(_Group):
 
     @property
     def streamed(self):
-        """{kind ("Weight", "Optimizer", "Accumulator"): minElementsForOffChip} of the kinds in streaming
-        memory."""
+        """{kind ("Weight", "Optimizer", "Accumulator", "Activation"): minElementsForOffChip} of the kinds in
+        streaming memory."""
         return dict(self._get("streamed"))
 
     @property
@@ -483,7 +477,9 @@ class _TensorLocationOptions(_Group):
         return self._location("Weight", location)
 
     def setActivationLocation(self, location):
-        """Where activations live: tile memory only on the simulated IPU (streaming memory is refused)."""
+        """Where activations live: tile memory, or with ``useOnChipStorage(False)`` the forward activations the
+        backward pass reads (of at least ``minElementsForOffChip`` elements) go to streaming memory after their
+        last forward reader and are loaded again before each backward reader."""
         return self._location("Activation", location)
 
     def setOptimizerLocation(self, location):
@@ -758,18 +754,15 @@ class Options(_NoAssignment):
 
     def _autoRecomputation(self, recomputation):
         """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
-        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
-        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
-        4 (RecomputeAll) recomputes every forward activation from the inputs and checkpoints afresh for each
-        backward op that reads it, with no stage boundaries. Standard (1) and NormOnly (2) choose their
-        checkpoints by PopART heuristics the simulator does not model."""
+        0 (None) keeps every activation for the backward pass; 1 (Standard) keeps the activations PopART's
+        heuristic checkpoints (the smallest set of live activations in each of a series of intervals of the
+        forward pass) and recomputes the others; 2 (NormOnly) recomputes only normalisation layers' outputs;
+        3 (Pipeline) recomputes each stage's forward activations in its backward pass from the stage's inputs
+        and ``recomputationCheckpoint`` values; 4 (RecomputeAll) recomputes every forward activation from the
+        inputs and checkpoints afresh for each backward op that reads it, with no stage boundaries (see
+        ``poptorch._recompute``)."""
         if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
             raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
-        if recomputation not in RECOMPUTATION:
-            raise not_modelled(
-                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
-                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
-            )
         return self._set("autoRecomputation", recomputation)
 
     def autoRoundNumIPUs(self, auto_round=True):
@@ -893,7 +886,8 @@ class Options(_NoAssignment):
 
     @property
     def recomputation(self):
-        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        """The recomputation mode: "none", "standard", "norm_only", "pipeline" or "all" (see
+        ``_autoRecomputation``)."""
         return RECOMPUTATION[self._values["autoRecomputation"]]
 
     @property
@@ -1015,6 +1009,8 @@ class Options(_NoAssignment):
         key = {k: str(self._values[k]) for k in COMPILE_KEYS}
         # Phased Liveness moves activations to streaming memory without changing the graphs.
         key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # Whether the passes share the last phase decides how often its streamed variables are loaded.
+        key["sharedPhase"] = str(_blocks.shares_last_phase(self.execution_strategy))
         # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
         strategy = self.execution_strategy
         key["executionStrategy"] = type(strategy).__name__ if strategy is not None else "PipelinedExecution"
