@@ -7,7 +7,7 @@ import numpy as np
 
 import popir
 import popsim
-from poptorch import _blocks, _overlapped_io, _replication, _streaming
+from poptorch import _blocks, _overlapped_io, _streaming
 from poptorch.errors import Error
 
 MAX_IO_TILES = 192  # TensorLocations.numIOTiles accepts an even count from 32 to this
@@ -24,7 +24,8 @@ def target_of(options):
 
 def compile_programs(graphs, options, num_ipus=1):
     """Compile ``{program: popir.Graph}`` for a device of ``num_ipus`` of the simulated IPUs chosen by
-    ``options``; returns the executable."""
+    ``options``; returns the executable. A variable in streaming memory is loaded once per phase for all its
+    readers there, or, when the program does not fit that way, afresh for each reader."""
     available_memory = options.available_memory_proportion
     beyond = sorted(ipu for ipu in available_memory if ipu >= num_ipus)
     if beyond:
@@ -32,18 +33,30 @@ def compile_programs(graphs, options, num_ipus=1):
             f"setAvailableMemoryProportion names IPU{beyond[0]}, but the model runs on {num_ipus} IPU(s) "
             f"(IPU0 to IPU{num_ipus - 1}): remove that key or place a block on that IPU"
         )
-    try:
+    remote = _streaming.remote_variables(graphs, options)
+
+    def attempt(remote_loads):
         return popsim.compile(
             graphs,
             target=popsim.Device(target_of(options), num_ipus),
             partials_type=options.Precision.partials_type,
+            conv_dithering=options.Training.convolution_dithering,
             relax_memory=options.allow_out_of_memory,
             available_memory=available_memory,
-            remote=_streaming.remote_variables(graphs, options),
-            shards=_streaming.sharded_variables(graphs, options, _replication.global_replicas(options)),
-            spill=_blocks.spill_mode(options.execution_strategy),
+            remote=remote,
+            spill=_streaming.activation_spill(options),
             optimize=False,  # the executor optimised the programs before keying its cache on them
+            remote_loads=remote_loads,
         )
+
+    try:
+        try:
+            return attempt("shared_phase" if _blocks.shares_last_phase(options.execution_strategy) else "phase")
+        except popsim.OutOfMemoryError:
+            if not remote:
+                raise
+            # A streamed variable held for all its readers in a phase does not fit: load it for each reader.
+            return attempt("reader")
     except popsim.OutOfMemoryError as exc:
         raise Error(
             f"Out of memory on the simulated IPU: {exc} From poptorch, compile anyway with "

@@ -9,6 +9,7 @@ several wrappers of one model stay coherent (``_device_weights``).
 """
 
 import copyreg
+import functools
 import inspect
 import os
 import time
@@ -40,6 +41,7 @@ from poptorch import (
     _recompute,
     _replication,
     _stochastic_rounding,
+    _streaming,
     _synthetic_data,
     _training,
     _weights,
@@ -280,7 +282,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             if self._training:
                 group_of = self._group_of(captured)
                 own_counts = _replication.grouped_names(self.per_replica_params, self._options)
-                programs = _training.build_training(captured, self._spec, group_of, self._options, phase, own_counts)
+                sizes = {name: captured.graph.input(name).type.size for name in captured.parameters if name in group_of}
+                replicas = _replication.global_replicas(self._options)
+                sharded = _streaming.sharded_parameters(sizes, self._options, replicas)
+                programs = _training.build_training(
+                    captured, self._spec, group_of, self._options, phase, own_counts, sharded
+                )
             else:
                 phase("autodiff")
                 programs = _training.build_inference(captured)
@@ -323,6 +330,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._device.grouped = _replication.GroupedParameters.of(
             self.per_replica_params, captured, programs, self._options, self._device.slots
         )
+        self._device.sharded = _replication.ShardedState.of(programs, self._device.slots)
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
@@ -547,11 +555,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                             _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
                             step, step_result = programs.graphs[programs.step], {}
-                            self._device.grouped.step(
-                                exe,
-                                lambda into=step_result: into.update(_run_on_device(exe, {}, programs.step)),
-                                [s.name for s in step.updates],
-                            )
+                            updated = [s.name for s in step.updates]
+                            run = lambda into=step_result: into.update(_run_on_device(exe, {}, programs.step))  # noqa: E731
+                            sharded_step = functools.partial(self._device.sharded.step, exe, run, updated)
+                            self._device.grouped.step(exe, sharded_step, updated)
                             for name, value in step_result.items():  # anchors the step streams to the host
                                 per_output.setdefault(name, []).append(np.array(value))
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
