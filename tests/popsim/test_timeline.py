@@ -90,3 +90,27 @@ def test_a_phase_copy_into_an_ipu_holds_its_link_and_the_phase_spans_its_pieces(
     spans = {e["ipu"]: (e["start"], e["end"]) for e in schedule["timeline"]}
     assert spans == {0: (0, 40 + sync), 1: (40 + sync, 76 + 3 * sync)}
     assert schedule["total_cycles"] == timeline.makespan == program["total_cycles"]
+
+
+def test_a_pipeline_runs_cycle_by_cycle_each_stage_after_the_one_before_on_its_micro_batch():
+    target = popsim.Target.small(num_tiles=4)
+    steps = [
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 100},
+        {"stage": 1, "ipu": 1, "role": "forward", "cycles": 60},
+        {"stage": 1, "ipu": 1, "role": "backward", "cycles": 90},
+        {"stage": 0, "ipu": 0, "role": "backward", "cycles": 120},
+    ]
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + target.bsp_sync_cycles for s in steps) + 50}
+    schedule = popsim.step_schedule(program, target, 3, True)
+    timeline = popsim.Timeline()
+    placed = popsim.place_pipeline(timeline, schedule, 0, [0, 1], not_before=10)
+    assert timeline.makespan == 10 + schedule.total_cycles
+    work = {(i.label["stage"], i.label["pass"], i.label["micro_batch"]): i for i in placed if "stage" in i.label}
+    assert len(work) == 2 * 2 * 3
+    for batch in range(3):
+        assert work[(1, "forward", batch)].start >= work[(0, "forward", batch)].end
+        assert work[(0, "backward", batch)].start >= work[(1, "backward", batch)].end
+    # Stage 1's forward of micro-batch 0 overlaps stage 0's of micro-batch 1, on the other IPU.
+    a, b = work[(1, "forward", 0)], work[(0, "forward", 1)]
+    assert a.resources == (B,) and b.resources == (A,) and a.start == b.start == 10 + schedule.forward_slot
+    assert [e["start"] + 10 for e in schedule.timeline()] == sorted(i.start for i in work.values())

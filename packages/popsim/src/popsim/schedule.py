@@ -308,30 +308,30 @@ def _run_order(cycles, edges):
 
 def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
-    ``timeline``. Each pipeline cycle is a superstep of all the
-    IPUs as long as the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages
-    idle), so each stage's work starts at its slot's start (``Schedule.timeline``); the steps of no stage
-    follow on every IPU.
-    Returns the intervals."""
+    ``timeline``, pipeline cycle by pipeline cycle: in forward cycle t the k-th stage runs micro-batch t - k,
+    in backward cycle t micro-batch t - (S - 1 - k), each after the sync that ended the cycle before (the
+    inter-IPU copies between stages happen at that sync). A cycle is a superstep of all the IPUs as long as
+    the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages idle). The steps of
+    no stage follow on every IPU. Returns the intervals."""
     label = {"replica": replica, **label}
     lanes = [compute_lane(replica, ipu) for ipu in ipus]
-    start = max(not_before, timeline.free_at(lanes))
-    placed = [
-        timeline.add(
-            [compute_lane(replica, e["ipu"])],
-            e["end"] - e["start"],
-            not_before=start + e["start"],
-            stage=e["stage"],
-            micro_batch=e["micro_batch"],
-            ipu=e["ipu"],
-            **{"pass": e["pass"]},
-            **label,
-        )
-        for e in schedule.timeline()
-    ]
-    piped = schedule.ramp_up_cycles + schedule.main_cycles + schedule.ramp_down_cycles
+    stages, count = schedule.stages, len(schedule.stage_ipu)
+    sync = timeline.add(lanes, 0, not_before=not_before)
+    placed = []
+    for direction, cycles, slot in (
+        ("forward", schedule.forward_cycles, schedule.forward_slot),
+        ("backward", schedule.backward_cycles, schedule.backward_slot),
+    ):
+        for cycle in range(schedule.micro_batches + count - 1):
+            for k, stage in enumerate(stages):
+                batch = cycle - (k if direction == "forward" else count - 1 - k)
+                if 0 <= batch < schedule.micro_batches and cycles.get(stage, 0):
+                    ipu = schedule.stage_ipu[stage]
+                    tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction}
+                    placed.append(timeline.add([compute_lane(replica, ipu)], cycles[stage], [sync], **tags, **label))
+            sync = timeline.add(lanes, 0, not_before=sync.end + slot)  # the cycle's end, on every IPU
     outside = schedule.micro_batches * schedule.outside_cycles
-    placed.append(timeline.add(lanes, outside, not_before=start + piped, work=OUTSIDE_STAGES, **label))
+    placed.append(timeline.add(lanes, outside, [sync], work=OUTSIDE_STAGES, **label))
     return placed
 
 
