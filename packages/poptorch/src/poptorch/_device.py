@@ -10,8 +10,6 @@ import popsim
 from poptorch import _blocks, _overlapped_io, _streaming
 from poptorch.errors import Error
 
-MAX_IO_TILES = 192  # TensorLocations.numIOTiles accepts an even count from 32 to this
-
 
 def target_of(options):
     """The simulated IPU ``options`` choose; tiles reserved by TensorLocations.numIOTiles hold no computation."""
@@ -107,9 +105,9 @@ def io_tile_memory(graph, marks, options):
             {"name": name, "direction": direction, "bytes": value_type.nbytes, "tile_bytes": per_tile.tolist()}
         )
     if used.max() > tile_bytes and not options.allow_out_of_memory:
-        total = sum(t["bytes"] for t in tensors)
-        needed = next((n for n in range(count, MAX_IO_TILES + 1, 2) if -(-total // n) <= tile_bytes), None)
-        fix = f"numIOTiles({needed})" if needed else f"the most I/O tiles, {MAX_IO_TILES}, and fewer marked bytes"
+        total, most = sum(t["bytes"] for t in tensors), options.TensorLocations.MAX_IO_TILES
+        needed = next((n for n in range(count, most + 1, 2) if -(-total // n) <= tile_bytes), None)
+        fix = f"numIOTiles({needed})" if needed else f"the most I/O tiles, {most}, and fewer marked bytes"
         names = ", ".join(f"{t['name']} ({t['bytes']:,} bytes)" for t in tensors)
         raise Error(
             f"Out of memory on the simulated IPU's I/O tiles: the tensors marked for overlapped I/O, {names}, take "
