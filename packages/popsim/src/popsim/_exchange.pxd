@@ -16,21 +16,10 @@ cdef extern from *:
     void ps_prefetch_write(void* p) noexcept nogil
 
 
-# A short strided row (a few elements gathered from far apart, most often two) misses the cache on each
-# element: this many of its elements are fetched ahead, not just the first.
-cdef enum:
-    PREFETCH_STRIDED = 4
-
-
 cdef inline void prefetch_run(byte_t* base, const copy_t* row) noexcept nogil:
-    """Ask for the first source and destination lines of an exchange row the engine runs soon, and for the
-    first few elements of a strided row (a hint only)."""
-    cdef offset_t src = row[CP_SRC], stride = row[CP_STRIDE], j
-    ps_prefetch_read(base + src)
+    """Ask for the first source and destination lines of an exchange row the engine runs soon (a hint only)."""
+    ps_prefetch_read(base + row[CP_SRC])
     ps_prefetch_write(base + row[CP_DST])
-    if stride != row[CP_ITEMSIZE] and stride != 0:
-        for j in range(1, min(<offset_t> row[CP_COUNT], PREFETCH_STRIDED)):
-            ps_prefetch_read(base + src + j * stride)
 
 
 cdef inline void small_copy(byte_t* d, const byte_t* s, offset_t n) noexcept nogil:
