@@ -95,7 +95,15 @@ def _eager(steps, summed):
 
 @pytest.mark.parametrize("reduction", sorted(worker.REDUCTIONS))
 def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(trained, reduction):
-    runs = trained[reduction]
+    _check_matches_eager(trained[reduction], reduction)
+
+
+def test_optimizer_state_sharded_over_the_replicas_of_both_processes_matches_eager(tmp_path):
+    _check_matches_eager(_launch_reductions(tmp_path, "sharded", ["post"])["post"], "post")
+
+
+def _check_matches_eager(runs, reduction):
+    """Every process's saved ``runs`` of a training with ``reduction`` against eager on the combined batch."""
     expected_losses, expected_state = _eager(worker.STEPS, summed=reduction == "sum")
     # Each process returns its replicas' losses per step; their mean is the combined batch's loss.
     losses = torch.cat([run["losses"] for run in runs], dim=1).mean(dim=1)
