@@ -66,3 +66,21 @@ def test_torchs_lookup_is_restored_after_the_block_even_on_error():
     except ValueError:
         pass
     assert exported_program._collect_all_valid_cia_ops is original
+
+
+def test_the_second_capture_reuses_the_composite_set_the_first_one_worked_out(monkeypatch):
+    """Torch's walk adds the namespaces it looks up to torch.ops (a new fingerprint); the set is found again
+    under it afterwards rather than walked for anew."""
+    monkeypatch.setattr(_decompositions, "_cia_ops", {})
+    walks = []
+
+    def walk():
+        walks.append(1)
+        getattr(torch.ops, f"poptorch_decomp_walk_{len(walks)}")  # looked up: now one of torch.ops' namespaces
+        return set()
+
+    monkeypatch.setattr(_decompositions, "_collect_cia_ops", walk)
+    for _ in range(2):
+        with _decompositions.composite_ops_cached():
+            pass
+    assert walks == [1]

@@ -29,18 +29,24 @@ def _fingerprint():
     return tuple(sorted(registrations)), tuple(sorted(torch.ops._dir))
 
 
-def _cached_cia_ops(fingerprint):
+def _cached_cia_ops():
+    """(fingerprint, torch's set of composite operators). Torch's walk itself looks up every namespace the
+    dispatcher names, which adds them to ``torch.ops``: the set is kept under the fingerprint after the walk
+    too, so the next capture finds it."""
+    fingerprint = _fingerprint()
     if fingerprint not in _cia_ops:
-        _cia_ops[fingerprint] = frozenset(_collect_cia_ops())
-    return _cia_ops[fingerprint]
+        ops = frozenset(_collect_cia_ops())
+        _cia_ops[fingerprint] = ops
+        fingerprint = _fingerprint()
+        _cia_ops[fingerprint] = ops
+    return fingerprint, _cia_ops[fingerprint]
 
 
 @contextlib.contextmanager
 def composite_ops_cached():
     """Within the block torch.export reads its set of composite operators from the cache (one dispatcher query
     instead of a walk per namespace); returns a function giving the decomposition table without some ops."""
-    fingerprint = _fingerprint()
-    ops = _cached_cia_ops(fingerprint)
+    fingerprint, ops = _cached_cia_ops()
     saved = [module._collect_all_valid_cia_ops for module in _USERS]
     for module in _USERS:
         module._collect_all_valid_cia_ops = lambda: set(ops)  # callers may change their copy
