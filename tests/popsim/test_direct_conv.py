@@ -384,3 +384,50 @@ def test_an_infinite_weight_over_padding_gives_nan_as_the_window_columns_do():
     got = _conv_vertex(geometry, patch, weights).reshape(2, 4, 4)
     np.testing.assert_array_equal(got, _ascending_tap_reference(geometry, patch, weights).reshape(2, 4, 4))
     assert np.isnan(got[1, 0]).all() and np.isnan(got[1, :, 0]).all() and np.isinf(got[1, 1:, 1:]).all()
+
+
+class _Node:
+    """What direct_is_faster reads of a lowering: its target, partials dtype and memory proportion."""
+
+    target, partials_type, available_memory = TARGET, DType.float32, 0.6
+
+
+def test_few_channel_blocks_fold_the_kernel_columns_and_so_run_as_conv_vertices(monkeypatch):
+    # One input channel per block and a 5-wide kernel fill one AMP weight load: the vertices reload weights
+    # once per kernel row, not per kernel position, which makes CONV vertices the planner's own choice here.
+    x_shape, w_shape = (2, 12, 9, 9), (5, 12, 5, 5)
+    spec = conv_plan.ConvSpec(1, 2, 12, 5, (9, 9), (5, 5), (5, 5), (1, 1), (1, 1), (0, 0))
+    assert conv_plan.plan_conv(TARGET, spec, DType.float32).fold
+    assert conv_plan.direct_is_faster(_Node, spec, DType.float32)
+    rng = np.random.default_rng(6)
+    x = rng.integers(-4, 5, x_shape).astype(np.float32)
+    w = rng.integers(-3, 4, w_shape).astype(np.float32)
+    g = _conv_graph(x_shape, w_shape, "float32")
+    got, profile = _run(g, {"x": x}, w)
+    assert _conv_steps(profile, "conv"), "the conv2d did not run as CONV vertices"
+    np.testing.assert_array_equal(got, popir.interpreter.run(g, {"x": x, "w": w})["y"])
+    # Without folding, the same convolution is estimated slower than its im2col matmul.
+    monkeypatch.setattr(conv_plan, "_folds", lambda spec: np.array([False]))
+    conv_plan.plan_conv.cache_clear()
+    assert not conv_plan.direct_is_faster(_Node, spec, DType.float32)
+    conv_plan.plan_conv.cache_clear()
+
+
+@pytest.mark.parametrize("dilation, in_dilation", [((1, 2), (1, 1)), ((1, 1), (1, 2))])
+def test_only_unit_spaced_kernel_columns_fold(dilation, in_dilation):
+    # Dilated or spaced columns are no view of the patch: the same few-channel conv folds only when unit-spaced.
+    spec = conv_plan.ConvSpec(1, 2, 12, 5, (9, 9), (3, 3), (3, 3), (1, 1), dilation, (0, 0), in_dilation)
+    assert not conv_plan.plan_conv(TARGET, spec, DType.float32).fold
+    assert conv_plan.plan_conv(TARGET, spec._replace(dilation=(1, 1), in_dilation=(1, 1)), DType.float32).fold
+
+
+@pytest.mark.parametrize("channels, loads", [(1, 3), (3, 6), (8, 9), (16, 18)])
+def test_folded_vertices_load_weights_per_kernel_row_and_amp_channel_group(channels, loads):
+    # A 3x3 kernel reloads at its 9 positions; folded, once per kernel row and 8 float32 channels of the
+    # 3 * channels folded ones: fewer loads only while the channels alone leave AMP lanes idle.
+    spec = conv_plan.ConvSpec(1, 1, channels, 4, (8, 8), (6, 6), (3, 3), (1, 1), (1, 1), (0, 0))
+    folded, unfolded = (conv_plan.vertex_cycles(TARGET, spec, f, channels, 4, 36, DType.float32) for f in (1, 0))
+    assert folded - unfolded == (loads - 9) * popsim.cost.CONV_WEIGHT_LOAD_CYCLES[4]
+    # The plan folds exactly when its own channel block loads fewer weights folded.
+    plan = conv_plan.plan_conv(TARGET, spec, DType.float32)
+    assert plan.fold == (3 * -(-plan.blocks[3] * 3 // conv_plan.AMP_INPUT_CHANNELS[4]) < 9)

@@ -1,12 +1,13 @@
 """Streaming memory (remote buffers): a variable named in ``compile(remote=...)`` lives off the tiles, is
-loaded into a tile buffer before each reader and stored back after its update: the same numbers as in tile
-memory, a lower tile-memory peak, more cycles."""
+loaded into a tile buffer before its readers (once per phase, or per reader) and stored back after its update:
+the same numbers as in tile memory, a lower tile-memory peak, more cycles."""
 
 import numpy as np
 import pytest
 
 import popir
 import popsim
+from popsim.remote import Spill
 
 TARGET = popsim.Target.small(num_tiles=8, tile_bytes=65_536)
 ROOMY = popsim.Target.small(num_tiles=8, tile_bytes=256 * 1024)
@@ -28,11 +29,11 @@ def _step_graph():
     return g
 
 
-def _run(remote, steps=3):
+def _run(remote, steps=3, remote_loads="phase"):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((SIZE, SIZE)).astype(np.float32) / SIZE
     ws = [rng.standard_normal((SIZE, SIZE)).astype(np.float32) for _ in range(LAYERS)]
-    exe = popsim.compile(_step_graph(), target=TARGET, remote=remote)
+    exe = popsim.compile(_step_graph(), target=TARGET, remote=remote, remote_loads=remote_loads)
     for i, w in enumerate(ws):
         exe.write_variable(f"w{i}", w)
     for _ in range(steps):
@@ -61,8 +62,23 @@ def test_streamed_variables_fit_where_tile_memory_does_not():
     tiny = popsim.Target.small(num_tiles=4, tile_bytes=16_384)  # 64 KiB of tiles; the weights take 27 KiB each
     with pytest.raises(popsim.OutOfMemoryError):
         popsim.compile(_step_graph(), target=tiny)
-    exe = popsim.compile(_step_graph(), target=tiny, remote={f"w{i}" for i in range(LAYERS)})
+    streamed = {f"w{i}" for i in range(LAYERS)}
+    # Held from its matmul to its update (one phase), each weight's buffer does not fit; loaded per reader it does.
+    with pytest.raises(popsim.OutOfMemoryError):
+        popsim.compile(_step_graph(), target=tiny, remote=streamed)
+    exe = popsim.compile(_step_graph(), target=tiny, remote=streamed, remote_loads="reader")
     assert exe.profile.programs["step"]["memory_max_tile_bytes"] <= tiny.tile_bytes
+
+
+def test_a_streamed_variable_is_loaded_once_per_phase_for_all_its_readers():
+    streamed = {f"w{i}" for i in range(LAYERS)}
+    per_phase, per_reader = _run(remote=streamed), _run(remote=streamed, remote_loads="reader")
+    loads = [[s["name"] for s in p["steps"]].count("remote load w0") for p in (per_phase, per_reader)]
+    assert loads == [1, 3]  # w0 is read by its matmul and its update's mul and sub, all in one phase
+    assert per_phase["total_cycles"] < per_reader["total_cycles"]
+    assert per_phase["memory_max_tile_bytes"] >= per_reader["memory_max_tile_bytes"]
+    with pytest.raises(popsim.Error, match="remote_loads must be one of"):
+        popsim.compile(_step_graph(), target=TARGET, remote=streamed, remote_loads="once")
 
 
 def test_remote_must_name_variables():
@@ -112,6 +128,16 @@ def test_spilled_activations_give_the_same_gradient_with_less_tile_memory(mode):
         np.testing.assert_allclose(runs[mode][0][name], runs[None][0][name], rtol=1e-5, atol=1e-5)
     assert runs[mode][1]["memory_max_tile_bytes"] < runs[None][1]["memory_max_tile_bytes"]
     assert runs[mode][1]["total_cycles"] > runs[None][1]["total_cycles"]
+
+
+def test_a_spill_leaves_values_below_its_minimum_size_on_the_chip():
+    def stored(min_elements):
+        exe = popsim.compile(_trained_graph(), target=ROOMY, spill=Spill("backward", min_elements))
+        return [s["name"] for s in exe.profile.programs["train"]["steps"] if s["name"].startswith("remote store")]
+
+    activation = 256 * 32  # each sin output the backward pass reads
+    assert len(stored(activation)) >= 6
+    assert stored(activation + 1) == []
 
 
 def test_an_unknown_spill_mode_is_refused():

@@ -70,6 +70,9 @@ def main(out_file, mode, reduction="post"):
     if mode == "loss_scaling":
         loss_scaling_main(out_file, opts)
         return
+    if mode == "sharded":  # every parameter's optimizer state sharded over the replicas of both processes
+        rts = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
+        opts.TensorLocations.setOptimizerLocation(rts.minElementsForReplicatedTensorSharding(1))
     process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     # Each process starts from different weights: the broadcast from process 0 must make them alike.
     model, optimizer = make_model(seed=process)

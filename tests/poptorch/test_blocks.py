@@ -211,9 +211,6 @@ def test_pipeline_errors_at_compile_time():
     both = poptorch.PipelinedExecution(poptorch.Stage("A"))
     with pytest.raises(poptorch.Error, match=r"Pipeline stage 0 runs on IPUs \[0, 1\]"):
         _compile(late, poptorch.Options().setExecutionStrategy(both))
-    separate = poptorch.ParallelPhasedExecution(poptorch.Phase("0")).useSeparateBackwardPhase()
-    with pytest.raises(poptorch.Error, match=r"useSeparateBackwardPhase\(True\) is not modelled"):
-        _compile(_staged(0), poptorch.Options().setExecutionStrategy(separate))
 
 
 class _OpAfterBlock(torch.nn.Module):

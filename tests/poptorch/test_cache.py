@@ -77,6 +77,33 @@ def test_key_depends_on_graph_and_compile_options():
     assert _cache.key({"p": g}, base) != _cache.key({"q": g}, base)
 
 
+def test_key_depends_on_the_code_that_compiles(monkeypatch):
+    """An executable built by other popsim / popir / poptorch code (a changed planner, same version number)
+    is never loaded: the code's fingerprint is part of the key."""
+    import popir
+
+    g = popir.Graph("g")
+    g.output("y", g.add_input("x", (2,), "float32") * 2.0)
+    before = _cache.key({"p": g}, poptorch.Options())
+    monkeypatch.setattr(_cache, "_installed_code", lambda: "another build")
+    assert _cache.key({"p": g}, poptorch.Options()) != before
+
+
+def test_code_fingerprint_follows_file_contents_and_names(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "planner.py").write_text("TILES = 4\n")
+    (package / "notes.txt").write_text("not code")
+    first = _cache.code_fingerprint([package])
+    (package / "notes.txt").write_text("changed, still not code")
+    assert _cache.code_fingerprint([package]) == first
+    (package / "planner.py").write_text("TILES = 8\n")
+    changed = _cache.code_fingerprint([package])
+    assert changed != first
+    (package / "planner.py").rename(package / "placement.py")
+    assert _cache.code_fingerprint([package]) not in (first, changed)
+
+
 def _tiny_executable(value):
     import popir
     import popsim

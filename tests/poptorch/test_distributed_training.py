@@ -71,7 +71,15 @@ def _eager(steps, summed):
 
 @pytest.mark.parametrize("reduction", sorted(worker.REDUCTIONS))
 def test_two_processes_of_two_replicas_match_eager_on_the_combined_batch(tmp_path, reduction):
-    results = _launch(tmp_path, "train", timeout_seconds=120, reduction=reduction)
+    _check_matches_eager(tmp_path, "train", reduction)
+
+
+def test_optimizer_state_sharded_over_the_replicas_of_both_processes_matches_eager(tmp_path):
+    _check_matches_eager(tmp_path, "sharded", "post")
+
+
+def _check_matches_eager(tmp_path, mode, reduction):
+    results = _launch(tmp_path, mode, timeout_seconds=120, reduction=reduction)
     for code, _, err in results:
         assert code == 0, err[-3000:]
     runs = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(PROCESSES)]

@@ -70,7 +70,7 @@ def test_tensor_locations_take_settings_and_refuse_what_is_not_modelled():
     assert opts.TensorLocations.streamed == {"Weight": 2}
     sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
     with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
-        opts.TensorLocations.setOptimizerLocation(sharded)
+        opts.TensorLocations.setWeightLocation(sharded)
     with pytest.raises(poptorch.Error, match="takes a poptorch.TensorLocationSettings"):
         opts.TensorLocations.setAccumulatorLocation({"useOnChipStorage": False})
     with pytest.raises(poptorch.Error, match="useOnChipStorage takes True or False"):
@@ -228,10 +228,84 @@ def test_recompute_all_without_checkpoints_lowers_peak_tile_memory(monkeypatch):
     _recomputation_trades_cycles_for_memory(monkeypatch, 4, 0)
 
 
-def test_recomputation_settings_poptorch_cannot_model_are_refused():
+NORMED_LAYERS = 6
+
+
+class Normed(torch.nn.Module):
+    """Linear layers behind layer norms (``norms``) or not: the norms' outputs are as large as the layers'."""
+
+    def __init__(self, norms=True):
+        super().__init__()
+        self.first = torch.nn.Linear(32, 64)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(NORMED_LAYERS))
+        self.norms = torch.nn.ModuleList(
+            (torch.nn.LayerNorm(64) if norms else torch.nn.Identity()) for _ in range(NORMED_LAYERS)
+        )
+
+    def forward(self, x, y):
+        x = self.first(x)
+        for layer, norm in zip(self.layers, self.norms):
+            x = torch.tanh(layer(norm(x)))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _train_normed(recomputation, norms=True):
+    """Loss, weights after one SGD step and the train program's profile, on the IPU and eagerly."""
+    torch.manual_seed(0)
+    model = Normed(norms)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(256, 32, generator=g), torch.randn(256, 64, generator=g)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts._Popart.set("autoRecomputation", recomputation)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    _, loss = trained(x, y)
+    weights = [p.detach().clone() for p in trained.parameters()]
+    torch.manual_seed(0)
+    eager = Normed(norms)
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weights, [p.detach() for p in eager.parameters()], rtol=1e-4, atol=1e-5)
+    return trained.profile.programs["train"]
+
+
+@pytest.mark.parametrize("recomputation", [1, 2], ids=["Standard", "NormOnly"])
+def test_standard_and_norm_only_recomputation_trade_cycles_for_tile_memory(monkeypatch, recomputation):
+    monkeypatch.setattr(
+        poptorch._device, "target_of", lambda options: popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    )
+    kept = _train_normed(0)
+    again = _train_normed(recomputation)
+    assert again["memory_max_tile_bytes"] < kept["memory_max_tile_bytes"]
+    assert again["total_cycles"] > kept["total_cycles"]
+
+
+def test_norm_only_recomputation_recomputes_nothing_without_norm_layers(monkeypatch):
+    monkeypatch.setattr(
+        poptorch._device, "target_of", lambda options: popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+    )
+    kept, norm_only = _train_normed(0, norms=False), _train_normed(2, norms=False)
+    assert norm_only["memory_max_tile_bytes"] == kept["memory_max_tile_bytes"]
+    assert norm_only["total_cycles"] == kept["total_cycles"]
+
+
+def test_recomputation_settings_are_checked():
     opts = poptorch.Options()
-    with pytest.raises(poptorch.Error, match=r"autoRecomputation 1 \(Standard\) is not modelled"):
-        opts._Popart.set("autoRecomputation", 1)
     with pytest.raises(poptorch.Error, match="takes a popart.RecomputationType value 0-4"):
         opts._Popart.set("autoRecomputation", 7)
     assert opts._Popart.set("autoRecomputation", 3) is opts._Popart and opts.recomputation == "pipeline"
+    opts._Popart.set("autoRecomputation", 1)
+    assert opts.recomputation == "standard"
+
+
+def test_standard_recomputation_in_a_pipeline_is_refused():
+    torch.manual_seed(0)
+    model = Deep()
+    poptorch.BeginBlock(model.layers[LAYERS // 2], ipu_id=1)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts._Popart.set("autoRecomputation", 2)
+    opts.Training.gradientAccumulation(4)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match=r"autoRecomputation 2 \(NormOnly\) with PipelinedExecution is not"):
+        trained(torch.randn(16, 32), torch.randn(16, 32))

@@ -113,10 +113,8 @@ def test_ipu_model_environment(monkeypatch):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda o: o.Training.setConvolutionDithering(True),
         lambda o: o.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf),
         lambda o: o.syncPattern(poptorch.SyncPattern.SinglePipeline),
-        lambda o: o._Popart.set("autoRecomputation", 1),
         lambda o: o._Popart.setPatterns({"PadSum": True}, 0),
         lambda o: o.useIpuId(1),
         lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(

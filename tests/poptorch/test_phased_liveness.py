@@ -104,3 +104,53 @@ def test_parallel_phases_send_tensors_off_chip_after_the_forward_pass(monkeypatc
     torch.testing.assert_close(off[:2], live[:2])
     assert off[2]["memory_max_tile_bytes"] < live[2]["memory_max_tile_bytes"]
     assert _stores(off[2]) > 0 == _stores(live[2])
+
+
+def _streamed_weights(separate):
+    """Loss and weights after one step, checked against eager, and {weight: loads} of serial phases on IPU 0
+    with the weights in streaming memory, with or without a separate backward phase."""
+    torch.manual_seed(0)
+    model, eager = Phased(), Phased()
+    eager.load_state_dict(model.state_dict())
+    strategy = _strategy(poptorch.Liveness.AlwaysLive).useSeparateBackwardPhase(separate)
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
+    opts.TensorLocations.setWeightLocation(poptorch.TensorLocationSettings().useOnChipStorage(False))
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+    loss = trained(x, y)[1]
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(list(trained.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-5)
+    steps = trained.profile.programs["train"]["steps"]
+    names = [name for name, _ in model.named_parameters() if name.endswith("weight")]
+    return {name: sum(s["name"] == f"remote load {name}" for s in steps) for name in names}, trained
+
+
+def test_a_separate_backward_phase_loads_the_last_phase_weights_again(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    shared, shared_model = _streamed_weights(False)
+    separate, separate_model = _streamed_weights(True)
+    last = {f"layers.{i}.weight" for i in (2 * PHASES - 2, 2 * PHASES - 1)}
+    # The last phase runs the end of the forward pass and the start of the backward pass: one load of its
+    # weights for both, unless the backward pass has phases of its own (the update loads each weight again).
+    assert separate == {name: n + (name in last) for name, n in shared.items()}
+    assert all(shared[name] == 2 for name in last)
+    assert (
+        separate_model.profile.programs["train"]["total_cycles"]
+        > shared_model.profile.programs["train"]["total_cycles"]
+    )
+    # Off-chip liveness always starts the backward pass in a new phase, as PopTorch leaves a gap of phases.
+    assert not poptorch._blocks.shares_last_phase(_strategy(poptorch.Liveness.OffChipAfterFwd))
+    keys = {
+        poptorch._cache.key(
+            {},
+            poptorch.Options().setExecutionStrategy(
+                _strategy(poptorch.Liveness.AlwaysLive).useSeparateBackwardPhase(s)
+            ),
+        )
+        for s in (False, True)
+    }
+    assert len(keys) == 2

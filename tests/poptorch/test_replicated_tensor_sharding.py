@@ -1,7 +1,11 @@
-"""Replicated tensor sharding of optimizer state in streaming memory: each replica holds and moves its shard
-(streaming-memory bytes and transfer cycles divided by the replicas), gradients are reduce-scattered and
-updated weights all-gathered, and the numbers equal the unsharded run and eager torch step by step."""
+"""Replicated tensor sharding of optimizer state, in tile or streaming memory: each replica's optimizer step
+holds and updates only its shard (tile memory, optimizer cycles, streaming-memory bytes and transfers fall
+with the replicas), gradients are reduce-scattered and updated weights all-gathered, and the numbers equal
+the unsharded run and eager torch step by step."""
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +15,16 @@ import poptorch
 REPLICAS, WIDTH, BATCH, STEPS = 2, 96, 4, 3
 ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
 STATE_SLOTS = ("exp_avg", "exp_avg_sq")
+# Sizes no replica count divides: 143, 11, 55 and 5 elements leave padding in the last shards.
+ODD_SIZES = (13, 11, 5)
+OPTIMIZERS = {
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+    # poptorch.optim.LAMB steps on the host with the device's rule when used eagerly.
+    "lamb": lambda params: poptorch.optim.LAMB(params, lr=0.01, weight_decay=0.01),
+    # The global gradient norm the clipping takes sums the replicas' partial norms too.
+    "lamb_clipped": lambda params: poptorch.optim.LAMB(params, lr=0.01, max_grad_norm=0.05),
+}
 
 
 class Net(torch.nn.Module):
@@ -29,9 +43,9 @@ def _data():
     return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
 
 
-def _options(sharded, min_elements=None):
-    opts = poptorch.Options().showCompilationProgressBar(False).replicationFactor(REPLICAS).logCycleCount(True)
-    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(sharded)
+def _options(sharded, min_elements=None, replicas=REPLICAS, on_chip=False):
+    opts = poptorch.Options().showCompilationProgressBar(False).replicationFactor(replicas).logCycleCount(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(sharded)
     if min_elements is not None:
         location.minElementsForReplicatedTensorSharding(min_elements)
     opts.TensorLocations.setOptimizerLocation(location)
@@ -133,16 +147,14 @@ def test_min_elements_for_replicated_tensor_sharding_keeps_smaller_tensors_whole
     assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4
 
 
-def test_sharding_that_is_not_modelled_is_refused():
+def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_sharded_on_or_off_chip():
     locations = poptorch.Options().TensorLocations
-    on_chip = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
-    with pytest.raises(poptorch.Error, match=r"useOnChipStorage\(True\) and useReplicatedTensorSharding\(True\)"):
-        locations.setOptimizerLocation(on_chip)
-    off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
-    for setter in ("setWeightLocation", "setAccumulatorLocation"):
-        with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
-            getattr(locations, setter)(off_chip)
-    assert locations.setOptimizerLocation(off_chip).sharded_optimizer == 8192
+    for on_chip in (True, False):
+        sharded = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(True)
+        for setter in ("setWeightLocation", "setAccumulatorLocation"):
+            with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+                getattr(locations, setter)(sharded)
+        assert locations.setOptimizerLocation(sharded).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
 
 
@@ -163,3 +175,158 @@ def test_lamb_all_reduces_the_norms_of_sharded_updates(monkeypatch):
         "norms: IPU-Links in an IPU-M2000",
         "all-gather: IPU-Links in an IPU-M2000",
     ]
+
+
+def _levels(profile):
+    return [level["name"] for level in profile.replication["all_reduce"]["levels"]]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall(monkeypatch, replicas):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    programs = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        opts = _options(sharded, replicas=replicas, on_chip=True)
+        trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+        g = torch.Generator().manual_seed(1)
+        trained(torch.randn(BATCH * replicas, WIDTH, generator=g), torch.randn(BATCH * replicas, WIDTH, generator=g))
+        programs.append(trained.profile.programs)
+        trained.destroy()
+    unsharded, sharded = programs
+    # The optimizer step of one replica: its state, weight and gradient shards only.
+    for figure in ("memory_max_tile_bytes", "compute_cycles", "total_cycles"):
+        assert sharded["apply"][figure] < unsharded["apply"][figure], figure
+    # The state stays on the chip between steps: every program's busiest tile holds less of it.
+    peak = [max(p["memory_max_tile_bytes"] for p in run.values()) for run in programs]
+    assert peak[1] < peak[0]
+
+
+class OddNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(ODD_SIZES[0], ODD_SIZES[1])
+        self.second = torch.nn.Linear(ODD_SIZES[1], ODD_SIZES[2])
+
+    def forward(self, x, y):
+        out = self.second(torch.tanh(self.first(x)))
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def _odd_data(replicas):
+    g = torch.Generator().manual_seed(2)
+    n = BATCH * replicas
+    return torch.randn(n, ODD_SIZES[0], generator=g), torch.randn(n, ODD_SIZES[2], generator=g)
+
+
+def _state_of(optimizer, model):
+    return [
+        (slot, value.detach().clone())
+        for p in model.parameters()
+        for slot, value in sorted(optimizer.state[p].items())
+        if isinstance(value, torch.Tensor) and value.shape == p.shape
+    ]
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, kind):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    reference = OddNet()
+    eager_optimizer = OPTIMIZERS[kind](reference.parameters())
+    torch.manual_seed(0)
+    model = OddNet()
+    optimizer = OPTIMIZERS[kind](model.parameters())
+    # Every tensor is sharded, however small.
+    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    for _ in range(STEPS):
+        eager_optimizer.zero_grad()
+        loss = reference(x, y)[1]
+        loss.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(trained(x, y)[1].mean(), loss.detach(), rtol=1e-5, atol=1e-6)
+        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    levels = _levels(trained.profile)
+    # Every gradient is reduce-scattered (none all-reduced whole), every new weight all-gathered.
+    assert levels[0].startswith("reduce-scatter") and levels[-1].startswith("all-gather")
+    assert "IPU-Links in an IPU-M2000" not in levels
+    trained.copyWeightsToHost()
+    state, expected = _state_of(optimizer, model), _state_of(eager_optimizer, reference)
+    assert [slot for slot, _ in state] == [slot for slot, _ in expected] and state
+    for (_, got), (_, want) in zip(state, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_shards_are_padded_as_popart_pads_them():
+    """PopART's example: 30 elements over 4 replicas are shards of 8, 8, 7 and 7 elements, each padded to 8."""
+    whole = np.arange(1, 31, dtype=np.float32).reshape(5, 2, 3)
+    shards = poptorch._replication._split(whole, 4)
+    assert shards.shape == (4, 8)
+    assert [int(np.count_nonzero(shard)) for shard in shards] == [8, 8, 7, 7]
+    np.testing.assert_array_equal(shards[2], [3, 7, 11, 15, 19, 23, 27, 0])
+    np.testing.assert_array_equal(poptorch._replication._join(shards, whole.shape), whole)
+
+
+def test_a_sharded_parameters_gradient_is_anchored_whole_and_its_updated_value_is_refused(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    gradients = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        opts = _options(sharded)
+        opts.anchorTensor("grad", "Gradient___model.first.weight")
+        trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        trained(*_data())
+        gradients.append(trained.getAnchoredTensor("grad"))
+        trained.destroy()
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=0)
+    opts = _options(True)
+    opts.anchorTensor("new", "UpdatedVar___model.first.weight")
+    model = Net()
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    with pytest.raises(poptorch.Error, match="'first.weight' is sharded over the replicas"):
+        trained(*_data())
+
+
+def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(monkeypatch):
+    """PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
+    still goes off chip when its whole tensor does not fall below it."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    opts = _options(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    opts.TensorLocations.setOptimizerLocation(location.minElementsForOffChip(WIDTH * WIDTH))
+    torch.manual_seed(0)
+    model = Net()
+    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+    trained(*_data())
+    steps = trained.profile.programs["apply"]["steps"]
+    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
+    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
+    assert "remote load _opt.first.bias.exp_avg" not in loads
+
+
+def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    model = OddNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):  # eager steps: the optimizer holds moments the device starts from
+        optimizer.zero_grad()
+        model(x, y)[1].backward()
+        optimizer.step()
+    reference = copy.deepcopy(model)
+    eager_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    eager_optimizer.load_state_dict(optimizer.state_dict())
+    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    trained(x, y)
+    eager_optimizer.zero_grad()
+    reference(x, y)[1].backward()
+    eager_optimizer.step()
+    for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)

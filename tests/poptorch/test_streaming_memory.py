@@ -129,16 +129,70 @@ def test_tensor_location_settings_the_simulator_does_not_model_are_refused():
         opts.TensorLocations.setWeightLocation(sharded)
     with pytest.raises(poptorch.Error, match=r"useIOTilesToLoad\(True\) is not modelled"):
         opts.TensorLocations.setOptimizerLocation(_off_chip().useIOTilesToLoad(True))
-    with pytest.raises(poptorch.Error, match=r"setActivationLocation with useOnChipStorage\(False\) is not modelled"):
-        opts.TensorLocations.setActivationLocation(_off_chip())
     # A later on-chip setting brings the kind back to tile memory.
     opts.TensorLocations.setWeightLocation(_off_chip()).setWeightLocation(poptorch.TensorLocationSettings())
     assert opts.TensorLocations.streamed == {}
 
 
 def test_tensor_locations_key_the_executable_cache():
-    keys = {poptorch._cache.key({}, _options(*kinds)) for kinds in [(), ("Weight",), ("Optimizer",)]}
-    assert len(keys) == 3
+    keys = {poptorch._cache.key({}, _options(*kinds)) for kinds in [(), ("Weight",), ("Optimizer",), ("Activation",)]}
+    assert len(keys) == 4
+
+
+class Narrow(torch.nn.Module):
+    """Narrow layers on a large batch: the activations the backward pass reads dominate tile memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(LAYERS))
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _train_narrow(opts):
+    """Loss and weights after one SGD step, checked against eager, and the train program's profile."""
+    torch.manual_seed(0)
+    model, eager = Narrow(), Narrow()
+    eager.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(256, 32, generator=g), torch.randn(256, 32, generator=g)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = trained(x, y)[1]
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(list(trained.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-5)
+    return trained.profile.programs["train"]
+
+
+def test_activations_off_chip_wait_in_streaming_memory_for_the_backward_pass(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    on_chip = _train_narrow(_options())
+    off_chip = _train_narrow(_options("Activation"))
+    assert off_chip["memory_max_tile_bytes"] < on_chip["memory_max_tile_bytes"]
+    assert off_chip["total_cycles"] > on_chip["total_cycles"]
+    stored = {s["name"].removeprefix("remote store ") for s in off_chip["steps"] if "remote store" in s["name"]}
+    loaded = {s["name"].removeprefix("remote load ") for s in off_chip["steps"] if "remote load" in s["name"]}
+    # Each layer's tanh output, which the backward pass reads, goes off chip and comes back; nothing else.
+    assert sum(name.startswith("tanh") for name in stored) == LAYERS and loaded == stored
+    # Activations below minElementsForOffChip stay on the chip.
+    small_only = _train_narrow(_options("Activation", min_elements=256 * 32 + 1))
+    assert small_only["total_cycles"] == on_chip["total_cycles"]
+    assert not any("remote" in s["name"] for s in small_only["steps"])
+
+
+def test_activations_off_chip_in_a_pipeline_are_refused():
+    torch.manual_seed(0)
+    model = Narrow()
+    poptorch.BeginBlock(model.layers[LAYERS // 2], ipu_id=1)
+    opts = _options("Activation", accumulation=4)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match=r"useOnChipStorage\(False\) with PipelinedExecution is not modelled"):
+        trained(torch.randn(16, 32), torch.randn(16, 32))
 
 
 def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch):
@@ -154,3 +208,43 @@ def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch)
     torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
     profile = executor.profile.programs["inference"]
     assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
+
+
+class TwoWide(torch.nn.Module):
+    """Two wide layers on a small batch: the weights dominate tile memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(256, 256, bias=False)
+        self.b = torch.nn.Linear(256, 256, bias=False)
+
+    def forward(self, x, y):
+        x = self.b(torch.relu(self.a(x)))
+        return x, torch.nn.functional.mse_loss(x, y)
+
+
+def _weight_loads(monkeypatch, tile_kib):
+    """{streamed weight: loads in one training step} on tiles of ``tile_kib`` KiB, the step checked against eager."""
+    target = popsim.Target.small(num_tiles=4, tile_bytes=tile_kib * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: target)
+    torch.manual_seed(0)
+    model, eager = TwoWide(), TwoWide()
+    eager.load_state_dict(model.state_dict())
+    x, y = torch.randn(4, 256), torch.randn(4, 256)
+    trained = poptorch.trainingModel(model, _options("Weight"), torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = trained(x, y)[1]
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(list(trained.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-5)
+    steps = trained.profile.programs["train"]["steps"]
+    return {name: sum(s["name"] == f"remote load {name}" for s in steps) for name in ("a.weight", "b.weight")}
+
+
+def test_a_streamed_weight_is_loaded_once_per_phase_unless_that_does_not_fit(monkeypatch):
+    # b.weight has three readers: its forward matmul, the backward matmul for a's gradient, and its update.
+    # Roomy tiles: one load for the forward pass and one for the backward pass and update.
+    assert _weight_loads(monkeypatch, 512) == {"a.weight": 2, "b.weight": 2}
+    # Held from the backward matmul to its update, b.weight does not fit beside the gradients: one load per reader.
+    assert _weight_loads(monkeypatch, 320) == {"a.weight": 2, "b.weight": 3}

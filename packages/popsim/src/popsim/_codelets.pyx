@@ -229,6 +229,8 @@ cdef extern from *:
                 }                                                                                      \
             for (r = 0; r < R; r++) {                                                                  \
                 float l8[PS_LANES];                                                                    \
+                /* A full vector is one unaligned store: a variable-length copy would call memcpy. */  \
+                if (lanes == PS_LANES) { memcpy(out + r * pos, &c[r], sizeof c[r]); continue; }        \
                 memcpy(l8, &c[r], sizeof l8);                                                          \
                 for (i = 0; i < lanes; i++) out[r * pos + i] = l8[i];                                  \
             }                                                                                          \
@@ -1134,8 +1136,10 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     # Scratch for the padded patch of the implicit GEMM, else the window columns.
     padded = implicit_geometry(g, geo) if taps else 0
     cols = <float*> malloc(max(padded if padded else taps * pos, 1) * sizeof(float))
-    column = <ColumnTap*> malloc(max(g[CG_KERNEL_COLS], 1) * sizeof(ColumnTap))
-    column_taps(g, column)
+    column = NULL
+    if not padded:  # the window columns' kernel-column taps (the implicit GEMM reads the padded patch)
+        column = <ColumnTap*> malloc(max(g[CG_KERNEL_COLS], 1) * sizeof(ColumnTap))
+        column_taps(g, column)
     if dta != DT_FLOAT32:
         widen(base + row[C_A], dta, patch, row[C_P0])
     if dtb != DT_FLOAT32:

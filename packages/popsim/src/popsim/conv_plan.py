@@ -4,10 +4,14 @@ A convolution is split over groups x batch x output channels x output rows x inp
 tile receives, once, the union of the input windows its output rows read (its *patch*: rows of the input
 with their halo, padding left out) and its weights, runs one CONV vertex, and writes an output partial;
 partials of an input-channel split are reduced across tiles. Nothing is expanded into im2col columns on
-the exchange: an input element reaches a tile at most once however many taps read it.
+the exchange: an input element reaches a tile at most once however many taps read it. With few input
+channels a vertex folds the kernel columns into its channels on the tile (poplin's tile-level expandDims),
+so that each AMP weight load covers more of them.
 """
 
+import contextlib
 import functools
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -41,12 +45,36 @@ class ConvSpec(NamedTuple):
 
 class ConvPlan(NamedTuple):
     """Split counts and block sizes of (batch, out_channels, out_rows, channels), estimated cycles and
-    temporary bytes on the busiest tile."""
+    temporary bytes on the busiest tile, and whether the vertices fold the kernel columns into the channels."""
 
     splits: tuple
     blocks: tuple
     cycles: int
     memory: int
+    fold: bool = False
+
+
+# Input channels one AMP weight load covers at a kernel position (*estimate*, by activation itemsize): a
+# convolution with fewer channels per position leaves AMP lanes idle, which folding fills.
+AMP_INPUT_CHANNELS = {4: 8, 2: 16}
+
+
+def _folds(spec):
+    """Whether the vertices may fold the kernel columns into the input channels, as poplin's tile-level
+    expandDims: a view of the patch (the AMP reads overlapping windows of each row, no copy and no extra
+    memory) when the columns are unit-spaced. Candidates: (False,) or (False, True)."""
+    return np.array([False, True]) if spec.dilation[1] == 1 and spec.in_dilation[1] == 1 else np.array([False])
+
+
+def vertex_cycles(target, spec, fold, channels, out_channels, positions, dtype):
+    """Cycles of CONV vertices (integers or arrays, one per vertex) of ``channels`` -> ``out_channels`` over
+    ``positions`` outputs. The AMP reloads its weights at each kernel position; with the kernel columns
+    folded into the channels, once per kernel row and AMP load of the folded channels (fewer loads only when
+    the channels alone leave AMP lanes idle)."""
+    kh, kw = spec.kernel
+    folded_loads = kh * -(-channels * kw // AMP_INPUT_CHANNELS[dtype.itemsize])
+    loads = np.where(fold, folded_loads, kh * kw)
+    return cost.conv_cycles(target, out_channels, channels * kh * kw, loads, positions, dtype)
 
 
 def _split_counts(size):
@@ -70,12 +98,12 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.stride, spec.dilation
     (h, w), (oh, ow) = spec.in_size, spec.out_size
     sizes = (spec.batch, spec.out_channels, oh, spec.channels)
-    grids = np.meshgrid(*(_split_counts(n) for n in sizes), indexing="ij")
-    gb, go, gr, gc = (a.reshape(-1) for a in grids)
+    grids = np.meshgrid(*(_split_counts(n) for n in sizes), _folds(spec), indexing="ij")
+    gb, go, gr, gc, fold = (a.reshape(-1) for a in grids)
     bb, ob, rb, cb = (-(-n // g) for n, g in zip(sizes, (gb, go, gr, gc)))
     tasks = spec.groups * gb * go * gr * gc
     keep = tasks <= max(target.num_tiles, spec.groups)
-    gb, go, gr, gc, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, bb, ob, rb, cb, tasks))
+    gb, go, gr, gc, fold, bb, ob, rb, cb, tasks = (a[keep] for a in (gb, go, gr, gc, fold, bb, ob, rb, cb, tasks))
     per_tile = -(-tasks // target.num_tiles)
     (uh, uw) = spec.in_dilation
     rows, cols = _patch_extent(rb, kh, sh, dh, uh, h), _patch_extent(ow, kw, sw, dw, uw, w)
@@ -83,7 +111,7 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     memory = per_tile * (operand_bytes + bb * ob * rb * ow * partials.itemsize)
     reduced = (gc > 1) | (dtype != partials)
     exchange = functools.partial(cost.exchange_cycles, target)
-    compute = cost.conv_cycles(target, ob, cb * kh * kw, kh * kw, bb * rb * ow, dtype)
+    compute = vertex_cycles(target, spec, fold, cb, ob, bb * rb * ow, dtype)
     # Each contiguous patch row or weight row received is one exchange region with its own setup cycles.
     cycles = (3 + reduced) * target.bsp_sync_cycles + per_tile * (compute + bb * cb * rows + ob * cb)
     cycles += exchange(per_tile * operand_bytes)
@@ -99,7 +127,7 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     best = pick[np.argmin(cycles[pick])]
     splits = tuple(int(a[best]) for a in (gb, go, gr, gc))
     blocks = tuple(int(a[best]) for a in (bb, ob, rb, cb))
-    return ConvPlan(splits, blocks, int(cycles[best]), int(memory[best]))
+    return ConvPlan(splits, blocks, int(cycles[best]), int(memory[best]), bool(fold[best]))
 
 
 def direct_is_faster(lw, spec, dtype):
@@ -164,7 +192,7 @@ class ConvLayout(NamedTuple):
     """Everything a convolution's vertices and exchanges are built from: the tile of each task, the index
     maps of the patch and weight gathers (and each task's count of each), the geometry constant (shared by
     repeated layers, as any constant), the partials' sizes and dtype, and for each result element its
-    partial from each input-channel block."""
+    partial from each input-channel block, and whether the vertices fold the kernel columns into the channels."""
 
     tiles: np.ndarray
     patch_index: np.ndarray
@@ -175,22 +203,30 @@ class ConvLayout(NamedTuple):
     out_sizes: np.ndarray
     partial: DType
     q: np.ndarray
+    fold: bool
 
 
 def _conv_layout(lw, x_index, w_index, spec, dtype, order):
     partial = lw.partials_type if dtype == DType.float16 else DType.float32
     plan = plan_conv(lw.target, spec, dtype, partial, lw.available_memory)
     patches, weights, geometry, out_sizes, where = _layout(spec, plan, x_index, w_index)
-    tasks = len(out_sizes)
-    first = (tasks * 7919) % lw.target.num_tiles
-    tiles = lw.target.first_tile + (first + np.arange(tasks)) % lw.target.num_tiles
+    tiles = lw.task_tiles(len(out_sizes))
     # The geometry is vertex state: placed on each tile when the program loads, as Poplar places it.
-    place = TileMapping.on_tiles(np.full(tasks, len(oc.CONV_GEOMETRY)), tiles)
+    place = TileMapping.on_tiles(np.full(len(tiles), len(oc.CONV_GEOMETRY)), tiles)
     geom = lw.dg.add_tensor(geometry.shape, DType.int32, place, "conv-geometry", "constant", geometry)
     q = where.reshape(-1, plan.splits[3])[np.asarray(order).reshape(-1)]
     counts = [np.array([p.size for p in parts], np.int64) for parts in (patches, weights)]
     return ConvLayout(
-        tiles, np.concatenate(patches), counts[0], np.concatenate(weights), counts[1], geom, out_sizes, partial, q
+        tiles,
+        np.concatenate(patches),
+        counts[0],
+        np.concatenate(weights),
+        counts[1],
+        geom,
+        out_sizes,
+        partial,
+        q,
+        plan.fold,
     )
 
 
@@ -201,7 +237,7 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
 
     A layout depends only on what its key names, so a repeated layer (same shapes, dtypes, placements and
     memory proportion) reuses the layout of its first instance."""
-    where = (lw.target.first_tile, lw.target.num_tiles, lw.available_memory)
+    where = (lw.target.first_tile, lw.target.num_tiles, lw.available_memory, lw.dither)
     key = (where, dtype, spec, _sources_key(x_srcs), _sources_key(w_srcs))
     key += (_index_key(x_index), _index_key(w_index), _index_key(np.asarray(order)))
     if key not in lw.conv_layouts:
@@ -221,10 +257,9 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
     p = lw.new((int(out_sizes.sum()),), layout.partial, TileMapping.on_tiles(out_sizes, tiles))
     ends = np.cumsum(out_sizes)
     g = {name: geometry[:, i].astype(np.int64) for name, i in oc.CONV_GEOM.items()}
-    kernel_positions = spec.kernel[0] * spec.kernel[1]
-    taps = g["channels"] * kernel_positions
+    taps = g["channels"] * spec.kernel[0] * spec.kernel[1]
     positions = g["batch"] * g["out_rows"] * g["out_cols"]
-    cycles = cost.conv_cycles(lw.target, g["out_channels"], taps, kernel_positions, positions, dtype)
+    cycles = vertex_cycles(lw.target, spec, layout.fold, g["channels"], g["out_channels"], positions, dtype)
     words = np.arange(len(tiles)) * len(oc.CONV_GEOMETRY)
     oc.conv(
         lw.dg.add_vertices,
@@ -243,3 +278,25 @@ def direct_conv(lw, x_srcs, x_index, w_srcs, w_index, spec, dtype, shape, order)
     if layout.q.shape[1] == 1 and dtype == layout.partial:
         return lw.gather(shape, dtype, [p], layout.q[:, 0], name="conv-out")
     return lw.reduce_index("sum", [p], layout.q, shape, dtype, layout.partial)
+
+
+# Tiles sharing an exchange bus (*estimate*): a dithered convolution starts on the first tile of a column.
+TILES_PER_COLUMN = 4
+
+
+@contextlib.contextmanager
+def dithered(lw, groups, batch, channels, out_channels, field):
+    """Lower one pass of a convolution (forward, input or weight gradient) with Poplar's convolution
+    dithering when ``lw.conv_dithering`` is set: its tasks start at a column and run in a direction both
+    hashed from the forward convolution's ``groups``, input ``field`` and the product of ``batch``,
+    ``channels`` and ``out_channels`` (the same for every pass, as poplin's pass-oblivious hash)."""
+    if not lw.conv_dithering:
+        yield
+        return
+    seed = zlib.crc32(np.array([groups, *field, batch * channels * out_channels], np.int64).tobytes())
+    columns = -(-lw.target.num_tiles // TILES_PER_COLUMN)
+    lw.dither = ((seed % columns) * TILES_PER_COLUMN, -1 if seed // columns % 2 else 1)
+    try:
+        yield
+    finally:
+        lw.dither = None

@@ -81,17 +81,26 @@ def compile(  # noqa: A001
     remote=(),
     spill=None,
     shards=None,
+    conv_dithering=False,
+    remote_loads="phase",
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
     ``available_memory`` ({IPU index: proportion from 0 to 1}) bounds the temporary tile memory of each IPU's
     matmul and convolution plans (Poplar's availableMemoryProportion; a node's own ``available_memory``
     annotation takes precedence). A lower proportion gives plans needing less memory and usually more cycles.
+    ``conv_dithering`` (Poplar's enableConvDithering) starts each convolution's tiles, forward and gradients
+    alike, at a column and in a direction hashed from its shape, so that convolutions of different shapes
+    spread over different tiles instead of starting where their task counts put them.
 
     Inputs of kind parameter/buffer/optimizer_state are device variables shared by name between programs.
-    Those named in ``remote`` live in streaming memory, off the tiles: each reader gets a fresh tile buffer
-    loaded just before it, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
-    "phase") likewise moves activations to streaming memory between passes or phases (``remote.Spiller``).
+    Those named in ``remote`` live in streaming memory, off the tiles: their readers get a tile buffer loaded
+    just before them, and each update is stored back (see ``popsim.remote``). ``spill`` ("backward" or
+    "phase", or a ``remote.Spill`` that also sets a minimum size) likewise moves activations to streaming
+    memory between passes or phases (``remote.Spiller``).
+    ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there ("shared_phase":
+    the last forward phase and the first backward one are one phase), "reader" afresh for each reader (less
+    tile memory, more transfers; ``remote.Loads``).
     ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
     a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
     cycles (the simulated program still loads and updates the whole tensor on its tiles).
@@ -142,8 +151,8 @@ def compile(  # noqa: A001
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
-        lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory)
-        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill)
+        lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory, conv_dithering)
+        inputs, outputs = lower_graph(lw, g, variables, placement, name, spill, remote_loads)
         lowered[name] = (dg.program, inputs, outputs)
     return Executable(target, dg, variables, lowered, relax_memory)
 

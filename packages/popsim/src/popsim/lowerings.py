@@ -51,13 +51,14 @@ def _norm_axes(axes, ndim):
     return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
-def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
+def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, remote_loads="phase"):
     """Lower every node of ``graph``; returns ({feed name: tensor}, {output name: tensor}).
 
     On a multi-IPU target, ``placement`` (a ``popsim.placement.Placement``) confines each node's tensors and
     vertices to its IPU's tiles; an operand that lives on another IPU first crosses by an inter-IPU copy.
     ``spill`` ("backward" or "phase") moves activations to streaming memory between passes or phases (see
-    ``remote.Spiller``).
+    ``remote.Spiller``). ``remote_loads`` (one of ``remote.LOAD_MODES``) says whether a remote variable is
+    loaded once per phase for its readers there, or for each reader (see ``remote.Loads``).
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
@@ -79,13 +80,14 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
     stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
     stored = set()
     spiller = remote.Spiller(lw.dg, graph, spill)
+    loads = remote.Loads(lw.dg, graph, remote_loads)
     for index, node in enumerate(graph.nodes):
         spiller.store_due(index - 1, env)
         args = [env[v.id] for v in node.inputs]
         if lw.dg.remote:
             lw.dg.origin = node
             where = device_target.ipu_view(placement.ipu_of(node)) if ipus else device_target
-            args = remote.load_operands(lw.dg, spiller.operands(node, args, where), where)
+            args = loads.operands(node, spiller.operands(node, args, where), where)
             lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
@@ -112,6 +114,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None):
         for state, value in stores.get(index, ()):
             lw.dg.origin = node
             remote.store(lw.dg, variables[state.name], env[value.id])
+            loads.stored(variables[state.name])
             lw.dg.origin = None
             stored.add(state.name)
     spiller.store_due(len(graph.nodes) - 1, env)
@@ -618,11 +621,27 @@ def _ungrouped(shape, groups):
     return np.arange(n * c * h * w).reshape(groups, n, c // groups, h, w).transpose(1, 0, 2, 3, 4)
 
 
+def _dithered(forward):
+    """Lower a convolution pass inside ``conv_plan.dithered``, keyed by ``forward(*inputs, **attrs)``: the
+    forward convolution's groups, batch, weight shape and input field."""
+
+    def wrap(fn):
+        def lower(lw, node, *inputs, **attrs):
+            groups, batch, (o, cg, *_), field = forward(*inputs, **attrs)
+            with conv_plan.dithered(lw, groups, batch, cg, o // groups, tuple(field)):
+                return fn(lw, node, *inputs, **attrs)
+
+        return lower
+
+    return wrap
+
+
 @lowering("conv2d")
+@_dithered(lambda x, w, groups, **_: (groups, x.shape[0], w.shape, x.shape[2:]))
 def _conv2d(lw, node, x, w, stride, padding, dilation, groups):
     """As poplin's planner: CONV vertices over windows on their tiles, or the kernel folded into the input
     channels (a matmul over im2col columns) when that is estimated faster (few input channels, where each
-    AMP weight reload at a kernel position does little work)."""
+    AMP weight reload at a kernel position does little work even with the kernel columns folded)."""
     o, cg, kh, kw = w.shape
     out_shape = node.outputs[0].shape
     spec = conv_plan.ConvSpec(
@@ -651,6 +670,7 @@ def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
 
 
 @lowering("conv2d_grad_weight")
+@_dithered(lambda x, gy, weight_shape, groups, **_: (groups, x.shape[0], weight_shape, x.shape[2:]))
 def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation, groups):
     n = x.shape[0]
     o, cg, kh, kw = weight_shape
@@ -665,6 +685,7 @@ def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation
 
 
 @lowering("conv2d_grad_input")
+@_dithered(lambda gy, w, input_shape, groups, **_: (groups, gy.shape[0], w.shape, input_shape[2:]))
 def _conv2d_grad_input(lw, node, gy, w, input_shape, stride, padding, dilation, groups):
     """The input gradient is a convolution of the output gradient, its elements spaced ``stride`` apart,
     with the kernel flipped and its channels swapped: CONV vertices when estimated faster, else a matmul

@@ -62,10 +62,12 @@ class Lowerer:
     told otherwise, and inserts the exchanges its operands need.
     """
 
-    def __init__(self, dg, partials_type=DType.float32, available_memory=None):
+    def __init__(self, dg, partials_type=DType.float32, available_memory=None, conv_dithering=False):
         self.dg = dg
         self.target = dg.target
         self.partials_type = partials_type
+        self.conv_dithering = conv_dithering  # Poplar's enableConvDithering for every convolution
+        self.dither = None  # (start tile, step) of the dithered convolution being lowered, else None
         self.ipu_available_memory = dict(available_memory or {})  # IPU index -> proportion of a tile
         self.available_memory = DEFAULT_AVAILABLE_MEMORY  # the proportion the node being lowered may use
         self._constants = {}
@@ -79,6 +81,12 @@ class Lowerer:
         default."""
         own = node.available_memory
         self.available_memory = own if own is not None else self.ipu_available_memory.get(ipu, DEFAULT_AVAILABLE_MEMORY)
+
+    def task_tiles(self, tasks):
+        """The tiles of a plan's ``tasks`` tasks in order round the IPU: from a start tile spread by the task
+        count, ascending; or, lowering a dithered convolution, from its own start tile in its own direction."""
+        first, step = ((tasks * 7919) % self.target.num_tiles, 1) if self.dither is None else self.dither
+        return self.target.first_tile + (first + step * np.arange(tasks)) % self.target.num_tiles
 
     # -- tensors and movement ---------------------------------------------------------------------
     def new(self, shape, dtype, mapping=None, name=None):
@@ -350,7 +358,7 @@ class Lowerer:
         the sources, so a repeated layer (same shapes, dtypes and placements) reuses the plan of its first
         instance."""
         # The IPU whose tiles the plan uses, and the share of their memory it may take.
-        where = (self.target.first_tile, self.target.num_tiles, self.available_memory)
+        where = (self.target.first_tile, self.target.num_tiles, self.available_memory, self.dither)
         key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
         if key not in self._matmul_plans:
             self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
@@ -381,8 +389,7 @@ class Lowerer:
         a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(-1)
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
         b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(-1)
-        first = (tasks * 7919) % self.target.num_tiles
-        tiles = self.target.first_tile + (first + np.arange(tasks)) % self.target.num_tiles
+        tiles = self.task_tiles(tasks)
         # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
         task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk

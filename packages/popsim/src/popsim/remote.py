@@ -2,9 +2,10 @@
 through explicit loads and stores.
 
 A remote variable holds no tile memory. Its bytes sit in a region of the simulator's arena beyond the last
-tile (the host-side buffer standing for the IPU-Machine's DDR), laid out densely in element order. A node
-that reads it reads a fresh tile buffer that a ``RemoteCopy`` load fills just before the node, so the buffer
-is live only from that load to its last reader; a state update writes its new value back by a store. Each
+tile (the host-side buffer standing for the IPU-Machine's DDR), laid out densely in element order. Its readers
+read a tile buffer that a ``RemoteCopy`` load fills just before the first of them (once per phase, or for
+each reader: ``Loads``), so the buffer is live only from that load to its last reader; a state update writes
+its new value back by a store. Each
 transfer is charged at the streaming-memory bandwidth, which is far below the exchange's: cycles go up,
 peak tile memory goes down.
 """
@@ -65,6 +66,61 @@ def load_operands(dg, args, where):
     return out
 
 
+# How remote variables reach their readers: "phase" loads each once per phase for all its readers there,
+# "shared_phase" likewise with the last forward phase and the backward pass's first phase as one phase,
+# "reader" loads it afresh for each reading node (the least tile memory).
+LOAD_MODES = ("phase", "shared_phase", "reader")
+
+
+class Loads:
+    """The loads of remote variables for the nodes of one graph (``mode`` one of ``LOAD_MODES``).
+
+    With "phase" a variable is loaded once per phase for all its readers in that phase: one tile buffer per
+    variable, pass (forward or later) and placement (pipeline stage or phase, and IPU), live from its first
+    reader there to its last, as PopART loads a phase's streamed weights at the start of the phase. A store
+    of a new value ends the buffers of the old one. "shared_phase" counts the later passes' nodes of the last
+    forward phase (``placement[0]`` of ``graph``'s forward nodes) in that forward phase, as phased execution
+    runs the end of the forward pass and the start of the backward pass in one phase. With "reader" each
+    reading node gets a fresh buffer.
+    """
+
+    def __init__(self, dg, graph, mode="phase"):
+        if mode not in LOAD_MODES:
+            raise Error(f"remote_loads must be one of {LOAD_MODES}, got {mode!r}")
+        self.dg, self.mode = dg, mode
+        self.buffers = {}  # (remote storage, pass, placement) -> its tile buffer
+        placed = [n.placement[0] for n in graph.nodes if n.role in (None, "forward") and n.placement is not None]
+        self.shared = max(placed) if mode == "shared_phase" and placed else None  # the phase both passes share
+
+    def _phase(self, node):
+        later = node.role not in (None, "forward")
+        shared = node.placement is not None and node.placement[0] == self.shared
+        return (later and not shared, node.placement)
+
+    def operands(self, node, args, where):
+        """``args`` of ``node`` with each remote variable among them read from its phase's buffer (loaded now if
+        this is its first reader in the phase), on ``where`` (a Target view)."""
+        if self.mode == "reader":
+            return load_operands(self.dg, args, where)
+        phase = self._phase(node)
+        out = []
+        for a in args:
+            storage = getattr(a, "storage", None)
+            if storage is not None and storage in self.dg.remote:
+                buffer = self.buffers.get((storage, *phase))
+                if buffer is None:
+                    buffer = load(self.dg, storage, where, f"remote load {storage.name}")
+                    self.buffers[(storage, *phase)] = buffer
+                a = buffer if a is storage else self.dg.alias(buffer, a.shape)
+            out.append(a)
+        return out
+
+    def stored(self, storage):
+        """``storage`` took a new value: later readers load it afresh."""
+        for key in [k for k in self.buffers if k[0] is storage]:
+            del self.buffers[key]
+
+
 def store_points(graph, streamed):
     """{node index: [(state, new value)]}: where each update of a variable named in ``streamed`` is stored, just
     after the later of its new value's producer and the last node reading the old value, so the new value
@@ -116,24 +172,37 @@ def transfer_cycles(target, nbytes):
 SPILL_MODES = ("backward", "phase")
 
 
-class Spiller:
-    """Activations moved to streaming memory between the parts of a program (PopTorch's phased ``Liveness``).
+@dataclass(frozen=True)
+class Spill:
+    """Which activations ``Spiller`` moves to streaming memory: ``mode`` (one of ``SPILL_MODES``) says which
+    reads take a value off chip, and values of fewer than ``min_elements`` elements stay on the tiles."""
 
-    With ``mode`` "backward", a forward value that a later pass (backward, optimizer) reads is stored off chip
-    after its last forward reader and loaded afresh before each later reader; with "phase", so is every value
-    read outside its own segment, a segment being the nodes of one pipeline stage or phase
-    (``placement[0]``) in one pass. Values computed inside their reader's fused vertex, variables, inputs and
-    constants never move. With ``mode`` None nothing moves.
+    mode: str
+    min_elements: int = 0
+
+
+class Spiller:
+    """Activations moved to streaming memory between the parts of a program (PopTorch's phased ``Liveness``,
+    or activations in streaming memory by ``TensorLocations.setActivationLocation``).
+
+    ``spill`` is None (nothing moves), a mode of ``SPILL_MODES`` or a ``Spill``. With mode "backward", a
+    forward value that a later pass (backward, optimizer) reads is stored off chip after its last forward
+    reader and loaded afresh before each later reader; with "phase", so is every value read outside its own
+    segment, a segment being the nodes of one pipeline stage or phase (``placement[0]``) in one pass. Values
+    computed inside their reader's fused vertex, variables, inputs, constants and values smaller than the
+    ``Spill``'s ``min_elements`` never move.
     """
 
-    def __init__(self, dg, graph, mode):
-        if mode not in (None, *SPILL_MODES):
-            raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {mode!r}")
+    def __init__(self, dg, graph, spill):
+        spill = Spill(spill) if isinstance(spill, str) else spill
+        if spill is not None and spill.mode not in SPILL_MODES:
+            raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {spill.mode!r}")
         self.dg = dg
         self.due = {}  # node index -> values to store once that node has been lowered
         self.spilled = {}  # popir value id -> its storage in streaming memory
-        if mode is None:
+        if spill is None:
             return
+        mode = spill.mode
         nodes = graph.nodes
 
         def segment(node):
@@ -149,7 +218,7 @@ class Spiller:
             for v in node.outputs:
                 uses = readers.get(v.id, [])
                 away = [r for r in uses if segment(nodes[r]) != home]
-                if node.op == "constant" or not away:
+                if node.op == "constant" or not away or v.type.size < spill.min_elements:
                     continue
                 at = max([i] + [r for r in uses if r < away[0]])
                 self.due.setdefault(at, []).append(v)

@@ -214,8 +214,8 @@ class ShardedExecution(PipelinedExecution):
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
     activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
-    same time unless one reads another's values (``_device.phase_overlap``); the simulator never overlaps
-    streaming-memory transfers with compute, and refuses a separate backward phase when compiling."""
+    same time unless one reads another's values (``popsim.place_phases``); the simulator never overlaps
+    streaming-memory transfers with compute."""
 
     def __init__(self, *phases):
         if not phases:
@@ -240,7 +240,10 @@ class _PhasedExecution(_ExecutionStrategy):
         return self._phases[phase]
 
     def useSeparateBackwardPhase(self, use=True):
-        """Run the backward pass in phases of its own."""
+        """Run the backward pass in phases of its own: by default the last forward phase also runs the start of
+        the backward pass (phases 0, 1, 2 forward, 2, 3, 4 backward); with ``use`` no phase holds both passes
+        (0, 1, 2 forward, 4, 5, 6 backward), so a streamed variable of the last phase is loaded again for the
+        backward pass (see ``shares_last_phase``)."""
         self._separate_backward_phase = bool(use)
         return self
 
@@ -276,6 +279,18 @@ _SPILL = {
     Liveness.OffChipAfterFwdNoOverlap: "backward",
     Liveness.OffChipAfterEachPhase: "phase",
 }
+
+
+def shares_last_phase(strategy):
+    """Whether phased ``strategy`` runs the end of the forward pass and the start of the backward pass in one
+    phase (PopTorch's default with ``Liveness.AlwaysLive``); ``useSeparateBackwardPhase(True)`` starts the
+    backward pass in a phase of its own, and so do the off-chip liveness settings (PopTorch leaves a gap of
+    phases between the passes so that tensors can go off chip)."""
+    return (
+        isinstance(strategy, _PhasedExecution)
+        and strategy._liveness == Liveness.AlwaysLive
+        and not strategy._separate_backward_phase
+    )
 
 
 def is_phased(strategy):
@@ -542,11 +557,6 @@ def plan(graph, options, training):
     from poptorch.options import not_modelled  # options imports this module
 
     strategy = options.execution_strategy
-    if isinstance(strategy, _PhasedExecution):
-        if strategy._separate_backward_phase:
-            raise not_modelled(
-                "useSeparateBackwardPhase(True)", "the backward pass runs with the forward phases' placement"
-            )
     placements = [n.placement for n in graph.nodes if n.placement is not None]
     if not placements:
         return MultiIpuPlan((0,), 1, False)
@@ -559,6 +569,19 @@ def plan(graph, options, training):
     num_ipus = _device_ipus(used, options.auto_round_num_ipus)
     if pipelined and len(stages) > 1:
         _check_pipeline_depth(len(stages), options, training)
+        if training and options.recomputation in ("standard", "norm_only"):
+            raise not_modelled(
+                "autoRecomputation "
+                + ("1 (Standard)" if options.recomputation == "standard" else "2 (NormOnly)")
+                + " with PipelinedExecution",
+                "a pipeline recomputes each stage from its stashed inputs: use 3 (Pipeline) with "
+                "recomputationCheckpoint, or ShardedExecution",
+            )
+        if training and "Activation" in options.TensorLocations.streamed:
+            raise not_modelled(
+                "TensorLocations.setActivationLocation with useOnChipStorage(False) with PipelinedExecution",
+                "a pipeline stashes each stage's activations on its IPU: use ShardedExecution, or recomputation",
+            )
     return MultiIpuPlan(stages, num_ipus, pipelined and len(stages) > 1)
 
 

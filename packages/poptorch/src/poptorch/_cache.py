@@ -1,19 +1,23 @@
 """The executable cache (``enableExecutableCaching(path)`` / POPTORCH_CACHE_DIR).
 
-Key: SHA-256 of the programs' popir graph hashes (before optimisation), the options that change
-compilation and the poptorch version. Entry: ``_MAGIC``, the key, the SHA-256 of the key and the body, then
-the body: the compiled popsim executable's ``to_bytes()`` (JSON and NumPy arrays; reading it runs no code).
-An entry loads only for its own key: one stored under another key's name (swapped or copied files), a
-damaged or truncated one, one that is not a valid executable or whose programs and variables are not the
-ones asked for is logged once, deleted and recompiled. A directory that cannot be created, read or written
-is logged once and the model runs uncached. The cache is bounded (POPTORCH_CACHE_MAX_BYTES, default 1 GiB):
-hits refresh an entry's time and the least recently used entries are evicted first.
+Key: SHA-256 of the programs' popir graph hashes (before optimisation), the options that change compilation
+and the code of popir, popsim and poptorch (a changed planner or lowering must not load an executable it did
+not build, even at the same version number). Entry: ``_MAGIC``, the key, the SHA-256 of the key and the body,
+then the body: the compiled popsim executable's ``to_bytes()`` (JSON and NumPy arrays; reading it runs no
+code). An entry loads only for its own key: one stored under another key's name (swapped or copied files), a
+damaged or truncated one, one that is not a valid executable or whose programs and variables are not the ones
+asked for is logged once, deleted and recompiled. A directory that cannot be created, read or written is
+logged once and the model runs uncached. The cache is bounded (POPTORCH_CACHE_MAX_BYTES, default 1 GiB): hits
+refresh an entry's time and the least recently used entries are evicted first.
 """
 
+import functools
 import hashlib
 import os
+import pathlib
 import tempfile
 
+import popir
 import popsim
 import poptorch
 from poptorch._logging import logger
@@ -25,12 +29,31 @@ _DIGEST_HEX = 64
 MAX_BYTES_VARIABLE = "POPTORCH_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1 << 30
 _unusable_directories = set()  # each unusable directory is reported once per process
+# Files whose contents decide what an executable is: sources, compiled extensions, templates.
+_CODE_SUFFIXES = (".py", ".so", ".pyd", ".pyx", ".pxd", ".html")
+
+
+def code_fingerprint(directories):
+    """SHA-256 of the code files under ``directories`` (relative paths and contents, in a fixed order)."""
+    digest = hashlib.sha256()
+    for directory in directories:
+        root = pathlib.Path(directory)
+        for path in sorted(p for p in root.rglob("*") if p.suffix in _CODE_SUFFIXES and p.is_file()):
+            digest.update(f"{path.relative_to(root)}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _installed_code():
+    """The fingerprint of the installed popir, popsim and poptorch, computed once per process."""
+    return code_fingerprint(os.path.dirname(package.__file__) for package in (popir, popsim, poptorch))
 
 
 def key(graphs, options):
     """The cache key of compiling ``graphs`` ({program: Graph}) with ``options``."""
     digest = hashlib.sha256()
-    digest.update(poptorch.__version__.encode())
+    digest.update(f"{poptorch.__version__};{_installed_code()};".encode())
     for name in sorted(graphs):
         digest.update(f"{name}={graphs[name].hash()};".encode())
     for option, value in sorted(options._compile_key().items()):

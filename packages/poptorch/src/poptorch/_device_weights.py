@@ -12,7 +12,7 @@ import torch
 
 from poptorch import _weights
 from poptorch._optimizer_graph import LOSS_SCALE_FACTOR, LOSS_SCALING, STEP, hyper_name
-from poptorch._replication import GroupedParameters
+from poptorch._replication import GroupedParameters, ShardedState
 from poptorch._training import ACCUMULATOR_PREFIX, RNG_SEED
 from poptorch.errors import Error
 from poptorch.optim import loss_scale_factor, set_loss_scale_factor
@@ -40,6 +40,7 @@ class DeviceWeights:
         variables = set(exe.variables)
         self.tensors = {name: t for name, t in captured.tensors.items() if name in variables}
         updated = {state.name for graph in programs.graphs.values() for state in graph.updates}
+        updated.update(programs.sharded)  # the host joins the replicas' updated shards (ShardedState)
         self.updated = [name for name in self.tensors if name in updated]
         self.slots = _state_slots(variables, programs.trained)
         self.initial = {name: value for name, value in programs.initial.items() if name in variables}
@@ -54,6 +55,8 @@ class DeviceWeights:
         self.uploaded = set()
         # Parameters with one value per group of replicas (replicaGrouping); set once compiled.
         self.grouped = GroupedParameters({}, {})
+        # Optimizer state sharded over the replicas (replicated tensor sharding); set once compiled.
+        self.sharded = ShardedState()
 
     # -- attaching and running ------------------------------------------------------------------
     def attach(self):
@@ -152,14 +155,20 @@ class DeviceWeights:
         self.uploaded.add(name)
 
     def _write_value(self, name, value):
-        """Write a device variable; a grouped one (replicaGrouping) takes every group's value."""
+        """Write a device variable; a grouped one (replicaGrouping) takes every group's value, a sharded one
+        (replicated tensor sharding) the whole tensor."""
         if name in self.grouped:
             self.grouped.write(self.exe, name, value)
+        elif name in self.sharded:
+            self.sharded.write(name, value)
         else:
             self.exe.write_variable(name, value)
 
     def _read_value(self, name):
-        """A device variable's value; a grouped one's holds every group's along its first dimension."""
+        """A device variable's value; a grouped one's holds every group's along its first dimension, a sharded
+        one's is the whole tensor."""
+        if name in self.sharded:
+            return self.sharded.read(name)
         return self.grouped.read(self.exe, name) if name in self.grouped else np.array(self.exe.read_variable(name))
 
     # -- optimizer ------------------------------------------------------------------------------

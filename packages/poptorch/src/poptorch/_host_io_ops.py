@@ -158,12 +158,12 @@ class CPU:
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), without dithering, accumulating in the model's partials type
-# (Precision.setPartialsType). Each convolution's available-memory proportion is honoured by its own plan.
+# runs them one after another (a serial plan), dithered as the model's Training.setConvolutionDithering says,
+# accumulating in the model's partials type (Precision.setPartialsType). Each convolution's available-memory
+# proportion is honoured by its own plan.
 _HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
-    "enableConvDithering": (False,),
 }
 _PARTIALS_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _REFUSAL_REASONS = {
@@ -171,7 +171,8 @@ _REFUSAL_REASONS = {
     "MultiConvPlanType.Serial or leave the plan type unset",
     "partialsTypes": "the simulated IPU accumulates every convolution in the model's partials type "
     "(Precision.setPartialsType, here {partials}); give that type or change it with setPartialsType",
-    "enableConvDithering": "the simulator places convolutions without dithering; use False",
+    "enableConvDithering": "the simulated IPU dithers every convolution as Training.setConvolutionDithering "
+    "says (here {dithering}); give that value or change it with setConvolutionDithering",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
     "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
@@ -190,7 +191,8 @@ def _modelled_settings():
     """The accepted values of each MultiConv setting in the model being captured."""
     options = capturing_options()
     partials = _PARTIALS_DTYPES[options.Precision.partials_type] if options is not None else torch.float32
-    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,)}
+    dithering = options.Training.convolution_dithering if options is not None else False
+    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,), "enableConvDithering": (dithering,)}
 
 
 def _shown(value):
@@ -231,8 +233,9 @@ class MultiConv:
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
     convolutions (forward and backward), planned one by one: each plans within its
     ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
-    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, no dithering)
-    and any other is refused as not modelled when the model is captured."""
+    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, dithering as
+    ``Training.setConvolutionDithering`` sets it) and any other is refused as not modelled when the model is
+    captured."""
 
     def __init__(self):
         self._settings = {}
@@ -292,7 +295,9 @@ class MultiConv:
                 if name not in _HONOURED_AS_GIVEN and not all(v in modelled.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
-                    reason = _REFUSAL_REASONS[name].format(partials=_shown(modelled["partialsTypes"][0]))
+                    reason = _REFUSAL_REASONS[name].format(
+                        partials=_shown(modelled["partialsTypes"][0]), dithering=modelled["enableConvDithering"][0]
+                    )
                     raise not_modelled(f"poptorch.MultiConv().{name}({shown})", reason)
         self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
         return self

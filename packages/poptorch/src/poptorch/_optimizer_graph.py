@@ -36,6 +36,40 @@ def state_name(param, slot):
     return f"_opt.{param}.{slot}"
 
 
+# Replicated tensor sharding: a replica's shard of a parameter, updated in place (what the all-gather sends); per norm
+# over a sharded tensor, the replica's partial sum of squares and the sum over every replica (the all-reduce).
+SHARD_PREFIX = "_rts."
+
+
+def shard_name(param):
+    """Device variable holding a replica's shard of ``param``, which its optimizer step updates (replicated
+    tensor sharding)."""
+    return f"{SHARD_PREFIX}{param}"
+
+
+def partial_norm_name(index):
+    return f"{SHARD_PREFIX}#partial_norm.{index}"
+
+
+def summed_norm_name(index):
+    return f"{SHARD_PREFIX}#summed_norm.{index}"
+
+
+def shard_size(size, replicas):
+    """Elements of each replica's shard of a tensor of ``size`` elements: ceil(size / replicas), as PopART
+    (the last shards end with zero padding)."""
+    return -(-size // replicas)
+
+
+def replica_shard(value, replicas):
+    """Elements 0, replicas, 2 x replicas... of ``value`` flattened (``shard_size`` of them), where the host
+    places a replica's shard of a gradient before its optimizer step (see ``_replication.ShardedState``):
+    spread over the tiles like the whole tensor, so the shard's update needs no exchange."""
+    size = value.type.size
+    flat = _op("reshape", value, shape=(size,)) if value.ndim != 1 else value
+    return _op("slice", flat, starts=(0,), stops=(size,), steps=(replicas,))
+
+
 def _op(name, *inputs, **attrs):
     """Apply a popir primitive by its registry name."""
     return inputs[0].graph.apply(name, inputs, attrs)[0]
@@ -56,10 +90,14 @@ def _scalar(graph, h):
 class OptimizerBuilder:
     """Builds one OptimizerSpec's update rule into graphs; records the initial value of every new variable."""
 
-    def __init__(self, spec, automatic_loss_scaling=False):
+    def __init__(self, spec, automatic_loss_scaling=False, sharded=()):
         self.spec = spec
         self.automatic_loss_scaling = automatic_loss_scaling
         self.initial = {}
+        # Parameters whose update each replica computes on its shard only (replicated tensor sharding): their
+        # weight and gradient given to ``apply`` are shards; norms over them are all-reduced.
+        self.sharded = set(sharded)
+        self.norms = 0  # sums of squares over sharded tensors, all-reduced over the replicas
 
     # -- variables ------------------------------------------------------------------------------
     def _variable(self, graph, name, shape, dtype, fill):
@@ -172,12 +210,26 @@ class OptimizerBuilder:
             return any(not _is_zero(g.values["dampening"]) or "dampening" in g.variable for g in self.spec.groups)
         return False
 
+    def _sum_of_squares(self, graph, values, sharded):
+        """The sum of the squares of every element of ``values``: those in ``sharded`` are a replica's shards,
+        whose partial sum is all-reduced over the replicas (a device variable the host fills, see
+        ``_replication.ShardedState``); the others are whole on every replica."""
+        squares = [_op("reduce_sum", v * v, axes=None, keepdims=False) for v in values]
+        whole = [s for s, shard in zip(squares, sharded) if not shard]
+        partial = [s for s, shard in zip(squares, sharded) if shard]
+        if partial:
+            index = self.norms
+            self.norms += 1
+            graph.update(self._variable(graph, partial_norm_name(index), (), "float32", 0.0), _total(partial))
+            whole.append(self._variable(graph, summed_norm_name(index), (), "float32", 0.0))
+        return _total(whole)
+
+    def _norm(self, graph, name, x):
+        return _op("sqrt", self._sum_of_squares(graph, [x], [name in self.sharded]))
+
     def _clip(self, graph, grads):
         """Global-norm clipping exactly as torch.nn.utils.clip_grad_norm_."""
-        squares = [_op("reduce_sum", g * g, axes=None, keepdims=False) for g in grads.values()]
-        total = squares[0]
-        for s in squares[1:]:
-            total = total + s
+        total = self._sum_of_squares(graph, list(grads.values()), [name in self.sharded for name in grads])
         coef = _scalar(graph, float(self.spec.max_grad_norm)) / (_op("sqrt", total) + 1e-6)
         coef = _op("minimum", coef, _scalar(graph, 1.0))
         return {name: g * coef for name, g in grads.items()}
@@ -273,8 +325,8 @@ class OptimizerBuilder:
         update = m / (_op("sqrt", v) + eps)
         if not _is_zero(wd):
             update = update + p * wd
-        r1 = _op("minimum", _norm(p), _scalar(graph, max_norm))
-        r2 = _norm(update)
+        r1 = _op("minimum", self._norm(graph, name, p), _scalar(graph, max_norm))
+        r2 = self._norm(graph, name, update)
         zero = _scalar(graph, 0.0)
         either_zero = _op("logical_or", _op("eq", r1, zero), _op("eq", r2, zero))
         trust = _op("where", either_zero, _scalar(graph, 1.0), r1 / _op("maximum", r2, _scalar(graph, 1e-30)))
@@ -295,5 +347,8 @@ def _tracked_gradients(grads):
     return list(tracked.values())
 
 
-def _norm(x):
-    return _op("sqrt", _op("reduce_sum", x * x, axes=None, keepdims=False))
+def _total(values):
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total

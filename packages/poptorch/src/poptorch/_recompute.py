@@ -1,31 +1,62 @@
-"""Recomputation (``_Popart.set("autoRecomputation", 3 or 4)``): the backward pass recomputes the forward
-activations it reads instead of keeping them alive from the forward pass, trading cycles for tile memory.
+"""Recomputation (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType 1-4): the backward pass
+recomputes some forward activations it reads instead of keeping them alive from the forward pass, trading
+cycles for tile memory.
 
 Kept (read by the backward pass as they are): graph inputs, parameters and constants, values marked by
-``recomputationCheckpoint`` and, with Pipeline recomputation, the values a stage hands to another stage (the
-stage's inputs, which a pipeline stashes). Everything else the backward pass reads is recomputed from those
-by copies of the forward ops that run in the backward pass: with Pipeline recomputation once, just before
-its first backward reader; with RecomputeAll afresh for every backward reader (PopART recomputes every
-forward op that is not a checkpoint), so a recomputed value lives only until its reader has run.
+``recomputationCheckpoint``, and per type:
+
+- Standard (1): the outputs of the forward ops PopART's Standard heuristic checkpoints. It walks the forward
+  ops in order, noting after each one the set of ops whose outputs a later forward op still reads (the live
+  set) and those outputs' bytes; it cuts the ops into intervals of decreasing length (``_decreasing_intervals``)
+  and keeps every op of the smallest live set of each interval. The other forward ops are recomputed. (PopART
+  walks the ops on a path to the loss; here every forward node counts, one off that path only adding its
+  outputs to the live sets it is in.)
+- NormOnly (2): every forward value except the outputs of normalisation layers (layer, group, batch and
+  instance norm), whose outputs are large and cheap to recompute.
+- Pipeline (3): every forward value except those computed and read inside one pipeline stage (the values a
+  stage hands to another stage, which a pipeline stashes, are kept).
+- RecomputeAll (4): nothing else.
+
+Everything else the backward pass reads is recomputed from the kept values by copies of the forward ops that
+run in the backward pass: once, just before its first backward reader; with RecomputeAll afresh for every
+backward reader (PopART recomputes every forward op that is not a checkpoint), so a recomputed value lives
+only until its reader has run.
 """
 
+import math
+
 import popir
+
+# The torch.export ops of the normalisation layers NormOnly recomputes (PopART's ``Op::isNorm``).
+NORM_ATEN_OPS = frozenset(
+    {
+        "native_layer_norm",
+        "native_group_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_functional",
+        "_native_batch_norm_legit_no_training",
+        "instance_norm",
+    }
+)
+# PopART's Standard heuristic shortens its first interval to 3/4 of the largest K with 1 + 2 + ... + K < N:
+# less recomputation for about the same memory (its experiments on ResNet-50).
+_STANDARD_INTERVAL_SCALE = 0.75
 
 
 def apply(graphs, program, mode):
     """Recompute in training program ``program`` of ``graphs`` ({name: popir.Graph}) under ``mode``
-    ("pipeline" or "all"); "none" leaves the graphs alone."""
+    ("standard", "norm_only", "pipeline" or "all"); "none" leaves the graphs alone."""
     if mode != "none" and program in graphs:
-        pipeline = mode == "pipeline"
-        graphs[program] = recompute(graphs[program], by_stage=pipeline, per_reader=not pipeline)
+        graph = graphs[program]
+        graphs[program] = recompute(graph, _kept_values(graph, mode), per_reader=mode == "all")
 
 
-def recompute(graph, by_stage, per_reader=False):
-    """A copy of ``graph`` whose backward nodes read recomputed forward values (see the module docstring).
-    With ``per_reader`` (RecomputeAll) each backward node recomputes what it reads afresh from the kept
-    values, so no recomputed value outlives its reader: the least tile memory, at the cost of recomputing a
-    chain once per reader (checkpoints keep the chains short)."""
-    kept = _kept_values(graph, by_stage)
+def recompute(graph, kept, per_reader=False):
+    """A copy of ``graph`` whose backward nodes read recomputed copies of the forward values not in ``kept``
+    (value ids; see the module docstring). With ``per_reader`` (RecomputeAll) each backward node recomputes
+    what it reads afresh from the kept values, so no recomputed value outlives its reader: the least tile
+    memory, at the cost of recomputing a chain once per reader (checkpoints keep the chains short)."""
     new = popir.Graph(graph.name)
     values = {v.id: new.add_input(v.name, v.shape, v.dtype, v.kind) for v in graph.inputs}
     recomputed = {}
@@ -66,8 +97,8 @@ def recompute(graph, by_stage, per_reader=False):
     return new
 
 
-def _kept_values(graph, by_stage):
-    """Ids of the values the backward pass reads as they are."""
+def _kept_values(graph, mode):
+    """Ids of the values the backward pass reads as they are under recomputation ``mode``."""
     kept = {v.id for v in graph.inputs}
     readers = {}
     for node in graph.nodes:
@@ -78,12 +109,63 @@ def _kept_values(graph, by_stage):
             readers.setdefault(v.id, []).append(node)
         if node.op == "constant" or node.checkpoint:
             kept.update(v.id for v in node.outputs)
-    if by_stage:
-        for node in graph.nodes:
+    forward = [n for n in graph.nodes if n.role == "forward"]
+    if mode == "pipeline":
+        for node in forward:
             for v in node.outputs:
                 if any(_stage(r) != _stage(node) for r in readers.get(v.id, ())):
                     kept.add(v.id)
+    elif mode == "norm_only":
+        kept.update(v.id for node in forward if not _is_norm(node) for v in node.outputs)
+    elif mode == "standard":
+        ops = [n for n in forward if n.op != "constant"]  # PopART's constants are tensors, not ops
+        kept.update(v.id for node in _standard_checkpoints(ops) for v in node.outputs)
     return kept
+
+
+def _is_norm(node):
+    """Whether forward ``node`` belongs to a normalisation layer (by its torch.export op, ``aten.NAME.OVERLOAD``)."""
+    parts = (node.aten or "").split(".")
+    return len(parts) > 1 and parts[1] in NORM_ATEN_OPS
+
+
+def _standard_checkpoints(forward):
+    """The nodes among ``forward`` (the forward nodes in program order) whose outputs PopART's Standard
+    heuristic keeps: each interval's live set of fewest bytes (see the module docstring). A node stays live
+    until its last forward reader has run; one that no forward node reads stays live to the end."""
+    position = {id(n): i for i, n in enumerate(forward)}
+    waits_on = [{id(v.producer): v.producer for v in n.inputs if id(v.producer) in position} for n in forward]
+    pending = {}  # id(node) -> forward nodes that still have to read its outputs
+    for producers in waits_on:
+        for key in producers:
+            pending[key] = pending.get(key, 0) + 1
+    live, live_sets, live_bytes = {}, [], []
+    for node, producers in zip(forward, waits_on):
+        for key in producers:
+            pending[key] -= 1
+            if not pending[key]:
+                del live[key]
+        live[id(node)] = node
+        live_sets.append(list(live.values()))
+        live_bytes.append(sum(v.type.nbytes for n in live.values() for v in n.outputs))
+    checkpoints = {}
+    for begin, end in _decreasing_intervals(len(forward)):
+        best = min(range(begin, end), key=live_bytes.__getitem__)
+        checkpoints.update((id(n), n) for n in live_sets[best])
+    return list(checkpoints.values())
+
+
+def _decreasing_intervals(n):
+    """[begin, end) intervals covering range(n): lengths K, K - 1, ..., 1 from the start (K from
+    ``_STANDARD_INTERVAL_SCALE``), then intervals of one."""
+    if n == 1:
+        return [(0, 1)]
+    size = int((int(math.sqrt(2 * n)) - 1) * _STANDARD_INTERVAL_SCALE) if n else 0
+    intervals, begin = [], 0
+    while size > 0 and begin + size <= n:
+        intervals.append((begin, begin + size))
+        begin, size = begin + size, size - 1
+    return intervals + [(i, i + 1) for i in range(begin, n)]
 
 
 def _stage(node):

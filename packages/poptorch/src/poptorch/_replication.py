@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from popsim import collectives
-from poptorch import _streaming, _training
+from poptorch import _training
+from poptorch._optimizer_graph import partial_norm_name, shard_name, shard_size, summed_norm_name
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
 from poptorch.options import replica_groups
@@ -40,7 +41,7 @@ def all_reduce_cycles(exe, programs, options, groupings, spec=None):
         _profile_inference(exe, programs, options, replicas)
         return 0
     grouped = _groups_of(groupings, replicas)
-    sharded = _sharded_parameters(programs, options, replicas, grouped)
+    sharded = _sharded_parameters(programs, grouped)
     parts = {}  # (group size, stride) -> gradient bytes
     for name in programs.trained:
         if name in sharded:
@@ -82,19 +83,17 @@ def _norm_bytes(spec, sharded):
     return FLOAT32_BYTES * ((spec.max_grad_norm is not None) + (2 * sharded if spec.kind == "lamb" else 0))
 
 
-def _sharded_parameters(programs, options, replicas, grouped):
+def _sharded_parameters(programs, grouped):
     """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas."""
-    variables = {v.name: v for g in programs.graphs.values() for v in g.inputs}
-    shards = _streaming.sharded_variables(programs.graphs, options, replicas)
-    names = _streaming.sharded_parameters(programs.trained, shards)
-    both = sorted(set(names) & set(grouped))
+    both = sorted(set(programs.sharded) & set(grouped))
     if both:
         raise Error(
             f"{both[0]} has a replicaGrouping and its optimizer state is sharded over replicas "
             "(useReplicatedTensorSharding): sharding a grouped parameter's state is not modelled by the simulated "
             "IPU; drop the grouping or the sharding"
         )
-    return {name: variables[name].type.nbytes for name in names}
+    graph = programs.graphs[programs.micro_batch]
+    return {name: graph.input(name).type.nbytes for name in programs.sharded}
 
 
 def _profile_inference(exe, programs, options, replicas):
@@ -453,3 +452,136 @@ class GroupedParameters:
         """Set every group's value of the grouped variable ``name`` (shaped as ``stacked`` gives it)."""
         self.values[name] = np.array(value, dtype=self.values[name].dtype).reshape(self.values[name].shape)
         exe.write_variable(name, self.values[name][self.loaded[name]])
+
+
+class ShardedState:
+    """The replicas' shards of the optimizer state sharded over them (replicated tensor sharding).
+
+    Each replica's step program holds and updates only its shard: ``shard_size`` elements of its parameters'
+    flattened weight, gradient and optimizer state, padded as PopART does (every shard ceil(n / replicas)
+    elements, the last ones ending with one zero; see ``_split``). The replicas share one simulated device, so the
+    host keeps every replica's state shards and runs the step once per replica: it first writes the replica's
+    weight shard into ``shard_name`` (standing for the slice of the weight the replica updates) and places its
+    gradient shard where the step reads it (``replica_shard``), and afterwards joins the replicas' updated
+    shards into the new weights (the all-gather). Norms over sharded tensors (LAMB, gradient clipping) need
+    every replica's partial sum (the all-reduce): the replicas then run the step again with the sums of the
+    previous run's partial norms until those sums are the run's own.
+    """
+
+    def __init__(self, replicas=1, shapes=None, state=None, norms=0):
+        self.replicas = replicas
+        self.shapes = dict(shapes or {})  # sharded parameter -> its shape
+        self.state = dict(state or {})  # state variable -> its parameter
+        self.norms = norms
+        self.values = {}  # state variable -> [replicas, shard] of every replica's shard
+
+    @classmethod
+    def of(cls, programs, slots):
+        """The sharded optimizer state of a compiled model; ``slots`` is {parameter: {slot: variable}}."""
+        graph = programs.graphs[programs.micro_batch]
+        shapes = {name: graph.input(name).shape for name in programs.sharded}
+        replicas = max(programs.sharded.values(), default=1)
+        state = {variable: name for name in shapes for variable in slots.get(name, {}).values()}
+        norms = sum(1 for name in programs.initial if name.startswith(partial_norm_name("")))
+        sharded = cls(replicas, shapes, state, norms)
+        for variable in state:
+            sharded.values[variable] = np.stack([programs.initial[variable]] * replicas)
+        return sharded
+
+    def __contains__(self, name):
+        return name in self.values
+
+    def write(self, name, value):
+        """The host's value of state variable ``name``: a whole tensor, or one shard's value for every replica
+        (its initial value)."""
+        value = np.asarray(value)
+        shards = self.values[name]
+        if value.shape == shards.shape[1:] and value.shape != self.shapes[self.state[name]]:
+            shards[:] = value
+        else:
+            shards[:] = _split(value.astype(shards.dtype), self.replicas)
+
+    def read(self, name):
+        """The whole tensor of state variable ``name``, joined from the replicas' shards."""
+        return _join(self.values[name], self.shapes[self.state[name]])
+
+    def step(self, exe, run, updated):
+        """Run the optimizer step ``run`` once per replica (in passes while norms over sharded tensors are not
+        yet exact), each on that replica's shards and from the same values of the rest; ``updated`` are the
+        step's updates."""
+        if not self.shapes:
+            run()
+            return
+        kept = {n: np.array(exe.read_variable(n)) for n in updated if n not in self.values and n not in self._own()}
+        # Every replica's shard of each sharded weight and gradient.
+        weights = {name: _split(np.array(exe.read_variable(name)), self.replicas) for name in self.shapes}
+        grads = {name: _split(kept[_training.accumulator_name(name)], self.replicas) for name in self.shapes}
+        new_weights = {name: np.empty_like(shards) for name, shards in weights.items()}
+        new_state = {name: np.empty_like(values) for name, values in self.values.items()}
+        summed = np.zeros(self.norms, np.float32)
+        # A pass is exact when the sums it was given are those of its partial norms; each pass makes one more
+        # level of a chain of norms exact (LAMB's over gradients clipped by their global norm): at most all.
+        for _ in range(self.norms + 1):
+            partial = np.zeros(self.norms, np.float32)
+            # Replica 0 runs last: the device is left with its view (what anchors and later reads see).
+            for replica in reversed(range(self.replicas)):
+                self._place(exe, replica, kept, weights, grads, summed)
+                run()
+                for name in self.shapes:
+                    new_weights[name][replica] = exe.read_variable(shard_name(name))
+                for variable in self.values:
+                    new_state[variable][replica] = exe.read_variable(variable)
+                partial += [np.float32(exe.read_variable(partial_norm_name(i))) for i in range(self.norms)]
+            if np.array_equal(partial, summed, equal_nan=True):
+                break
+            summed = partial
+        self.values = new_state
+        for name, shards in new_weights.items():
+            exe.write_variable(name, _join(shards, self.shapes[name]))
+
+    def _own(self):
+        names = {shard_name(name) for name in self.shapes}
+        return names | {partial_norm_name(i) for i in range(self.norms)}
+
+    def _place(self, exe, replica, kept, weights, grads, summed):
+        """Before ``replica``'s step: the step's other updated variables as before the step, its shard of each
+        sharded weight and gradient where the step reads it, its state shards, and the summed norms."""
+        for name, value in kept.items():
+            exe.write_variable(name, value)
+        for name, shards in weights.items():
+            accumulator = _training.accumulator_name(name)
+            exe.write_variable(shard_name(name), shards[replica])
+            exe.write_variable(accumulator, _placed(kept[accumulator], grads[name][replica], self.replicas))
+        for variable, shards in self.values.items():
+            exe.write_variable(variable, shards[replica])
+        for i, total in enumerate(summed):
+            exe.write_variable(summed_norm_name(i), np.float32(total))
+
+
+def _split(whole, replicas):
+    """[replicas, shard]: each replica's shard of ``whole`` flattened, replica r holding elements r, r +
+    replicas, r + 2 x replicas...: shards of ceil(n / replicas) elements, the last ones ending with a zero of
+    padding (PopART's counts; the element order is the simulator's, invisible to the host)."""
+    flat = whole.reshape(-1)
+    shards = np.zeros((replicas, shard_size(flat.size, replicas)), flat.dtype)
+    for replica in range(replicas):
+        own = flat[replica::replicas]
+        shards[replica, : own.size] = own
+    return shards
+
+
+def _join(shards, shape):
+    """The whole tensor of ``shape`` from every replica's shard, padding dropped."""
+    whole = np.empty(int(np.prod(shape, dtype=np.int64)), shards.dtype)
+    for replica, shard in enumerate(shards):
+        own = whole[replica :: len(shards)]
+        own[:] = shard[: own.size]
+    return whole.reshape(shape)
+
+
+def _placed(whole, shard, replicas):
+    """``whole`` with a replica's ``shard`` (padded) at elements 0, replicas, 2 x replicas... of it flattened,
+    where the step program reads a gradient's shard (``replica_shard``): replica 0's own elements."""
+    flat = whole.reshape(-1).copy()
+    flat[::replicas] = shard
+    return flat.reshape(whole.shape)

@@ -15,7 +15,7 @@ import numpy as np
 
 import popir
 from poptorch import _host_print
-from poptorch._optimizer_graph import OptimizerBuilder
+from poptorch._optimizer_graph import OptimizerBuilder, replica_shard, shard_name, shard_size
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
 
@@ -49,6 +49,8 @@ class Programs:
     trained: list = field(default_factory=list)
     # Trained parameter -> (program, the gradient its optimizer step applies), for anchors.
     gradients: dict = field(default_factory=dict)
+    # Trained parameter -> replicas its optimizer state and update are sharded over (replicated tensor sharding).
+    sharded: dict = field(default_factory=dict)
 
 
 def build_inference(captured):
@@ -91,17 +93,19 @@ def _where(value):
     return f" (at {source})" if source else ""
 
 
-def build_training(captured, spec, group_of, options, on_phase=lambda phase: None, own_counts=()):
+def build_training(captured, spec, group_of, options, on_phase=lambda phase: None, own_counts=(), sharded=None):
     """Training programs for ``captured`` with the optimizer ``spec``.
 
     ``group_of`` maps each trained parameter's name to its parameter-group index (parameters outside the
     optimizer are not trained). ``on_phase`` is told when autodiff and the optimizer update start. The
     parameters in ``own_counts`` (grouped over replicas) count their own micro-batches for a Running mean.
+    The step updates each parameter of ``sharded`` ({name: replicas}) on one replica's shard of it.
     """
     graph = captured.graph
     loss = the_loss(captured)
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
-    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling)
+    sharded = dict(sharded or {})
+    builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling, sharded)
     on_phase("autodiff")
     printed = _host_print.gradient_requests(graph)
     grads = popir.autodiff.grad(
@@ -118,6 +122,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     # has no .grad, so the optimizer leaves it and its state alone: no weight decay, no momentum step.
     grads = {name: g for name, g in zip(candidates, grads) if g is not None}
     trained = [name for name in candidates if name in grads]
+    sharded = {name: replicas for name, replicas in sharded.items() if name in grads}
     params = {name: graph.input(name) for name in trained}
     _advance_rng(graph)
     on_phase("optimise")
@@ -132,10 +137,14 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
-    step_params, reduced = {}, {}
+    step_params, reduced, gradients = {}, {}, {}
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
     shared_count = _running_count(graph, apply, initial, ACCUM_COUNT) if running else None
+
+    def step_gradient(summed):
+        return _mean_of_sum(summed, micro_batches * processes, running, processes) if mean else summed
+
     # Accumulating and resetting the gradients is optimizer work in profiles.
     with graph.annotate(role="optimizer"), apply.annotate(role="optimizer"):
         for name in trained:
@@ -150,15 +159,22 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
-            reduced[name] = _mean_of_sum(step_acc, micro_batches * processes, running, processes) if mean else step_acc
+            reduced[name] = step_gradient(step_acc)
+            gradients[name] = ("apply", reduced[name])
+            if name in sharded:  # the replica updates its shard of the weight from its shard of the gradient
+                shard = shard_name(name)
+                size = shard_size(p.type.size, sharded[name])
+                step_params[name] = apply.add_input(shard, (size,), p.dtype.value, kind="optimizer_state")
+                initial[shard] = np.zeros(size, dtype=p.dtype.numpy)
+                reduced[name] = step_gradient(replica_shard(step_acc, sharded[name]))
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
         large_counts = None
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
         builder.apply(apply, step_params, reduced, group_of, large_counts)
     initial.update(builder.initial)
-    gradients = {name: ("apply", reduced[name]) for name in trained}
-    return Programs({"accumulate": graph, "apply": apply}, "accumulate", "apply", initial, trained, gradients)
+    graphs = {"accumulate": graph, "apply": apply}
+    return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded)
 
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):

@@ -93,6 +93,7 @@ COMPILE_KEYS = (
     "Training.gradientAccumulation",
     "Training.accumulationAndReplicationReductionType",
     "Training.meanAccumulationAndReplicationReductionStrategy",
+    "Training.convolutionDithering",
     "Precision.partialsType",
     "Precision.stochasticRounding",
     "Precision.floatingPointExceptions",
@@ -104,7 +105,7 @@ COMPILE_KEYS = (
 )
 
 # popart.RecomputationType values the simulator models -> what they recompute.
-RECOMPUTATION = {0: "none", 3: "pipeline", 4: "all"}
+RECOMPUTATION = {0: "none", 1: "standard", 2: "norm_only", 3: "pipeline", 4: "all"}
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16", "float": "float32", "half": "float16"}
 # PopTorch's random seed is an unsigned 64-bit integer.
 _SEED_LIMIT = 2**64
@@ -242,13 +243,11 @@ class _TrainingOptions(_Group):
         return self._set("automaticLossScaling", _bool("setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled):
-        """Convolution dithering (a tile-placement heuristic): only False is accepted."""
-        if _bool("setConvolutionDithering", enabled):
-            raise not_modelled(
-                "Training.setConvolutionDithering(True)",
-                "the convolution planner places tiles its own way; remove the call",
-            )
-        return self._set("convolutionDithering", False)
+        """Convolution dithering (Poplar's enableConvDithering for every convolution): each convolution's
+        tiles, forward and gradients alike, start at a tile column and run in a direction hashed from its
+        shape, so that convolutions of different shapes spread their temporary memory over different tiles.
+        Results are unchanged."""
+        return self._set("convolutionDithering", _bool("setConvolutionDithering", enabled))
 
     @property
     def gradient_accumulation(self):
@@ -265,6 +264,10 @@ class _TrainingOptions(_Group):
     @property
     def automatic_loss_scaling(self):
         return self._get("automaticLossScaling")
+
+    @property
+    def convolution_dithering(self):
+        return self._get("convolutionDithering")
 
 
 class _PrecisionOptions(_Group):
@@ -364,7 +367,7 @@ class _DistributedOptions(_Group):
 class TensorLocationSettings:
     """Where one kind of tensor lives (``Options.TensorLocations.set*Location``): tile memory, or streaming
     (off-chip) memory for tensors of at least ``minElementsForOffChip`` elements (default 2, as PopART).
-    Replicated tensor sharding is modelled for optimizer state in streaming memory (see ``_streaming``); I/O
+    Replicated tensor sharding is modelled for optimizer state (see ``_streaming``); I/O
     tiles for loading or storing are refused as not modelled when given to a ``set*Location``."""
 
     MIN_ELEMENTS_FOR_OFF_CHIP = 2  # PopART's default: smaller tensors (scalars) stay on the chip
@@ -429,8 +432,10 @@ def _non_negative(name, value):
 
 
 class _TensorLocationOptions(_Group):
-    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state and accumulators in
-    tile memory or streaming memory; activations in tile memory)."""
+    """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
+    activations in tile memory or streaming memory)."""
+
+    MIN_IO_TILES, MAX_IO_TILES = 32, 192  # PopTorch's bounds of numIOTiles (an even count)
 
     _prefix = "TensorLocations"
 
@@ -444,23 +449,15 @@ class _TensorLocationOptions(_Group):
                 "tensors live in tile memory or in streaming memory, unsharded, loaded and stored by the compute "
                 "tiles (no I/O-tile loading or storing); drop those settings",
             )
-        if location.sharded() and not (kind == "Optimizer" and location.off_chip()):
+        if location.sharded() and kind != "Optimizer":
             raise not_modelled(
-                f"TensorLocations.set{kind}Location with "
-                + ("useOnChipStorage(True) and " if kind == "Optimizer" else "")
-                + "useReplicatedTensorSharding(True)",
-                "replicated tensor sharding is modelled for optimizer state in streaming memory only "
-                "(setOptimizerLocation(TensorLocationSettings().useOnChipStorage(False)"
-                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
+                f"TensorLocations.set{kind}Location with useReplicatedTensorSharding(True)",
+                "replicated tensor sharding is modelled for optimizer state only, in tile or streaming memory "
+                "(setOptimizerLocation(TensorLocationSettings().useReplicatedTensorSharding(True))); drop "
+                "useReplicatedTensorSharding here",
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
-        if kind == "Activation" and location.off_chip():
-            raise not_modelled(
-                "TensorLocations.setActivationLocation with useOnChipStorage(False)",
-                "activations stay in tile memory between their producer and their last reader; to save their "
-                "memory use recomputation (RecomputationType.RecomputeAll or recomputationCheckpoint)",
-            )
         streamed = {k: n for k, n in self._get("streamed") if k != kind}
         if location.off_chip():
             streamed[kind] = location.min_elements_off_chip()
@@ -468,8 +465,8 @@ class _TensorLocationOptions(_Group):
 
     @property
     def streamed(self):
-        """{kind ("Weight", "Optimizer", "Accumulator"): minElementsForOffChip} of the kinds in streaming
-        memory."""
+        """{kind ("Weight", "Optimizer", "Accumulator", "Activation"): minElementsForOffChip} of the kinds in
+        streaming memory."""
         return dict(self._get("streamed"))
 
     @property
@@ -482,7 +479,9 @@ class _TensorLocationOptions(_Group):
         return self._location("Weight", location)
 
     def setActivationLocation(self, location):
-        """Where activations live: tile memory only on the simulated IPU (streaming memory is refused)."""
+        """Where activations live: tile memory, or with ``useOnChipStorage(False)`` the forward activations the
+        backward pass reads (of at least ``minElementsForOffChip`` elements) go to streaming memory after their
+        last forward reader and are loaded again before each backward reader."""
         return self._location("Activation", location)
 
     def setOptimizerLocation(self, location):
@@ -495,8 +494,8 @@ class _TensorLocationOptions(_Group):
 
     def numIOTiles(self, num_tiles):
         """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
-        if not isinstance(num_tiles, int) or num_tiles % 2 or not 32 <= num_tiles <= 192:
-            raise Error("numIOTiles must be an even number between 32 and 192.")
+        if not isinstance(num_tiles, int) or num_tiles % 2 or not self.MIN_IO_TILES <= num_tiles <= self.MAX_IO_TILES:
+            raise Error(f"numIOTiles must be an even number between {self.MIN_IO_TILES} and {self.MAX_IO_TILES}.")
         return self._set("numIOTiles", num_tiles)
 
     @property
@@ -757,18 +756,15 @@ class Options(_NoAssignment):
 
     def _autoRecomputation(self, recomputation):
         """PopART's ``autoRecomputation`` (``_Popart.set("autoRecomputation", n)``, popart.RecomputationType):
-        0 (None) keeps every activation for the backward pass; 3 (Pipeline) recomputes each stage's forward
-        activations in its backward pass from the stage's inputs and ``recomputationCheckpoint`` values;
-        4 (RecomputeAll) recomputes every forward activation from the inputs and checkpoints afresh for each
-        backward op that reads it, with no stage boundaries. Standard (1) and NormOnly (2) choose their
-        checkpoints by PopART heuristics the simulator does not model."""
+        0 (None) keeps every activation for the backward pass; 1 (Standard) keeps the activations PopART's
+        heuristic checkpoints (the smallest set of live activations in each of a series of intervals of the
+        forward pass) and recomputes the others; 2 (NormOnly) recomputes only normalisation layers' outputs;
+        3 (Pipeline) recomputes each stage's forward activations in its backward pass from the stage's inputs
+        and ``recomputationCheckpoint`` values; 4 (RecomputeAll) recomputes every forward activation from the
+        inputs and checkpoints afresh for each backward op that reads it, with no stage boundaries (see
+        ``poptorch._recompute``)."""
         if isinstance(recomputation, bool) or not isinstance(recomputation, int) or not 0 <= recomputation <= 4:
             raise Error(f"autoRecomputation takes a popart.RecomputationType value 0-4, got {recomputation!r}")
-        if recomputation not in RECOMPUTATION:
-            raise not_modelled(
-                f"autoRecomputation {recomputation} ({'Standard' if recomputation == 1 else 'NormOnly'})",
-                "use 3 (Pipeline) or 4 (RecomputeAll) with recomputationCheckpoint",
-            )
         return self._set("autoRecomputation", recomputation)
 
     def autoRoundNumIPUs(self, auto_round=True):
@@ -892,7 +888,8 @@ class Options(_NoAssignment):
 
     @property
     def recomputation(self):
-        """The recomputation mode: "none", "pipeline" or "all" (see ``_autoRecomputation``)."""
+        """The recomputation mode: "none", "standard", "norm_only", "pipeline" or "all" (see
+        ``_autoRecomputation``)."""
         return RECOMPUTATION[self._values["autoRecomputation"]]
 
     @property
@@ -1014,6 +1011,8 @@ class Options(_NoAssignment):
         key = {k: str(self._values[k]) for k in COMPILE_KEYS}
         # Phased Liveness moves activations to streaming memory without changing the graphs.
         key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # Whether the passes share the last phase decides how often its streamed variables are loaded.
+        key["sharedPhase"] = str(_blocks.shares_last_phase(self.execution_strategy))
         # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
         strategy = self.execution_strategy
         key["executionStrategy"] = type(strategy).__name__ if strategy is not None else "PipelinedExecution"
