@@ -54,3 +54,44 @@ def test_repeated_layers_reuse_the_plan_and_match_a_fresh_plan_exactly(monkeypat
     want = popir.interpreter.run(g, {**feeds, **{w: exe.read_variable(w) for w in exe.variables}})
     for name, value in want.items():
         np.testing.assert_allclose(reused[name], value, rtol=1e-4, atol=1e-4)
+
+
+def _reference_runs(srcs, index):
+    """Rows read row by row: a scan of each row of ``index`` that starts a new row wherever the next element
+    is not the next one of the same source tile block (blocks found by a search per element)."""
+    offsets = np.cumsum([0] + [s.size for s in srcs])
+    bases = np.cumsum([0] + [len(s.mapping.tiles) for s in srcs])
+
+    def block(e):
+        if e < 0 or e >= offsets[-1]:
+            return -1
+        i = int(np.searchsorted(offsets, e, side="right")) - 1
+        return int(bases[i] + srcs[i].mapping.block_of(np.array([e - offsets[i]]))[0])
+
+    rows = 0
+    for row in index.reshape(-1, index.shape[-1]).tolist():
+        rows += 1 + sum(b != a + 1 or block(b) != block(a) for a, b in zip(row, row[1:]))
+    return rows
+
+
+def test_the_run_counts_a_plan_compares_match_a_scan_of_each_row_and_of_each_column():
+    """The transpose decision reads each element's block once for both directions: both counts equal a plain
+    scan of the index map and of its transpose, over several sources with padding (-1) entries."""
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        dg = popsim.DeviceGraph(TARGET)
+        srcs = []
+        for n in rng.integers(1, 40, int(rng.integers(1, 4))).tolist():
+            mapping = popsim.TileMapping.linear(n, 4, TARGET) if rng.random() < 0.5 else None
+            if mapping is None:
+                cuts = np.sort(rng.choice(np.arange(1, n), min(n - 1, 3), replace=False)) if n > 1 else []
+                starts = np.r_[0, cuts].astype(np.int64)
+                mapping = popsim.TileMapping(rng.integers(0, 16, starts.size), starts, np.r_[cuts, n], n)
+            srcs.append(dg.add_tensor((n,), popir.DType.float32, mapping, f"s{len(srcs)}"))
+        total = sum(s.size for s in srcs)
+        shape = tuple(rng.integers(1, 6, 3).tolist())
+        index = (
+            rng.integers(-1, total, shape) if rng.random() < 0.5 else np.arange(np.prod(shape)).reshape(shape) % total
+        )
+        expected = (_reference_runs(srcs, index), _reference_runs(srcs, index.transpose(0, 2, 1)))
+        assert planner._runs_both_ways(srcs, index) == expected

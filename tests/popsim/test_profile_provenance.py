@@ -9,6 +9,7 @@ import pytest
 import popir
 import popsim
 from popir import ops
+from popsim import provenance
 from popsim.provenance import CATEGORIES
 
 
@@ -199,3 +200,22 @@ def test_summary_names_modules_and_source_lines_and_the_json_round_trips():
     assert loaded["programs"]["train"]["tensors"] == exe.profile.programs["train"]["tensors"]
     again = popsim.Executable.from_bytes(exe.to_bytes())
     assert again.profile.summary() == text
+
+
+def test_tile_peak_points_are_the_earliest_points_of_each_tiles_most_live_bytes():
+    """On random spans (several per tile, some empty, some tiles holding none), each tile's peak point is
+    the earliest point where the bytes of the spans live on it peak, as a point-by-point count gives."""
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        num_tiles, num_points = int(rng.integers(1, 8)), int(rng.integers(1, 12))
+        spans = []
+        for _ in range(int(rng.integers(0, 10))):
+            tiles = np.sort(rng.choice(num_tiles, int(rng.integers(1, num_tiles + 1)), replace=False))
+            start = int(rng.integers(0, num_points))
+            stop = int(rng.integers(start, num_points + 1))
+            spans.append((tiles, rng.integers(1, 100, tiles.size), start, stop))
+        live = np.zeros((num_tiles, num_points + 1), np.int64)
+        for tiles, nbytes, start, stop in spans:
+            live[tiles, start:stop] += nbytes[:, None]
+        expected = [int(row.argmax()) if row.max() > 0 else None for row in live]
+        assert provenance.tile_peak_points(spans, num_tiles) == expected

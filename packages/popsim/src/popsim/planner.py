@@ -20,20 +20,27 @@ from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
 IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
 
 
-def _runs(srcs, index):
-    """Exchange rows needed to read a (B, rows, cols) operand index map row by row: a run of the concatenated
-    ``srcs`` continues while the next element is the next one of the same source tile block."""
+def _runs_both_ways(srcs, index):
+    """Exchange rows needed to read a (B, rows, cols) operand index map into the concatenated ``srcs`` row by
+    row, and to read its transpose (B, cols, rows) row by row: a run continues while the next element is the
+    next one of the same source tile block. Each element's block is looked up once for both."""
     if index.size == 0:
-        return 0
-    block = np.full(index.shape, -1, np.int64)
-    start = base = 0
-    for src in srcs:
-        inside = (index >= start) & (index < start + src.size)
-        block[inside] = src.mapping.block_of(index[inside] - start) + base
-        start += src.size
-        base += len(src.mapping.tiles)
-    breaks = (np.diff(index, axis=-1) != 1) | (np.diff(block, axis=-1) != 0)
-    return int(index.shape[0] * index.shape[1] + breaks.sum())
+        return 0, 0
+    block_of = np.concatenate(
+        [np.repeat(np.arange(len(s.mapping.tiles)), s.mapping.stops - s.mapping.starts) for s in srcs]
+        + [np.zeros(0, np.int64)]
+    )
+    # Blocks numbered over all the sources, as a source's own numbers repeat from 0.
+    block_of += np.repeat(np.cumsum([0] + [len(s.mapping.tiles) for s in srcs[:-1]]), [s.size for s in srcs])
+    valid = (index >= 0) & (index < block_of.size)
+    block = np.where(valid, block_of[np.where(valid, index, 0)], -1)
+    return tuple(
+        int(
+            index.size // index.shape[axis]
+            + ((np.diff(index, axis=axis) != 1) | (np.diff(block, axis=axis) != 0)).sum()
+        )
+        for axis in (2, 1)
+    )
 
 
 def _codelet(name):
@@ -359,11 +366,11 @@ class Lowerer:
         return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan)
 
     def _plan_matmul(self, a_srcs, a_index, b_srcs, b_index, dtype):
-        a_t, b_t = a_index.transpose(0, 2, 1), b_index.transpose(0, 2, 1)
-        if _runs(b_srcs, b_t) + _runs(a_srcs, a_t) < _runs(a_srcs, a_index) + _runs(b_srcs, b_index):
+        (a_rows, a_cols), (b_rows, b_cols) = _runs_both_ways(a_srcs, a_index), _runs_both_ways(b_srcs, b_index)
+        if b_cols + a_cols < a_rows + b_rows:
             # R^T = B^T @ A^T reads both operands in longer contiguous runs (fewer, larger exchange rows);
             # the partials are read back transposed, so the result's layout is the same.
-            return self._matmul_layout(b_t, a_t, dtype, True)
+            return self._matmul_layout(b_index.transpose(0, 2, 1), a_index.transpose(0, 2, 1), dtype, True)
         return self._matmul_layout(a_index, b_index, dtype, False)
 
     def _matmul_layout(self, a_index, b_index, dtype, transposed):

@@ -149,16 +149,22 @@ def tile_peak_points(spans, num_tiles):
         return points
     # Each span adds its bytes at ``start`` and takes them away at ``stop``; sorted by (tile, point), a running
     # sum gives a tile's live bytes after each event (each tile's events sum to zero, so tiles do not mix).
+    # (tile, point) is sorted as one number, tile * width + point.
+    width = max(stop for _, _, _, stop in spans) + 1
     tile = np.concatenate([t for t, _, _, _ in spans] * 2)
     delta = np.concatenate([b for _, b, _, _ in spans] + [-b for _, b, _, _ in spans])
     point = np.concatenate([np.full(t.size, a) for t, _, a, _ in spans] + [np.full(t.size, z) for t, _, _, z in spans])
-    order = np.lexsort((point, tile))
-    tile, point, running = tile[order], point[order], np.cumsum(delta[order])
+    order = np.argsort(tile * width + point, kind="stable")
+    key, running = (tile * width + point)[order], np.cumsum(delta[order])
     # Bytes live at a point: the running sum after the point's last event on the tile.
-    last = np.r_[(tile[1:] != tile[:-1]) | (point[1:] != point[:-1]), True]
-    tile, point, running = tile[last], point[last], running[last]
-    best = np.lexsort((point, -running, tile))  # per tile: most bytes first, then the earliest point
-    first = best[np.r_[True, tile[best][1:] != tile[best][:-1]]]
+    last = np.r_[key[1:] != key[:-1], True]
+    key, running = key[last], running[last]
+    tile, point = key // width, key % width
+    # Per tile (its points ascending): the first point where the live bytes reach the tile's most.
+    starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
+    group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, tile.size]))
+    hits = np.flatnonzero(running == np.maximum.reduceat(running, starts)[group])
+    first = hits[np.r_[True, group[hits][1:] != group[hits][:-1]]]
     for t, p, b in zip(tile[first].tolist(), point[first].tolist(), running[first].tolist()):
         points[t] = p if b > 0 else None
     return points

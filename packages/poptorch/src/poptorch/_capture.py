@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 import popir
 import poptorch._losses  # noqa: F401  (registers the poptorch:: custom ops before export sees them)
-from poptorch import _blocks, _fx_sources
+from poptorch import _blocks, _decompositions, _fx_sources
 from poptorch._aten_table import IGNORED_OPS, LOSS_OPS, TABLE, UNDECOMPOSED_OPS, popir_dtype
 from poptorch._int_range import IndexBound, user_input_of
 from poptorch._logging import logger
@@ -162,19 +162,16 @@ def _check_output_leaf(node, position):
 
 
 def _export(model, args, kwargs):
-    table = torch.export.default_decompositions()
-    for op in LOSS_OPS + UNDECOMPOSED_OPS:
-        table.pop(op, None)
     caught = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, _decompositions.composite_ops_cached() as table_without:
             # torch.export deep-copies its own tree specs through a deprecated path; not the user's concern.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             # preserve_node_meta keeps NameScope annotations on the exported nodes.
             with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss(), preserve_node_meta():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
-            return program.run_decompositions(table)
+            return program.run_decompositions(table_without(LOSS_OPS + UNDECOMPOSED_OPS))
     except Error:
         raise
     except Exception as exc:

@@ -49,6 +49,7 @@ from poptorch import (
 )
 from poptorch._batching import Layout
 from poptorch._device_weights import DeviceWeights
+from poptorch._gc_pause import paused
 from poptorch._int_range import check_input
 from poptorch._logging import logger
 from poptorch.enums import ConnectionType
@@ -238,6 +239,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         """True once the model has been compiled (and not destroyed)."""
         return self._exe is not None
 
+    @paused  # the collector's walks over every object would cost about a tenth of the compile
     def _compile(self, args, kwargs, exported=None):
         from poptorch._capture import capture, excluding_sources
 
