@@ -98,3 +98,21 @@ def test_a_scalar_variable_a_program_updates_is_exchanged_in_each_run():
     for step in (2.0, 3.0, 4.0):
         np.testing.assert_array_equal(exe.run({"x": x})["y"], x * np.float32(step))
     assert "broadcast-scalar" in _exchanges(exe, "scaled")
+
+
+def test_a_host_written_scalar_read_on_two_ipus_is_written_to_both_and_never_crosses():
+    g = popir.Graph("two")
+    s = g.add_input("s", (), "float32", kind="optimizer_state")
+    with g.placed((0, 0)):
+        a = g.add_input("a", (8, 2048), "float32") * s
+    with g.placed((1, 1)):
+        g.output("y", a - s)
+    exe = popsim.compile(g, popsim.Device(SMALL, 2))
+    names = _exchanges(exe, "two")
+    assert not [n for n in names if "broadcast-scalar" in n]
+    assert len([n for n in names if "inter-ipu" in n]) == 1  # the activation a, not s
+    a = np.random.default_rng(4).standard_normal((8, 2048)).astype(np.float32)
+    for value in (0.5, -3.0):
+        exe.write_variable("s", np.array(value, np.float32))
+        want = popir.interpreter.run(g, {"a": a, "s": np.array(value, np.float32)})["y"]
+        np.testing.assert_array_equal(exe.run({"a": a})["y"], want)

@@ -251,13 +251,20 @@ class Lowerer:
         first, count = self.target.first_tile, self.target.num_tiles
         if tiles.min() < first or tiles.max() >= first + count:
             return self._scalar_everywhere(x, tiles)
-        copies = self.dg.loaded_copies.setdefault(x.storage, {})
-        if first not in copies:
-            everywhere = TileMapping.on_tiles(np.ones(count), np.arange(first, first + count))
-            name = f"{x.storage.name} on tiles {first}+"
-            copies[first] = self.dg.add_tensor((count,), x.dtype, everywhere, name, "variable")
-            self.dg.state_kinds[name] = self.dg.state_kinds.get(x.storage.name)
-        return copies[first], tiles - first
+        everywhere = TileMapping.on_tiles(np.ones(count), np.arange(first, first + count))
+        return self.host_copy(x, first, everywhere, f"{x.storage.name} on tiles {first}+"), tiles - first
+
+    def host_copy(self, x, key, mapping, name):
+        """The copy ``key`` of host-written scalar variable ``x`` (or of a copy of it), one element per element
+        of ``mapping``: a variable the executable writes with ``x``'s value at load and on each host write."""
+        variable = self.dg.host_copy_of.get(x.storage, x.storage)
+        copies = self.dg.loaded_copies.setdefault(variable, {})
+        if key not in copies:
+            copies[key] = self.dg.add_tensor((mapping.size,), x.dtype, mapping, name, "variable")
+            self.dg.state_kinds[name] = self.dg.state_kinds.get(variable.name)
+            self.dg.host_copy_of[copies[key]] = variable
+            self.dg.host_written.add(copies[key])
+        return copies[key]
 
     def _scalar_everywhere(self, x, tiles):
         """``_scalar_on_tiles`` of a computed or variable scalar: one copy per tile of the IPU being lowered
