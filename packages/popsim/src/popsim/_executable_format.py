@@ -87,7 +87,12 @@ def to_bytes(exe):
         "target": dataclasses.asdict(exe.target),
         "arena": [exe.arena.num_tiles, exe.arena.tile_bytes],
         "variables": {
-            n: {**placed(t, exe._var_blocks[n]), "value": array(exe.read_variable(n))} for n, t in exe._vars.items()
+            n: {
+                **placed(t, exe._var_blocks[n]),
+                "value": array(exe.read_variable(n)),
+                **({"copies": [array(b) for b in exe._var_copies[n]]} if n in exe._var_copies else {}),
+            }
+            for n, t in exe._vars.items()
         },
         "constants": [
             {**placed(t, blocks), "value": array(np.asarray(t.value, t.dtype.numpy).reshape(t.shape))}
@@ -170,9 +175,12 @@ def _restore(cls, header, arrays, num_threads, max_arena_bytes):
     exe = cls.__new__(cls)
     exe.target, exe.num_threads, exe.last_run_cycles = target, num_threads, 0
     exe.arena = TileArena(num_tiles, tile_bytes)
-    exe._vars, exe._var_blocks, values = {}, {}, {}
+    exe._vars, exe._var_blocks, exe._var_copies, values = {}, {}, {}, {}
     for name, entry in header["variables"].items():
         exe._vars[name], exe._var_blocks[name] = _placed(entry, arrays, arena_bytes, f"variable {name!r}")
+        if "copies" in entry:  # its copies on tiles, written with it
+            copies = {**entry, "blocks": entry["copies"]}
+            exe._var_copies[name] = _placed(copies, arrays, arena_bytes, f"copies of variable {name!r}")[1]
         values[name] = _value(entry, exe._vars[name], arrays, f"variable {name!r}")
     exe.variables = {n: popir.TensorType(t.shape, t.dtype) for n, t in exe._vars.items()}
     exe._constants = []

@@ -152,6 +152,11 @@ class DeviceGraph:
         self.state_kinds = {}
         self.remote = set()  # variable storages kept in streaming memory (see popsim.remote)
         self.remote_shards = {}  # remote storage -> replicas it is sharded over (replicated tensor sharding)
+        # Variables no program updates (only the host writes them, e.g. an optimizer hyper-parameter), and the
+        # copies on tiles of those that are scalars: placed at load and rewritten on each host write.
+        self.host_written = set()
+        self.loaded_copies = {}  # variable storage -> {key: a copy of it (see Lowerer.host_copy)}
+        self.host_copy_of = {}  # such a copy -> its variable
 
     def add_tensor(self, shape, dtype, mapping=None, name=None, category="temporary", value=None):
         """A new tensor of ``dtype`` (a popir DType); ``mapping`` defaults to the linear mapping for the target."""

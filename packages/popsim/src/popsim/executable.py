@@ -148,6 +148,8 @@ def compile(  # noqa: A001
                     dg.remote.add(variables[v.name])
                 if v.name in shards:
                     dg.remote_shards[variables[v.name]] = shards[v.name]
+    updated = {state.name for g in graphs.values() for state in g.updates}
+    dg.host_written = {t for name, t in variables.items() if name not in updated and t not in dg.remote}
     lowered = {}
     for name, g in graphs.items():
         dg.program = []
@@ -319,6 +321,9 @@ class Executable:
             self.profile.programs[name]["streaming_memory_bytes"] = remote.replica_bytes(dg.remote, dg.remote_shards)
             self._programs[name] = (flat, feeds, outs, dict(inputs), outputs)
         self._var_blocks = {n: host_blocks(t, block_base) for n, t in variables.items()}
+        self._var_copies = {
+            var.name: _copy_blocks(list(copies.values()), block_base) for var, copies in dg.loaded_copies.items()
+        }
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]
         self._write_constants()
         self.last_run_cycles = 0
@@ -523,6 +528,15 @@ class Executable:
         if array.shape != t.shape:
             raise Error(f"variable {name!r} has shape {t.shape}, got {array.shape}")
         self._write(t, self._var_blocks[name], array)
+        if name in self._var_copies:  # its copies on the tiles that read it (see Lowerer._scalar_loaded)
+            self._write(t, self._var_copies[name], array)
+
+
+def _copy_blocks(copies, block_base):
+    """Host blocks writing a scalar variable's value into every element of its ``copies``: each block reads
+    the host's one element."""
+    host, arena, nbytes = (np.concatenate(part) for part in zip(*(host_blocks(c, block_base) for c in copies)))
+    return np.zeros_like(host), arena, nbytes
 
 
 def _numeric(value, what):

@@ -165,6 +165,9 @@ def _onto_ipu(lw, t, ipu, crossings):
     tiles = t.mapping.tiles
     if tiles.min() >= view.first_tile and tiles.max() < view.first_tile + view.num_tiles:
         return t
+    if t.size == 1 and t.storage in lw.dg.host_written:  # the host writes a copy to this IPU too: no crossing
+        copy = lw.host_copy(t, ("ipu", ipu), TileMapping.linear(1, t.itemsize, view), f"{t.storage.name} on IPU {ipu}")
+        return lw.reshape(copy, t.shape)
     key = (id(t), ipu)
     if key not in crossings:
         mapping = TileMapping.linear(t.size, t.itemsize, view)

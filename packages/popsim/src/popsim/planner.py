@@ -235,7 +235,9 @@ class Lowerer:
         of each tile's copy. A constant is placed there when the program is loaded, as Poplar places
         constants; anything else is exchanged to every tile of the IPU at its first such use, so later uses
         (an optimizer's hyper-parameter in every parameter's update) find it there: identical operands reach
-        a tile once."""
+        a tile once. A variable only the host writes has its copies written at load instead (``_scalar_loaded``)."""
+        if x.storage in self.dg.host_written:
+            return self._scalar_loaded(x, tiles)
         if x.storage.category != "constant":
             return self._scalar_everywhere(x, tiles)
         mapping = TileMapping.on_tiles(np.ones(tiles.size), tiles)
@@ -247,6 +249,29 @@ class Lowerer:
                 array.shape, x.dtype, mapping, f"const{len(self.dg.tensors)}", "constant", array
             )
         return self._constants[key], np.arange(tiles.size)
+
+    def _scalar_loaded(self, x, tiles):
+        """``_scalar_on_tiles`` of a scalar variable no program updates (an optimizer hyper-parameter the host
+        sets): a copy on each tile of the IPU, shared by every program and written when the executable is loaded
+        and whenever the host writes the variable, as Poplar streams such values only when they change; no run
+        exchanges it."""
+        first, count = self.target.first_tile, self.target.num_tiles
+        if tiles.min() < first or tiles.max() >= first + count:
+            return self._scalar_everywhere(x, tiles)
+        everywhere = TileMapping.on_tiles(np.ones(count), np.arange(first, first + count))
+        return self.host_copy(x, first, everywhere, f"{x.storage.name} on tiles {first}+"), tiles - first
+
+    def host_copy(self, x, key, mapping, name):
+        """The copy ``key`` of host-written scalar variable ``x`` (or of a copy of it), one element per element
+        of ``mapping``: a variable the executable writes with ``x``'s value at load and on each host write."""
+        variable = self.dg.host_copy_of.get(x.storage, x.storage)
+        copies = self.dg.loaded_copies.setdefault(variable, {})
+        if key not in copies:
+            copies[key] = self.dg.add_tensor((mapping.size,), x.dtype, mapping, name, "variable")
+            self.dg.state_kinds[name] = self.dg.state_kinds.get(variable.name)
+            self.dg.host_copy_of[copies[key]] = variable
+            self.dg.host_written.add(copies[key])
+        return copies[key]
 
     def _scalar_everywhere(self, x, tiles):
         """``_scalar_on_tiles`` of a computed or variable scalar: one copy per tile of the IPU being lowered
