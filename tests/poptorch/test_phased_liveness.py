@@ -84,7 +84,8 @@ def test_off_chip_after_each_phase_also_parks_values_passed_between_phases(monke
     after_fwd = _train(poptorch.Liveness.OffChipAfterFwd)[2]
     each_phase = _train(poptorch.Liveness.OffChipAfterEachPhase)[2]
     assert _stores(each_phase) > _stores(after_fwd)
-    assert each_phase["memory_max_tile_bytes"] < after_fwd["memory_max_tile_bytes"]
+    # Each weight's update runs in the phase of its gradient, so no gradient crosses a phase to be parked.
+    assert each_phase["memory_max_tile_bytes"] <= after_fwd["memory_max_tile_bytes"]
     assert each_phase["total_cycles"] > after_fwd["total_cycles"]
 
 
@@ -134,10 +135,11 @@ def test_a_separate_backward_phase_loads_the_last_phase_weights_again(monkeypatc
     shared, shared_model = _streamed_weights(False)
     separate, separate_model = _streamed_weights(True)
     last = {f"layers.{i}.weight" for i in (2 * PHASES - 2, 2 * PHASES - 1)}
-    # The last phase runs the end of the forward pass and the start of the backward pass: one load of its
-    # weights for both, unless the backward pass has phases of its own (the update loads each weight again).
-    assert separate == {name: n + (name in last) for name, n in shared.items()}
-    assert all(shared[name] == 2 for name in last)
+    # A weight's update runs in the backward phase of its gradient and reuses the weight loaded there. The last
+    # phase runs the end of the forward pass and the start of the backward pass: one load of its weights for
+    # both passes and the update, unless the backward pass has phases of its own (loaded again there).
+    assert shared == {name: 1 if name in last else 2 for name in shared}
+    assert separate == dict.fromkeys(shared, 2)
     assert (
         separate_model.profile.programs["train"]["total_cycles"]
         > shared_model.profile.programs["train"]["total_cycles"]

@@ -150,10 +150,12 @@ class OptimizerBuilder:
         return step, step + 1.0
 
     # -- the update -----------------------------------------------------------------------------
-    def apply(self, graph, params, grads, group_of, large_counts=None):
+    def apply(self, graph, params, grads, group_of, large_counts=None, placements=None):
         """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group.
         With automatic loss scaling, ``large_counts`` is (large elements, elements) over the step's micro-batches
-        if they were counted elsewhere, else ``grads`` are counted here."""
+        if they were counted elsewhere, else ``grads`` are counted here. ``placements`` ({name: placement}) puts
+        a parameter's update in a phase and on an IPU."""
+        placements = placements or {}
         scale = self.loss_scaling(graph)
         if self.automatic_loss_scaling:
             self._update_loss_scale_factor(graph, *(large_counts or self.count_large_gradients(grads)))
@@ -168,7 +170,7 @@ class OptimizerBuilder:
         rule = getattr(self, f"_{self.spec.kind}")
         for name, p in params.items():
             # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
-            with graph.annotate(module=name.rpartition(".")[0]):
+            with graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name)):
                 p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
                 graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)

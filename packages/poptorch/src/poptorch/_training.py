@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import popir
-from poptorch import _host_print
+from poptorch import _blocks, _host_print
 from poptorch._optimizer_graph import OptimizerBuilder, replica_shard, shard_name, shard_size
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
@@ -124,6 +124,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     trained = [name for name in candidates if name in grads]
     sharded = {name: replicas for name, replicas in sharded.items() if name in grads}
     params = {name: graph.input(name) for name in trained}
+    placements = _blocks.update_placements(grads, options.execution_strategy)
     _advance_rng(graph)
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
@@ -131,7 +132,9 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):
-            builder.apply(graph, params, grads, group_of)
+            builder.apply(graph, params, grads, group_of, placements=placements)
+        if placements:
+            _blocks.order_updates(graph)
         gradients = {name: ("train", grads[name]) for name in trained}
         return Programs({"train": graph}, "train", None, builder.initial, trained, gradients)
 
@@ -156,7 +159,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             count = shared_count
             if running and name in own_counts:
                 count = _running_count(graph, apply, initial, running_count_name(name))
-            graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
+            with graph.placed(placements.get(name)):  # accumulated in its gradient's phase
+                graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
             reduced[name] = step_gradient(step_acc)
@@ -172,6 +176,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
         builder.apply(apply, step_params, reduced, group_of, large_counts)
+    if placements:
+        _blocks.order_updates(graph)
     initial.update(builder.initial)
     graphs = {"accumulate": graph, "apply": apply}
     return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded)
