@@ -40,16 +40,17 @@ def _strategy(liveness, parallel=False):
     return strategy
 
 
-def _train(liveness, parallel=False):
+def _train(liveness, parallel=False, accumulation=1):
     torch.manual_seed(0)
     model = Phased()
     strategy = _strategy(liveness, parallel)
     opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
+    opts.Training.gradientAccumulation(accumulation)
     trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
     losses = [trained(x, y)[1].detach().clone() for _ in range(2)]
-    program = trained.profile.programs["train"]
+    program = trained.profile.programs["train" if accumulation == 1 else "accumulate"]
     params = [p.detach().clone() for p in trained.parameters()]
     trained.destroy()
     return losses, params, program
@@ -87,6 +88,17 @@ def test_off_chip_after_each_phase_also_parks_values_passed_between_phases(monke
     # Each weight's update runs in the phase of its gradient, so no gradient crosses a phase to be parked.
     assert each_phase["memory_max_tile_bytes"] <= after_fwd["memory_max_tile_bytes"]
     assert each_phase["total_cycles"] > after_fwd["total_cycles"]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_gradients_are_not_parked_as_each_update_runs_in_its_gradients_phase(monkeypatch, accumulation):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    after_fwd = _train(poptorch.Liveness.OffChipAfterFwd, accumulation=accumulation)
+    each_phase = _train(poptorch.Liveness.OffChipAfterEachPhase, accumulation=accumulation)
+    torch.testing.assert_close(each_phase[:2], after_fwd[:2])
+    # Only the values passed from one backward phase to the next are parked on top of the forward pass's:
+    # each weight's update (or gradient accumulation) reads its gradient in the phase that produced it.
+    assert _stores(each_phase[2]) - _stores(after_fwd[2]) == PHASES - 1
 
 
 def test_liveness_keys_the_executable_cache():
