@@ -51,6 +51,8 @@ class Programs:
     gradients: dict = field(default_factory=dict)
     # Trained parameter -> replicas its optimizer state and update are sharded over (replicated tensor sharding).
     sharded: dict = field(default_factory=dict)
+    # The micro-batch program's output holding the final loss (None if the model does not return it).
+    loss: str | None = None
 
 
 def build_inference(captured):
@@ -125,6 +127,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     sharded = {name: replicas for name, replicas in sharded.items() if name in grads}
     params = {name: graph.input(name) for name in trained}
     placements = _blocks.update_placements(grads, options.execution_strategy)
+    loss_output = next((name for name, v in graph.outputs.items() if v is loss), None)
     _advance_rng(graph)
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
@@ -136,7 +139,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         if placements:
             _blocks.order_updates(graph)
         gradients = {name: ("train", grads[name]) for name in trained}
-        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients)
+        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients, loss=loss_output)
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
@@ -180,7 +183,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         _blocks.order_updates(graph)
     initial.update(builder.initial)
     graphs = {"accumulate": graph, "apply": apply}
-    return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded)
+    return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded, loss_output)
 
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):
