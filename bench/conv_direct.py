@@ -10,12 +10,11 @@ PyTorch's training step (SGD) timed in the same rounds for scale, with as many t
 """
 
 import argparse
-import os
 import statistics
-import time
 from unittest import mock
 
 import torch
+from _timing import mean_seconds, popsim_threads  # bench/ is the script's directory
 from torch import nn
 
 import poptorch
@@ -97,13 +96,6 @@ def _eager_step(x, y):
     return step
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    for _ in range(STEPS_PER_ROUND):
-        fn()
-    return (time.perf_counter() - start) / STEPS_PER_ROUND
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     only = parser.add_mutually_exclusive_group()
@@ -111,7 +103,7 @@ def main():
     only.add_argument("--im2col-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("POPSIM_NUM_THREADS", os.cpu_count())))
+    torch.set_num_threads(popsim_threads())
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
     variants = {}
@@ -124,7 +116,7 @@ def main():
     times = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            times[name].append(_timed(step))
+            times[name].append(mean_seconds(step, STEPS_PER_ROUND))
     for name, training in variants.items():
         print(f"{name:<7} step {statistics.median(times[name]) * 1e3:8.1f} ms  cycles/step {training.cycleCount():>10}")
     print(f"eager   step {statistics.median(times['eager']) * 1e3:8.1f} ms")

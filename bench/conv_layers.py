@@ -7,10 +7,10 @@ prints each shape's median run time of both and the median of the per-round rati
 
 import argparse
 import statistics
-import time
 from unittest import mock
 
 import numpy as np
+from _timing import mean_seconds  # bench/ is the script's directory
 
 import popir
 import popsim
@@ -43,13 +43,6 @@ def _compiled(shape, out_channels, kernel, stride, padding, direct):
     return lambda: exe.run(feeds)
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    for _ in range(RUNS_PER_ROUND):
-        fn()
-    return (time.perf_counter() - start) / RUNS_PER_ROUND
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -59,7 +52,7 @@ def main():
         times = {direct: [] for direct in runs}
         for _ in range(args.rounds):
             for direct, run in runs.items():
-                times[direct].append(_timed(run))
+                times[direct].append(mean_seconds(run, RUNS_PER_ROUND))
         ratio = statistics.median(d / m for d, m in zip(times[True], times[False]))
         direct, im2col = (statistics.median(times[d]) * 1e3 for d in (True, False))
         layer = f"{str(shape):<18} -> {out_channels:>3} k{kernel} s{stride}"

@@ -9,6 +9,7 @@ import resource
 import time
 
 import numpy as np
+from _timing import popsim_threads  # bench/ is the script's directory
 
 import popir
 import popsim
@@ -68,6 +69,7 @@ def torch_step_seconds(initial, x, labels, steps):
         import torch
     except ImportError:
         return None
+    torch.set_num_threads(popsim_threads())
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 5, 3),

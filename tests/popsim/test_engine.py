@@ -40,9 +40,9 @@ def test_copy_runs_move_exactly_the_given_elements(segments):
 
 
 def _run_exchange(memory, rows):
-    """``memory`` (float32) after one EXCHANGE phase of ``rows`` runs in the engine."""
+    """``memory`` (any dtype) after one EXCHANGE phase of ``rows`` runs in the engine."""
     arena = TileArena(1, memory.nbytes)
-    view = np.frombuffer(arena.buffer, np.float32)
+    view = np.frombuffer(arena.buffer, memory.dtype)
     view[:] = memory
     phases = np.array([[oc.PHASES["EXCHANGE"], 0, len(rows), 0]], np.int64)
     no_rows = np.zeros((0, oc.NCOLS), np.int64)
@@ -78,6 +78,35 @@ def test_the_engine_runs_copy_rows_exactly_as_element_copies(segments):
     memory[:SOURCES] = 0
     memory[SOURCES + 8] = SIGNALING_NAN
     rows = _exchange.copy_runs(np.array(src, np.int64) * 4, np.array(dst, np.int64) * 4, 4)
+    expected = memory.copy()
+    expected[dst] = memory[src]
+    assert _run_exchange(memory, rows).tobytes() == expected.tobytes()
+
+
+WIDE_SOURCES = 4096  # beyond every destination and every source's reach below it in the test that follows
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.int32, np.float32, np.int64])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from([0, 0, 1, -1, 3, 17]), st.integers(1, 70), st.integers(1, 4)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_broadcast_and_strided_rows_move_every_dtype_s_bits_as_element_copies(dtype, segments):
+    # Each segment repeats a run ``reps`` times from sources one element further on: broadcast runs (step 0,
+    # filled from one read) of every length, strided and contiguous ones, whose sources overlap one another.
+    src, dst = [], []
+    for start, step, count, reps in segments:
+        for k in range(reps):
+            src += [start + k + step * j + WIDE_SOURCES for j in range(count)]
+            dst += [len(dst) + j for j in range(count)]
+    rng = np.random.default_rng(len(src))
+    memory = rng.integers(0, 256, 2 * WIDE_SOURCES * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+    memory[:WIDE_SOURCES] = 0
+    isz = np.dtype(dtype).itemsize
+    rows = _exchange.copy_runs(np.array(src, np.int64) * isz, np.array(dst, np.int64) * isz, isz)
     expected = memory.copy()
     expected[dst] = memory[src]
     assert _run_exchange(memory, rows).tobytes() == expected.tobytes()

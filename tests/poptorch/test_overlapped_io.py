@@ -4,6 +4,7 @@ OverlapDeviceIterationLoop, on I/O tiles reserved by TensorLocations.numIOTiles,
 import pytest
 import torch
 
+import popsim
 import poptorch
 
 ACCUMULATION = poptorch.OverlapMode.OverlapAccumulationLoop
@@ -53,6 +54,18 @@ def test_overlapped_io_gives_eager_numbers_in_fewer_cycles(mode):
     assert {t["direction"] for t in shown["tensors"].values()} == {"input", "output"}
     assert all(t["mode"] == mode.name for t in shown["tensors"].values())
     assert shown["overlapped_cycles"] < shown["serial_cycles"]
+    # The call's timeline: the marked transfers on the I/O tiles' lane, some while the compute tiles run.
+    timeline = overlapped.profile.programs["inference"]["run_timeline"]
+    assert overlapped.cycleCount() == timeline["makespan"]
+    io = [e for e in timeline["intervals"] if e["lanes"] == ["replica 0 IPU 0 I/O tiles"]]
+    runs = [e for e in timeline["intervals"] if "device_iteration" in e]
+    assert {e["transfer"] for e in io} == {"load", "store"} and len(runs) == DEVICE_ITERATIONS
+    assert any(r["start"] < e["end"] and e["start"] < r["end"] for e in io for r in runs)
+    # The I/O tiles hold the marked input and output, spread over them, within a tile's memory.
+    held = overlapped.profile.programs["inference"]["io_tiles"]
+    assert held["io_tiles"] == 32 and len(held["memory"]) == 32
+    assert sum(held["memory"]) == sum(t["bytes"] for t in shown["tensors"].values()) == 2 * x[:2].numel() * 4
+    assert max(held["memory"]) <= held["tile_bytes"] == popsim.Target.ipu2().tile_bytes
     # The I/O tiles hold no compute vertices: the model computes on the others.
     assert overlapped.profile.target.num_tiles == 1472 - 32
 
@@ -92,6 +105,22 @@ def test_overlap_needs_io_tiles_and_a_sharded_or_phased_strategy():
     no_tiles = r"No IO tiles allocated\. You must allocate at least 32 IO tiles using poptorch\.Options\(\)"
     with pytest.raises(poptorch.Error, match=no_tiles):
         poptorch.inferenceModel(_Streamer(ACCUMULATION), _options(io_tiles=0))(x)
+
+
+def test_marked_tensors_beyond_the_io_tiles_memory_are_out_of_memory():
+    tile_bytes = popsim.Target.ipu2().tile_bytes
+    rows = 32 * tile_bytes // (4 * 1024) + 1  # one float32 micro-batch just over 32 I/O tiles' memory
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(poptorch.ShardedExecution())
+    opts.TensorLocations.numIOTiles(32)
+    total = 2 * rows * 1024 * 4  # the marked input and output
+    needed = -(-total // tile_bytes)
+    needed += needed % 2  # an even count, as numIOTiles takes
+    message = (
+        rf"Out of memory on the simulated IPU's I/O tiles: .* x \({rows * 1024 * 4:,} bytes\).* with "
+        rf"TensorLocations\.numIOTiles\(32\)\. Reserve more I/O tiles \(numIOTiles\({needed}\)\)"
+    )
+    with pytest.raises(poptorch.Error, match=message):
+        poptorch.inferenceModel(_Streamer(ACCUMULATION), opts)(torch.zeros(1, rows, 1024))
 
 
 class _InputUsedTwice(torch.nn.Module):

@@ -69,6 +69,15 @@ def test_independent_stages_of_a_phase_run_at_the_same_time():
     assert first[0]["start"] == first[1]["start"] == 0  # the profile shows the overlap
     later = [e for e in phases["timeline"] if e["phase"] == 1]
     assert later and min(e["start"] for e in later) == max(e["end"] for e in first.values())
+    # The call's timeline places the same phases on each IPU's lane.
+    pieces = [e for e in program["run_timeline"]["intervals"] if "phase" in e]
+    for entry in phases["timeline"]:
+        key = (entry["phase"], entry["pass"], entry["ipu"])
+        mine = [e for e in pieces if (e["phase"], e["pass"], e["ipu"]) == key]
+        assert (min(e["start"] for e in mine), max(e["end"] for e in mine)) == (entry["start"], entry["end"])
+    # Phase 1 on IPU 0 copies B's result from IPU 1 over the IPU-Link from IPU 1 to IPU 0.
+    assert any("replica 0 IPU-Link 1->0" in e["lanes"] for e in pieces if e["phase"] == 1)
+    assert program["run_timeline"]["makespan"] == cycles
 
 
 def test_a_dependent_chain_in_a_phase_runs_in_order():

@@ -110,6 +110,21 @@ def test_a_pipelined_step_takes_fewer_cycles_than_a_sharded_one(reference):
     assert schedule["main_cycles"] == GA * (forward + backward) and backward > 0
     assert schedule["ramp_up_cycles"] == 3 * forward and schedule["ramp_down_cycles"] == 3 * backward
     assert "schedule" not in sharded.profile.programs["accumulate"]
+    # The cycle count is the call's timeline: each IPU's compute tiles are a lane, and the stages of different
+    # micro-batches on different IPUs run at the same time.
+    timeline = pipelined.profile.programs["accumulate"]["run_timeline"]
+    assert pipelined.cycleCount() == timeline["makespan"]
+    assert {f"replica 0 IPU {i} compute" for i in range(4)} <= set(timeline["lanes"])
+    staged = [e for e in timeline["intervals"] if "stage" in e]
+    assert any(
+        a["lanes"] != b["lanes"] and a["start"] < b["end"] and b["start"] < a["end"] for a in staged for b in staged
+    )
+    # Sharded: each stage on its IPU's lane, nothing overlapping.
+    timeline = sharded.profile.programs["accumulate"]["run_timeline"]
+    assert sharded.cycleCount() == timeline["makespan"]
+    assert {e["ipu"] for e in timeline["intervals"] if "stage" in e} == {0, 1, 2, 3}
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
 
 
 def test_blocks_are_the_default_pipeline_and_copy_pickle_and_print():

@@ -281,3 +281,73 @@ def test_timeline_has_a_lane_per_ipu_on_a_two_ipu_device(browser, artifacts):
     assert {"compute IPU 0", "compute IPU 1"} <= set(lanes)
     assert any(lane.startswith("exchange IPU 0+1") for lane in lanes)
     assert _errors(browser) == []
+
+
+STREAMED = 64  # input features: transfers long enough to see on the I/O tiles' lane
+
+
+class _PhasedStreamer(torch.nn.Module):
+    """Blocks A and B (phase 0, on IPUs 0 and 1) both read the input, C (phase 1) adds them; the input and
+    output stream through the I/O tiles."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(STREAMED, 8), torch.nn.Linear(STREAMED, 8)
+
+    def forward(self, x):
+        x = poptorch.set_overlap_for_input(x, poptorch.OverlapMode.OverlapDeviceIterationLoop)
+        with poptorch.Block("A"):
+            u = torch.relu(self.a(x))
+        with poptorch.Block("B"):
+            v = torch.relu(self.b(x))
+        with poptorch.Block("C"):
+            return poptorch.set_overlap_for_output(u + v, poptorch.OverlapMode.OverlapDeviceIterationLoop)
+
+
+def _call_bars(browser):
+    """The call timeline's bars as [lane, name, start, cycles]."""
+    return browser.execute_script(
+        """return document.getElementById("call-chart").data
+            .flatMap(t => t.y.map((lane, i) => [lane, t.name, t.base[i], t.x[i]]));"""
+    )
+
+
+def test_call_timeline_draws_the_phases_and_the_io_tiles_transfers_and_memory(browser, artifacts):
+    strategy = poptorch.SerialPhasedExecution(poptorch.Phase(poptorch.Stage("A"), poptorch.Stage("B")), "C")
+    strategy.phase(0).ipus(0, 1)
+    strategy.phase(1).ipus(0)
+    options = poptorch.Options().deviceIterations(4).logCycleCount(True).setExecutionStrategy(strategy)
+    options.TensorLocations.numIOTiles(32)
+    inference = poptorch.inferenceModel(_PhasedStreamer(), options)
+    inference(torch.rand(4 * 64, STREAMED))
+    program = inference.profile.programs["inference"]
+    _open(browser, inference.profile.save_html(artifacts / "call_timeline.html"))
+    table = browser.find_element(By.ID, "call-table").text
+    assert f"Cycles of the last call {inference.cycleCount():,}" in table
+    assert f"scheduled {program['phases']['total_cycles']:,}" in table
+    assert f"{inference.cycleCount():,} overlapped (32 I/O tiles)" in table
+    bars = _call_bars(browser)
+    assert len(bars) == sum(len(e["lanes"]) for e in program["run_timeline"]["intervals"])
+    assert max(start + cycles for _, _, start, cycles in bars) == inference.cycleCount()
+    io_lane, ipu0, ipu1 = "replica 0 IPU 0 I/O tiles", "replica 0 IPU 0 compute", "replica 0 IPU 1 compute"
+    links = {"replica 0 IPU-Link 0->1", "replica 0 IPU-Link 1->0"}  # B's input, C's read of B's result
+    assert {lane for lane, *_ in bars} == {io_lane, ipu0, ipu1} | links
+    # Phase 0's two IPUs start together in every run; transfers on the I/O tiles overlap the compute tiles' work.
+    # (IPU 1's work starts with its copy of the input over the link from IPU 0.)
+    phase0 = [(lane, start) for lane, name, start, _ in bars if name == "phase 0 forward"]
+    starts = {start for lane, start in phase0 if lane == ipu0}
+    assert len(starts) == 4 and starts <= {start for lane, start in phase0 if lane == ipu1}
+    assert starts <= {start for lane, start in phase0 if lane == "replica 0 IPU-Link 0->1"}
+    transfers = [(s, s + c) for lane, name, s, c in bars if lane == io_lane and name in ("I/O load", "I/O store")]
+    computing = [(s, s + c) for lane, name, s, c in bars if lane == ipu1]
+    assert any(a < d and c < b for a, b in transfers for c, d in computing)
+    _screenshot(browser, "call", artifacts / "call_timeline.png")
+    # The I/O tiles' memory: the marked input and output, spread over the 32 I/O tiles.
+    held = program["io_tiles"]
+    assert "I/O tiles: 32 on IPU 0" in browser.find_element(By.ID, "io-tiles").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#io-tile-tensors tr:not(:first-child)")
+    assert {r.find_element(By.CSS_SELECTOR, "td").text for r in rows} == {t["name"] for t in held["tensors"]}
+    chart = browser.execute_script('return document.getElementById("io-tiles-chart").data.map(t => t.y)')
+    assert [sum(column) for column in zip(*chart)] == held["memory"]
+    _screenshot(browser, "memory", artifacts / "io_tiles.png")
+    assert _errors(browser) == []

@@ -36,8 +36,17 @@ from popsim.lowerings import register_lowering
 from popsim.mapping import TileMapping
 from popsim.planner import Lowerer
 from popsim.profile import Profile
-from popsim.schedule import Schedule, phase_schedule, stash_per_tile, step_schedule
+from popsim.schedule import (
+    Schedule,
+    phase_schedule,
+    place_phases,
+    place_pipeline,
+    place_steps,
+    stash_per_tile,
+    step_schedule,
+)
 from popsim.target import Device, Target
+from popsim.timeline import Timeline, compute_lane, io_lane, link_lane
 
 __version__ = _version("popsim")
 
@@ -68,13 +77,20 @@ __all__ = [
     "Tensor",
     "TileArena",
     "TileMapping",
+    "Timeline",
     "UnsupportedOpError",
     "Vertices",
     "__version__",
     "compile",
     "compile_device_graph",
+    "compute_lane",
+    "io_lane",
+    "link_lane",
     "register_lowering",
     "phase_schedule",
+    "place_phases",
+    "place_pipeline",
+    "place_steps",
     "stash_per_tile",
     "step_schedule",
     "supported_ops",

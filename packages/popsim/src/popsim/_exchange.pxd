@@ -1,6 +1,6 @@
 # Exchange and host transfers: byte-run copies between tiles and slices of host streams (see _exchange.pyx).
 # The per-row copy is inline here so the engine loop runs it without a call through a module boundary.
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from popsim._types cimport byte_t, copy_t, int32_t, offset_t
 
@@ -43,6 +43,28 @@ cdef inline void small_copy(byte_t* d, const byte_t* s, offset_t n) noexcept nog
         d[0] = s[0]
 
 
+cdef inline void broadcast(byte_t* d, const byte_t* s, offset_t count, offset_t isz) noexcept nogil:
+    """``count`` copies of the element of ``isz`` bytes at ``s`` to contiguous ``d``: the element is read once,
+    so the stores fill whole vectors (re-reading it through a pointer that may alias ``d`` kept the loop
+    scalar). Like small_copy's memcpy, this takes it that no destination of an exchange is also its source."""
+    cdef int32_t word
+    cdef unsigned short half
+    cdef offset_t j
+    if isz == 4:
+        word = (<const int32_t*> s)[0]
+        for j in range(count):
+            (<int32_t*> d)[j] = word
+    elif isz == 2:
+        half = (<const unsigned short*> s)[0]
+        for j in range(count):
+            (<unsigned short*> d)[j] = half
+    elif isz == 1:
+        memset(d, s[0], count)
+    else:
+        for j in range(count):
+            memcpy(d + j * isz, s, isz)
+
+
 cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
     """One exchange row: ``reps`` repetitions, the source advancing by ``outer`` bytes each, of ``count``
     elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes, 0 for a broadcast element) to
@@ -54,6 +76,10 @@ cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
     if stride == isz:
         for k in range(reps):
             small_copy(d + k * nbytes, s + k * outer, nbytes)
+        return
+    if stride == 0:
+        for k in range(reps):
+            broadcast(d + k * nbytes, s + k * outer, count, isz)
         return
     for k in range(reps):
         if isz == 4:

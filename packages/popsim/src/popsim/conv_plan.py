@@ -20,7 +20,7 @@ from popir import DType
 from popsim import _opcodes as oc
 from popsim import cost
 from popsim.mapping import TileMapping
-from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
+from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul, result_rows, temporary_bytes
 from popsim.planner import _index_key, _sources_key
 
 
@@ -57,6 +57,9 @@ class ConvPlan(NamedTuple):
 # Input channels one AMP weight load covers at a kernel position (*estimate*, by activation itemsize): a
 # convolution with fewer channels per position leaves AMP lanes idle, which folding fills.
 AMP_INPUT_CHANNELS = {4: 8, 2: 16}
+
+# Bytes of one CONV vertex's geometry constant (int32 words), placed on its tile.
+GEOMETRY_BYTES = len(oc.CONV_GEOMETRY) * DType.int32.itemsize
 
 
 def _folds(spec):
@@ -108,14 +111,18 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
     (uh, uw) = spec.in_dilation
     rows, cols = _patch_extent(rb, kh, sh, dh, uh, h), _patch_extent(ow, kw, sw, dw, uw, w)
     operand_bytes = (bb * cb * rows * cols + ob * cb * kh * kw) * dtype.itemsize
-    memory = per_tile * (operand_bytes + bb * ob * rb * ow * partials.itemsize)
     reduced = (gc > 1) | (dtype != partials)
+    out_size = spec.groups * spec.batch * spec.out_channels * oh * ow
+    out_rows = result_rows(target, out_size, dtype.itemsize)
+    partial_bytes = bb * ob * rb * ow * partials.itemsize
+    memory = temporary_bytes(target, per_tile, operand_bytes, partial_bytes, reduced, gc, out_rows, partials, dtype)
+    memory += per_tile * GEOMETRY_BYTES  # each vertex's geometry constant
     exchange = functools.partial(cost.exchange_cycles, target)
     compute = vertex_cycles(target, spec, fold, cb, ob, bb * rb * ow, dtype)
     # Each contiguous patch row or weight row received is one exchange region with its own setup cycles.
     cycles = (3 + reduced) * target.bsp_sync_cycles + per_tile * (compute + bb * cb * rows + ob * cb)
     cycles += exchange(per_tile * operand_bytes)
-    outputs = -(-spec.groups * spec.batch * spec.out_channels * oh * ow // target.num_tiles)
+    outputs = -(-out_size // target.num_tiles)
     cycles += np.where(
         reduced,
         exchange(outputs * gc * partials.itemsize) + cost.reduce_cycles(target, outputs, gc, partials),
@@ -131,8 +138,9 @@ def plan_conv(target, spec, dtype, partials=DType.float32, available_memory=DEFA
 
 
 def direct_is_faster(lw, spec, dtype):
-    """Whether CONV vertices are estimated faster than a matmul over im2col columns (the kernel folded into
-    the input channels) for ``spec`` within the node's memory proportion."""
+    """Whether CONV vertices are chosen over a matmul over im2col columns (the kernel folded into the input
+    channels) for ``spec``, by the planners' rule: the faster of the plans that fit the node's memory
+    proportion, else the one needing less memory."""
     if 0 in (spec.batch, spec.out_channels, *spec.out_size):
         return False  # nothing to compute: the matmul path handles empty operands
     partial = lw.partials_type if dtype == DType.float16 else DType.float32
@@ -142,6 +150,11 @@ def direct_is_faster(lw, spec, dtype):
     folded = plan_matmul(
         lw.target, spec.groups, spec.out_channels, positions, taps, dtype, partial, lw.available_memory
     )
+    budget = int(lw.target.tile_bytes * lw.available_memory)
+    if (direct.memory <= budget) != (folded.memory <= budget):
+        return direct.memory <= budget  # only one fits: a lower proportion never picks more memory
+    if direct.memory > budget and direct.memory != folded.memory:
+        return direct.memory < folded.memory  # neither fits: the least memory, as each planner replans
     return direct.cycles <= folded.cycles
 
 

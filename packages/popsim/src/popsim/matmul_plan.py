@@ -8,10 +8,14 @@ import numpy as np
 
 from popir import DType
 from popsim import cost
+from popsim.mapping import TileMapping
 
 # Poplar's default availableMemoryProportion: the share of a tile's memory a matmul or convolution plan may
 # use for its temporary operand blocks and partials.
 DEFAULT_AVAILABLE_MEMORY = 0.6
+
+# Vertex state of one reduce vertex (its header and two fields), resident on each tile that reduces.
+REDUCE_VERTEX_BYTES = 16
 
 
 class MatmulPlan(NamedTuple):
@@ -22,7 +26,7 @@ class MatmulPlan(NamedTuple):
     nb: int
     kb: int
     cycles: int
-    memory: int  # temporary bytes (operand blocks and partials) on the busiest tile
+    memory: int  # temporary bytes on the busiest tile (see ``temporary_bytes``)
 
 
 def _splits(size):
@@ -52,6 +56,24 @@ def _plan_cycles(target, batch, m, n, gk, mb, nb, kb, dtype, per_tile, partials)
     return cycles + np.where(reduced, reduction, cost.exchange_cycles(target, rows * 4))
 
 
+def result_rows(target, size, itemsize):
+    """Elements of a ``size``-element result (linearly mapped, as the reduction's output) on its busiest tile."""
+    mapping = TileMapping.linear(size, itemsize, target)
+    return int((mapping.stops - mapping.starts).max(initial=0))
+
+
+def temporary_bytes(target, per_tile, operand_bytes, partial_bytes, reduced, gk, rows, partials, dtype):
+    """Peak temporary bytes on the busiest tile of a split (arrays, one per candidate): the larger of the
+    compute phase (operand blocks and partials) and the reduction (partials still live, each of the ``rows``
+    result elements' ``gk`` partials gathered to its tile when ``reduced``, and the result), so that a plan
+    with more K-splits is charged for the partials it exchanges and reduces, and for the reduction's codelet
+    and vertices, resident on every tile for the whole program."""
+    partial_live = per_tile * partial_bytes
+    gathered = np.where(reduced, rows * gk * partials.itemsize, 0)
+    peak = np.maximum(partial_live + per_tile * operand_bytes, partial_live + gathered + rows * dtype.itemsize)
+    return peak + np.where(reduced, target.code_bytes_per_codelet + REDUCE_VERTEX_BYTES, 0)
+
+
 @functools.lru_cache(maxsize=512)
 def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32, available_memory=DEFAULT_AVAILABLE_MEMORY):
     """The split with the fewest estimated cycles whose per-tile operands and partials fit in the
@@ -69,7 +91,12 @@ def plan_matmul(target, batch, m, n, k, dtype, partials=DType.float32, available
     gm, gn, gk = gm[keep], gn[keep], gk[keep]
     mb, nb, kb = -(-m // gm), -(-n // gn), -(-k // gk)
     per_tile = -(-(batch * gm * gn * gk) // target.num_tiles)
-    memory = per_tile * ((mb * kb + kb * nb) * dtype.itemsize + mb * nb * partials.itemsize)
+    reduced = (gk > 1) | (dtype != partials)
+    rows = result_rows(target, batch * m * n, dtype.itemsize)
+    operand_bytes = (mb * kb + kb * nb) * dtype.itemsize
+    memory = temporary_bytes(
+        target, per_tile, operand_bytes, mb * nb * partials.itemsize, reduced, gk, rows, partials, dtype
+    )
     cycles = _plan_cycles(target, batch, m, n, gk, mb, nb, kb, dtype, per_tile, partials)
     fits = np.flatnonzero(memory <= int(target.tile_bytes * available_memory))
     # Nothing fits: the fastest of the plans needing the least memory (the allocator reports any overflow).

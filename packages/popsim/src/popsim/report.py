@@ -1,11 +1,12 @@
 """A self-contained HTML report of a popsim profile: one file that opens from disk, with no network access.
 
 Views: a summary (cycles by compute / exchange / sync / host, simulated time, throughput, FLOPs against
-the target's peak), a zoomable BSP timeline with the tiles and IPUs each step kept busy, a heat map of
-tile memory (click a tile for the tensors live at its peak by category, against its budget, and every tensor
-placed on it), the operations grouped by module and source line (sortable by cycles or bytes), memory
-liveness over the program, with replication each replica's runs and the all-reduce between them, and a
-comparison of two profiles.
+the target's peak), a zoomable BSP timeline with the tiles and IPUs each step kept busy, the last call's
+timeline (each replica's IPUs' compute tiles and I/O tiles as lanes: runs, pipeline stages, phases, host
+transfers on the I/O tiles), a heat map of tile memory (click a tile for the tensors live at its peak by
+category, against its budget, and every tensor placed on it) with the I/O tiles' tensors beside it, the
+operations grouped by module and source line (sortable by cycles or bytes), memory liveness over the program,
+with replication each replica's runs and the all-reduce between them, and a comparison of two profiles.
 
 The charts are drawn by plotly.js, bundled into the file from the ``plotly`` Python package (MIT
 licence): a well-kept library whose one minified script ships inside the wheel, so the report needs no

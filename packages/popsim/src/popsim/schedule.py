@@ -18,6 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from popsim.timeline import Timeline, compute_lane, link_lane
+
+# Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
+OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -189,46 +194,146 @@ def stash_per_tile(program, target, stage_ipu):
 
 def phase_schedule(program, target, depends):
     """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
-    ``stage`` is its phase) compiled for ``target``. The phases run one after another, forward then backward
-    as the steps order them; within one phase and pass, each IPU's work (its steps with their syncs, the
-    inter-IPU copies into it included) starts once the IPUs it reads from are done, so the phase costs its
-    critical path over ``depends`` (``(phase, pass, from_ipu, to_ipu)``, pass "forward" or "backward"). A
-    phase whose IPUs read from each other both ways runs its IPUs one after another. Returns a dict with the
-    serial and scheduled cycles and a timeline of each phase's IPUs."""
-    work = {}  # (phase, pass) -> {ipu: cycles}, in the order the steps run
+    ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
+    (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
+    timeline = Timeline()
+    work = _phase_work(program, target, 0)
+    ipus = {ipu for unit in work.values() for ipu in unit} | {0}
+    place_phases(timeline, program, target, depends, 0, sorted(ipus))
+    spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces
+    for i in timeline.intervals:
+        if "phase" in i.label:
+            span = spans.setdefault((i.label["phase"], i.label["pass"], i.label["ipu"]), [i.start, i.end])
+            span[:] = min(span[0], i.start), max(span[1], i.end)
+    entries = [{"phase": p, "pass": d, "ipu": u, "start": a, "end": b} for (p, d, u), (a, b) in spans.items()]
+    return {
+        "serial_cycles": max(_total(work), program["total_cycles"]),
+        "total_cycles": timeline.makespan,
+        "timeline": sorted(entries, key=lambda e: (e["start"], e["ipu"])),
+    }
+
+
+def place_phases(timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, **label):
+    """Lay one run of a phased ``program`` on ``ipus`` of ``replica`` out on ``timeline``. The phases run one
+    after another, forward then backward as the steps order them; within one phase and pass, each IPU's work
+    (its steps with their syncs, the inter-IPU copies into it included, which also hold their IPU-Links)
+    starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``), so a
+    phase costs its critical path; IPUs that read each other both ways run one after another. The steps of
+    no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU. Returns the intervals."""
+    label = {"replica": replica, **label}
+    work = _phase_work(program, target, replica)
+    outside = max(0, program["total_cycles"] - _total(work))
+    placed, previous = [], []
+    for (phase, direction), unit in work.items():
+        edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
+        order, edges = _run_order(unit, edges)
+        done = {}
+        for ipu in order:
+            after = previous + [done[a] for a, b in edges if b == ipu]
+            for links, cycles in unit[ipu]:  # one after another on the IPU's lane
+                resources = [compute_lane(replica, ipu), *links]
+                tags = {"phase": phase, "pass": direction, "ipu": ipu}
+                done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
+                placed.append(done[ipu])
+        previous = list(done.values())
+    lanes = [compute_lane(replica, i) for i in ipus]
+    rest = outside + extra_cycles
+    placed.append(timeline.add(lanes, rest, previous, not_before, work=OUTSIDE_PHASES, **label))
+    return placed
+
+
+def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, **label):
+    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` of ``replica`` out on ``timeline`` in
+    program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an inter-IPU copy on
+    its IPU-Links too), each after the one before; steps of no stage, and what the run's ``cycles`` have
+    beyond the steps (control, host), on every IPU. None (nothing placed) when the steps add up to more than
+    ``cycles``. Returns the intervals."""
+    label = {"replica": replica, **label}
+    stretches = []  # [key, cycles]: key (stage, pass, ipu, links), or None for steps of no stage
+    for step in program["steps"]:
+        key = (step["stage"], _pass_of(step), step["ipu"], _links(step, replica)) if "stage" in step else None
+        if not stretches or stretches[-1][0] != key:
+            stretches.append([key, 0])
+        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    rest = cycles - sum(c for _, c in stretches)
+    if rest < 0:
+        return None
+    everywhere = [compute_lane(replica, i) for i in ipus]
+    placed = []
+    for key, span in [*stretches, [None, rest]]:
+        after = placed[-1:]
+        if key is None:
+            placed.append(timeline.add(everywhere, span, after, not_before, work=OUTSIDE_STAGES, **label))
+        else:
+            stage, direction, ipu, links = key
+            tags = {"stage": stage, "pass": direction, "ipu": ipu}
+            placed.append(timeline.add([compute_lane(replica, ipu), *links], span, after, not_before, **tags, **label))
+    return placed
+
+
+def _links(step, replica):
+    """The IPU-Link lanes an inter-IPU copy into the step's IPU holds (from each other IPU it keeps busy)."""
+    return tuple(link_lane(replica, other, step["ipu"]) for other in step.get("ipus", ()) if other != step["ipu"])
+
+
+def _phase_work(program, target, replica):
+    """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
+    in the order the steps run: consecutive steps holding the same IPU-Links merged."""
+    work = {}
     for step in program["steps"]:
         if "stage" in step:
-            unit = work.setdefault((step["stage"], _pass_of(step)), {})
-            unit[step["ipu"]] = unit.get(step["ipu"], 0) + step["cycles"] + target.bsp_sync_cycles
-    serial = sum(sum(unit.values()) for unit in work.values())
-    outside = max(0, program["total_cycles"] - serial)
-    timeline, now = [], 0
-    for (phase, direction), unit in work.items():
-        ends = _critical_path(unit, {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction)})
-        for ipu, (start, end) in sorted(ends.items()):
-            timeline.append({"phase": phase, "pass": direction, "ipu": ipu, "start": now + start, "end": now + end})
-        now += max((end for _, end in ends.values()), default=0)
-    return {"serial_cycles": serial + outside, "total_cycles": now + outside, "timeline": timeline}
+            pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
+            links = _links(step, replica)
+            if not pieces or pieces[-1][0] != links:
+                pieces.append([links, 0])
+            pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    return work
+
+
+def _total(work):
+    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles in pieces)
+
+
+def _run_order(cycles, edges):
+    """The order to place the IPUs of one phase (``cycles``: {ipu: work}) and the edges to wait on: the
+    reads ``edges`` (from, to) in topological order, or, when they form a cycle, every IPU after the one
+    before it in IPU order."""
+    graph = graphlib.TopologicalSorter({ipu: {a for a, b in edges if b == ipu} for ipu in cycles})
+    try:
+        return list(graph.static_order()), edges
+    except graphlib.CycleError:
+        order = sorted(cycles)
+        return order, set(zip(order, order[1:]))
+
+
+def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
+    """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
+    ``timeline``, pipeline cycle by pipeline cycle: in forward cycle t the k-th stage runs micro-batch t - k,
+    in backward cycle t micro-batch t - (S - 1 - k), each after the sync that ended the cycle before (the
+    inter-IPU copies between stages happen at that sync). A cycle is a superstep of all the IPUs as long as
+    the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages idle). The steps of
+    no stage follow on every IPU. Returns the intervals."""
+    label = {"replica": replica, **label}
+    lanes = [compute_lane(replica, ipu) for ipu in ipus]
+    stages, count = schedule.stages, len(schedule.stage_ipu)
+    sync = timeline.add(lanes, 0, not_before=not_before)
+    placed = []
+    for direction, cycles, slot in (
+        ("forward", schedule.forward_cycles, schedule.forward_slot),
+        ("backward", schedule.backward_cycles, schedule.backward_slot),
+    ):
+        for cycle in range(schedule.micro_batches + count - 1):
+            for k, stage in enumerate(stages):
+                batch = cycle - (k if direction == "forward" else count - 1 - k)
+                if 0 <= batch < schedule.micro_batches and cycles.get(stage, 0):
+                    ipu = schedule.stage_ipu[stage]
+                    tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction}
+                    placed.append(timeline.add([compute_lane(replica, ipu)], cycles[stage], [sync], **tags, **label))
+            sync = timeline.add(lanes, 0, not_before=sync.end + slot)  # the cycle's end, on every IPU
+    outside = schedule.micro_batches * schedule.outside_cycles
+    placed.append(timeline.add(lanes, outside, [sync], work=OUTSIDE_STAGES, **label))
+    return placed
 
 
 def _pass_of(step):
     return "forward" if step.get("role") in (None, "forward") else "backward"
-
-
-def _critical_path(cycles, edges):
-    """``{ipu: (start, end)}`` for IPUs with ``cycles`` of work each, an IPU starting when the IPUs it reads
-    from (``edges``: (from, to)) are done; one after another (in IPU order) when the edges form a cycle."""
-    graph = graphlib.TopologicalSorter({ipu: {a for a, b in edges if b == ipu and a in cycles} for ipu in cycles})
-    try:
-        order = list(graph.static_order())
-    except graphlib.CycleError:
-        spans, now = {}, 0
-        for ipu in sorted(cycles):
-            spans[ipu] = (now, now + cycles[ipu])
-            now += cycles[ipu]
-        return spans
-    spans = {}
-    for ipu in order:
-        start = max((spans[a][1] for a, b in edges if b == ipu and a in spans), default=0)
-        spans[ipu] = (start, start + cycles[ipu])
-    return spans

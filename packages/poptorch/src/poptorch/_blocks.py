@@ -214,7 +214,7 @@ class ShardedExecution(PipelinedExecution):
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
     activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
-    same time unless one reads another's values (``_device.phase_overlap``); the simulator never overlaps
+    same time unless one reads another's values (``popsim.place_phases``); the simulator never overlaps
     streaming-memory transfers with compute."""
 
     def __init__(self, *phases):

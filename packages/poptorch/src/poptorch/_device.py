@@ -7,8 +7,7 @@ import numpy as np
 
 import popir
 import popsim
-from poptorch import _blocks, _streaming
-from poptorch.enums import OverlapMode
+from poptorch import _blocks, _overlapped_io, _streaming
 from poptorch.errors import Error
 
 
@@ -63,49 +62,6 @@ def compile_programs(graphs, options, num_ipus=1):
         ) from exc
 
 
-def pipeline_overlap(exe, program, plan, groups, micro_batches):
-    """Cycles a pipelined multi-IPU ``plan`` saves on ``groups`` groups of ``micro_batches`` runs of
-    ``program`` (0 when the stages are not pipelined): a group's runs overlap over the IPUs instead of running
-    one after another. The group's schedule (stages, IPUs, ramp-up / main / ramp-down, timeline) goes into
-    the profile."""
-    if not plan.pipelined or not groups or not micro_batches:
-        return 0
-    schedule = popsim.step_schedule(exe.profile.programs[program], exe.target, micro_batches, True)
-    exe.profile.programs[program]["schedule"] = schedule.as_dict()
-    return groups * (schedule.serial_cycles - schedule.total_cycles)
-
-
-def phase_overlap(exe, program, graph, strategy, runs):
-    """Cycles a phased ``strategy`` saves on ``runs`` runs of ``program`` (its popir ``graph``): within a phase
-    and pass, the stages on different IPUs that do not read each other's values run at the same time (the
-    phase costs its critical path, inter-IPU copies included); 0 for other strategies. The phases' timeline
-    goes into the profile under ``phases``."""
-    if not _blocks.is_phased(strategy) or not runs:
-        return 0
-    schedule = popsim.phase_schedule(exe.profile.programs[program], exe.target, _phase_reads(graph))
-    exe.profile.programs[program]["phases"] = schedule
-    return runs * (schedule["serial_cycles"] - schedule["total_cycles"])
-
-
-def _phase_reads(graph):
-    """``(phase, pass, from_ipu, to_ipu)`` for each value a node of one phase and pass reads from another IPU
-    of the same phase and pass."""
-    reads = set()
-    for node in graph.nodes:
-        if node.placement is None:
-            continue
-        direction = "forward" if node.role in (None, "forward") else "backward"
-        for value in node.inputs:
-            producer = value.producer
-            if producer is None or producer.placement is None or producer.placement[0] != node.placement[0]:
-                continue
-            if producer.placement[1] == node.placement[1] or producer.op == "constant":
-                continue  # a constant is on the device from load time: no wait
-            if (producer.role in (None, "forward")) == (direction == "forward"):
-                reads.add((node.placement[0], direction, producer.placement[1], node.placement[1]))
-    return reads
-
-
 def check_pipeline_memory(exe, program, plan, options, training):
     """Refuse a pipelined training program whose tiles cannot also hold the activations of the micro-batches
     a pipeline keeps in flight (``popsim.schedule.stash_per_tile``), unless out-of-memory is allowed."""
@@ -127,6 +83,39 @@ def check_pipeline_memory(exe, program, plan, options, training):
             f"{target.tile_bytes:,} bytes ({over.size} tile(s) over). Recompute the activations from each stage's "
             """inputs (opts._Popart.set("autoRecomputation", 3)), use more IPUs, or ShardedExecution."""
         )
+
+
+def io_tile_memory(graph, marks, options):
+    """The I/O tiles' memory for the tensors of ``graph`` marked for overlapped I/O (``marks``: ``{name:
+    (direction, mode)}``): each marked input or output is held once on the ``TensorLocations.numIOTiles`` I/O
+    tiles of the first IPU, its elements spread evenly over them, while it streams to or from the host.
+    Refuses, unless out-of-memory is allowed, bytes beyond an I/O tile's memory. Returns the profile's
+    ``io_tiles`` entry (None without marks)."""
+    if not marks:
+        return None
+    count, tile_bytes = options.TensorLocations.num_io_tiles, target_of(options).tile_bytes
+    tensors, used = [], np.zeros(count, np.int64)
+    for name, (direction, _) in marks.items():
+        value_type = (graph.input(name) if direction == _overlapped_io.INPUT else graph.outputs[name]).type
+        elements = np.full(count, value_type.size // count, np.int64)
+        elements[: value_type.size % count] += 1
+        per_tile = elements * value_type.dtype.itemsize
+        used += per_tile
+        tensors.append(
+            {"name": name, "direction": direction, "bytes": value_type.nbytes, "tile_bytes": per_tile.tolist()}
+        )
+    if used.max() > tile_bytes and not options.allow_out_of_memory:
+        total, most = sum(t["bytes"] for t in tensors), options.TensorLocations.MAX_IO_TILES
+        needed = next((n for n in range(count, most + 1, 2) if -(-total // n) <= tile_bytes), None)
+        fix = f"numIOTiles({needed})" if needed else f"the most I/O tiles, {most}, and fewer marked bytes"
+        names = ", ".join(f"{t['name']} ({t['bytes']:,} bytes)" for t in tensors)
+        raise Error(
+            f"Out of memory on the simulated IPU's I/O tiles: the tensors marked for overlapped I/O, {names}, take "
+            f"{int(used.max()):,} bytes on an I/O tile, more than its {tile_bytes:,} bytes, with "
+            f"TensorLocations.numIOTiles({count}). Reserve more I/O tiles ({fix}), or mark fewer or smaller "
+            "tensors with set_overlap_for_input / set_overlap_for_output."
+        )
+    return {"io_tiles": count, "ipu": 0, "tile_bytes": tile_bytes, "memory": used.tolist(), "tensors": tensors}
 
 
 def check_input_fits(name, shape, itemsize, options):
@@ -177,66 +166,3 @@ def _int_inputs_behind(node):
         else:
             pending.extend(value.producer.inputs)
     return found
-
-
-def io_overlap(exe, program, graph, marks, runs, run_cycles, io_tiles, inner_is_accumulation):
-    """Cycles overlapped host I/O saves on ``runs`` (``(device iteration, accumulation step, replica)`` of each
-    run of ``program``, with its ``run_cycles``). A marked tensor streams to or from the ``io_tiles`` I/O tiles
-    and is exchanged with the compute tiles (more compute-tile cycles); the next run's marked inputs load and
-    the previous run's marked outputs store while the compute tiles run, when both runs are in the loop the
-    tensor's ``OverlapMode`` overlaps (``OverlapDeviceIterationLoop``: the call's device-iteration loop;
-    ``OverlapAccumulationLoop``: the inner loop, the accumulation loop when ``inner_is_accumulation``). A run
-    then costs max(compute, I/O-tile transfers) plus the transfers no neighbouring run hid. Replicas run in
-    parallel: the least saving counts. The figures go into the profile under ``io_overlap``."""
-    if not marks or not runs:
-        return 0
-    nbytes = {
-        name: (graph.input(name) if direction == "input" else graph.outputs[name]).type.nbytes
-        for name, (direction, _) in marks.items()
-    }
-    target = exe.target
-    transfer = {name: popsim.cost.host_cycles(target, n) for name, n in nbytes.items()}
-    exchange = popsim.cost.exchange_cycles(target, -(-sum(nbytes.values()) // io_tiles))
-
-    best = None
-    for replica in sorted({r for _, _, r in runs}):
-        own = [(run, c) for run, c in zip(runs, run_cycles, strict=True) if run[2] == replica]
-        serial = sum(c for _, c in own)
-        overlapped = _overlapped_cycles(own, marks, transfer, exchange, inner_is_accumulation)
-        if best is None or serial - overlapped < best[0] - best[1]:
-            best = (serial, overlapped)
-    exe.profile.programs[program]["io_overlap"] = {
-        "io_tiles": io_tiles,
-        "tensors": {
-            name: {"direction": direction, "mode": mode.name, "bytes": nbytes[name], "transfer_cycles": transfer[name]}
-            for name, (direction, mode) in marks.items()
-        },
-        "io_exchange_cycles_per_run": exchange,
-        "serial_cycles": best[0],
-        "overlapped_cycles": best[1],
-    }
-    return best[0] - best[1]
-
-
-def _overlapped_cycles(own, marks, transfer, exchange, inner_is_accumulation):
-    """Cycles of one replica's runs ``own`` (``[(run, cycles)]`` in order) with overlapped I/O."""
-
-    def loop_of(i, mode):
-        d, _, r = own[i][0]
-        inner = mode is OverlapMode.OverlapAccumulationLoop and inner_is_accumulation
-        return (r, d) if inner else r
-
-    def same_loop(i, j, mode):
-        return 0 <= j < len(own) and loop_of(j, mode) == loop_of(i, mode)
-
-    total = 0
-    for i, (_, cycles) in enumerate(own):
-        compute = cycles - sum(transfer.values()) + exchange
-        hidden = exposed = 0
-        for name, (direction, mode) in marks.items():
-            # An input loads during the previous run, an output stores during the next.
-            ahead, behind = (i + 1, i - 1) if direction == "input" else (i - 1, i + 1)
-            hidden += transfer[name] if same_loop(i, ahead, mode) else 0
-            exposed += 0 if same_loop(i, behind, mode) else transfer[name]
-        total += max(compute, hidden) + exposed
-    return total

@@ -27,6 +27,7 @@ from poptorch import (
     _auto_report,
     _blocks,
     _cache,
+    _call_timeline,
     _device,
     _device_checks,
     _distributed,
@@ -277,6 +278,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
             self._overlapped_io = _overlapped_io.resolve(captured)
+            io_tiles = _device.io_tile_memory(captured.graph, self._overlapped_io, self._options)
             if self._training:
                 group_of = self._group_of(captured)
                 own_counts = _replication.grouped_names(self.per_replica_params, self._options)
@@ -314,6 +316,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
+        if io_tiles:
+            exe.profile.programs[programs.micro_batch]["io_tiles"] = io_tiles
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
         distributed = self._training and self._options.Distributed.numProcesses > 1
@@ -521,10 +525,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         weights are recorded (so the host reads them) and a step cut short leaves no partial gradients.
         """
         exe, programs, layout = self._exe, self._programs, self._layout
-        per_output, cycles, runs_per_step = {}, 0, layout.ga * layout.r
-        # Replicas run in parallel: a step costs its busiest replica's runs, not their sum.
-        run_cycles, replica_cycles = [], np.zeros(layout.r, dtype=np.int64)
+        per_output, runs_per_step = {}, layout.ga * layout.r
+        run_cycles = []  # for the host-side latency figures; the cycle count is the call's timeline
         micro_batch_cycles = []  # each run's own cycles (run_cycles adds a step's optimizer run to its last)
+        step_runs = []  # each step's gradient reduction and optimizer run
         batches = list(layout.micro_batches())
         ran = done = 0
         try:
@@ -540,7 +544,6 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     ran = index + 1
                     with self._replica_buffers.replica(exe, r), self._device.grouped.replica(exe, r):
                         result = _run_on_device(exe, feeds, programs.micro_batch, programs.graphs[programs.micro_batch])
-                    replica_cycles[r] += exe.last_run_cycles or 0
                     run_cycles.append(exe.last_run_cycles or 0)
                     micro_batch_cycles.append(run_cycles[-1])
                     _append_time(perf, ("output",), time.time())
@@ -548,8 +551,6 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                         per_output.setdefault(name, []).append(np.array(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
-                        cycles += int(replica_cycles.max())
-                        replica_cycles[:] = 0
                         if self._shared_gradients:
                             _distributed.all_reduce_sum(exe, self._shared_gradients, self._device.grouped)
                         if programs.step:
@@ -561,7 +562,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                             for name, value in step_result.items():  # anchors the step streams to the host
                                 per_output.setdefault(name, []).append(np.array(value))
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)
-                            cycles += step_cycles
+                            step_runs.append(step_cycles)
                             run_cycles[-1] += step_cycles
                         done = ran
                         if interrupted() and done < len(batches):
@@ -576,22 +577,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 raise KeyboardInterrupt(message) from None
             raise
         self._device.after_run(self._training)
-        # Pipelined stages overlap each replica's micro-batches of a step (inference: of the call) over the IPUs.
-        groups, micro_batches = (done // runs_per_step, layout.ga) if self._training else (1, done // layout.r)
-        cycles -= _device.pipeline_overlap(exe, programs.micro_batch, self._multi_ipu, groups, micro_batches)
-        graph, strategy = programs.graphs[programs.micro_batch], self._options.execution_strategy
-        cycles -= _device.phase_overlap(exe, programs.micro_batch, graph, strategy, done // layout.r)
-        cycles -= _device.io_overlap(
-            exe,
-            programs.micro_batch,
-            programs.graphs[programs.micro_batch],
-            self._overlapped_io,
-            batches[:done],
-            micro_batch_cycles[:done],
-            self._options.TensorLocations.num_io_tiles,
-            self._training and layout.ga > 1,
+        call = _call_timeline.CallRuns(
+            batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
         )
-        self._cycles = cycles
+        self._cycles = _call_timeline.call_cycles(
+            exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
+        )
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
 

@@ -4,7 +4,7 @@ Captured for the simulated IPU, a marked tensor becomes a ``poptorch::set_overla
 value itself and records, on the popir graph, which model input or output it marks. As in PopTorch, the
 marks need I/O tiles (``TensorLocations.numIOTiles``) and a sharded or phased execution strategy, an input
 mark must be the only op applied to a model input and an output mark must be a model output returned once.
-``resolve`` gives the executor ``{input or output name: (direction, mode)}`` for ``_device.io_overlap``.
+``resolve`` gives the executor ``{input or output name: (direction, mode)}`` for the call timeline (``_call_timeline``).
 """
 
 import weakref

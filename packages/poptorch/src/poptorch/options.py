@@ -435,6 +435,8 @@ class _TensorLocationOptions(_Group):
     """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
     activations in tile memory or streaming memory)."""
 
+    MIN_IO_TILES, MAX_IO_TILES = 32, 192  # PopTorch's bounds of numIOTiles (an even count)
+
     _prefix = "TensorLocations"
 
     def _location(self, kind, location):
@@ -492,8 +494,8 @@ class _TensorLocationOptions(_Group):
 
     def numIOTiles(self, num_tiles):
         """Tiles reserved for I/O (an even number from 32 to 192): the model computes on the other tiles."""
-        if not isinstance(num_tiles, int) or num_tiles % 2 or not 32 <= num_tiles <= 192:
-            raise Error("numIOTiles must be an even number between 32 and 192.")
+        if not isinstance(num_tiles, int) or num_tiles % 2 or not self.MIN_IO_TILES <= num_tiles <= self.MAX_IO_TILES:
+            raise Error(f"numIOTiles must be an even number between {self.MIN_IO_TILES} and {self.MAX_IO_TILES}.")
         return self._set("numIOTiles", num_tiles)
 
     @property
