@@ -40,13 +40,14 @@ def _strategy(liveness, parallel=False):
     return strategy
 
 
-def _train(liveness, parallel=False, accumulation=1):
+def _train(liveness, parallel=False, accumulation=1, loss_scaling=None):
     torch.manual_seed(0)
     model = Phased()
     strategy = _strategy(liveness, parallel)
     opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
     opts.Training.gradientAccumulation(accumulation)
-    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    scaling = {} if loss_scaling is None else {"loss_scaling": loss_scaling}
+    trained = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1, **scaling))
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
     losses = [trained(x, y)[1].detach().clone() for _ in range(2)]
@@ -90,11 +91,11 @@ def test_off_chip_after_each_phase_also_parks_values_passed_between_phases(monke
     assert each_phase["total_cycles"] > after_fwd["total_cycles"]
 
 
-@pytest.mark.parametrize("accumulation", [1, 2])
-def test_gradients_are_not_parked_as_each_update_runs_in_its_gradients_phase(monkeypatch, accumulation):
+@pytest.mark.parametrize("accumulation, loss_scaling", [(1, None), (2, None), (1, 4.0)])
+def test_gradients_are_not_parked_as_each_update_runs_in_its_gradients_phase(monkeypatch, accumulation, loss_scaling):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    after_fwd = _train(poptorch.Liveness.OffChipAfterFwd, accumulation=accumulation)
-    each_phase = _train(poptorch.Liveness.OffChipAfterEachPhase, accumulation=accumulation)
+    after_fwd = _train(poptorch.Liveness.OffChipAfterFwd, accumulation=accumulation, loss_scaling=loss_scaling)
+    each_phase = _train(poptorch.Liveness.OffChipAfterEachPhase, accumulation=accumulation, loss_scaling=loss_scaling)
     torch.testing.assert_close(each_phase[:2], after_fwd[:2])
     # Only the values passed from one backward phase to the next are parked on top of the forward pass's:
     # each weight's update (or gradient accumulation) reads its gradient in the phase that produced it.

@@ -79,6 +79,16 @@ def _is_zero(h):
     return not hasattr(h, "graph") and h == 0
 
 
+def _each_placed(graph, placements, grads, transform, unless_dtype=None):
+    """{name: ``transform``(gradient)}, each made in its parameter's placement (``placements``), so it runs in
+    the phase of its gradient; a gradient of dtype ``unless_dtype`` is left as it is."""
+    out = {}
+    for name, g in grads.items():
+        with graph.annotate(placement=placements.get(name)):
+            out[name] = g if g.dtype == unless_dtype else transform(g)
+    return out
+
+
 def _is_one(h):
     return not hasattr(h, "graph") and h == 1
 
@@ -159,11 +169,9 @@ class OptimizerBuilder:
         scale = self.loss_scaling(graph)
         if self.automatic_loss_scaling:
             self._update_loss_scale_factor(graph, *(large_counts or self.count_large_gradients(grads)))
-        grads = {
-            name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
-        }
+        grads = _each_placed(graph, placements, grads, lambda g: _op("cast", g, dtype="float32"), DType.float32)
         if not _is_one(scale):
-            grads = {name: g / scale for name, g in grads.items()}
+            grads = _each_placed(graph, placements, grads, lambda g: g / scale)
         if self.spec.max_grad_norm is not None:
             grads = self._clip(graph, grads)
         step, t = self._step(graph) if self._needs_step() else (None, None)
