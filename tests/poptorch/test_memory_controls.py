@@ -1,6 +1,8 @@
 """Memory controls: serializedMatMul computes the same product as smaller ones, one after another, which
 lowers the peak tile memory of the simulated program and costs cycles, as PopTorch documents."""
 
+import copy
+
 import pytest
 import torch
 
@@ -289,6 +291,54 @@ def test_norm_only_recomputation_recomputes_nothing_without_norm_layers(monkeypa
     kept, norm_only = _train_normed(0, norms=False), _train_normed(2, norms=False)
     assert norm_only["memory_max_tile_bytes"] == kept["memory_max_tile_bytes"]
     assert norm_only["total_cycles"] == kept["total_cycles"]
+
+
+class SideBranch(torch.nn.Module):
+    """Normed's layers (no norms) with, if ``side``, a wide branch between them that never reaches the loss."""
+
+    def __init__(self, side):
+        super().__init__()
+        self.main = Normed(norms=False)
+        self.side = torch.nn.Linear(32, 512) if side else None
+
+    def forward(self, x, y):
+        main = self.main
+        h = main.first(x)
+        extra = []
+        for i, layer in enumerate(main.layers):
+            if self.side is not None and i % 2 == 0:
+                extra.append(torch.relu(self.side(x.detach())).sum(dim=1))
+            h = torch.tanh(layer(h))
+        return h, torch.nn.functional.mse_loss(h, y), *extra
+
+
+def _backward_nodes(side):
+    """The backward pass's steps (recomputed forward ops included) under Standard recomputation, with the
+    loss and weights after one step checked against eager."""
+    torch.manual_seed(0)
+    model = SideBranch(side)
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(64, 32, generator=g), torch.randn(64, 64, generator=g)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts._Popart.set("autoRecomputation", 1)
+    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = trained(x, y)[1]
+    eager_loss = eager(x, y)[1]
+    eager_loss.backward()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(list(trained.parameters()), list(eager.parameters()), rtol=1e-4, atol=1e-5)
+    steps = trained.profile.programs["train"]["steps"]
+    origins = [s.get("origin") or {} for s in steps]
+    return sorted((o.get("module") or "", o["op"]) for o in origins if o.get("role") == "backward")
+
+
+def test_standard_recomputation_walks_only_the_ops_on_a_path_to_the_loss():
+    # A side branch that does not reach the loss neither is recomputed nor moves the checkpoints.
+    with_side = _backward_nodes(side=True)
+    assert with_side == _backward_nodes(side=False)
+    assert ("", "tanh") in with_side  # the backward pass recomputes some forward activations
 
 
 def test_recomputation_settings_are_checked():

@@ -298,6 +298,37 @@ def is_phased(strategy):
     return isinstance(strategy, _PhasedExecution)
 
 
+def update_placements(grads, strategy):
+    """{parameter: placement} for its optimizer update under phased ``strategy`` (``grads``: {name: gradient
+    Value}): the phase and IPU whose backward pass produced its gradient, as PopART updates a weight in that
+    phase, so a streamed weight loaded there for the backward pass serves its update too. Empty for other
+    strategies, whose updates stay unplaced (on their operands' IPU)."""
+    if not is_phased(strategy):
+        return {}
+    return {name: g.producer.placement for name, g in grads.items() if g.producer is not None}
+
+
+def order_updates(graph):
+    """Reorder ``graph``'s nodes so that each placed optimizer node runs in its phase: right after the last
+    backward node of its placement, or after its operands if they come later; an unplaced optimizer node as
+    early in the backward pass as its operands allow. A stable sort, so every node still follows its
+    operands; the update's values then live only inside the phase, as PopART runs a weight's update there."""
+    nodes = graph.nodes
+    start = next((i for i, n in enumerate(nodes) if n.role not in (None, "forward")), len(nodes))
+    phase_end = {n.placement: i for i, n in enumerate(nodes) if n.role == "backward"}
+    slot_of = {}  # value id -> slot of its producer
+    slots = []
+    for i, node in enumerate(nodes):
+        if node.role != "optimizer":
+            slot = i
+        else:
+            operands = [slot_of[v.id] for v in node.inputs if v.id in slot_of]
+            slot = max([start, phase_end.get(node.placement, start) if node.placement else start, *operands])
+        slots.append(slot)
+        slot_of.update((v.id, slot) for v in node.outputs)
+    graph.nodes = [node for _, _, node in sorted(zip(slots, range(len(nodes)), nodes), key=lambda t: t[:2])]
+
+
 def spill_mode(strategy):
     """popsim's ``spill`` mode for execution strategy ``strategy`` (None unless phased with an off-chip
     ``Liveness``)."""

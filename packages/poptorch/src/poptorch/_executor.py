@@ -306,7 +306,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             if exe is None:
                 _training.optimise(programs)
                 if self._training:
-                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation)
+                    _recompute.apply(programs.graphs, programs.micro_batch, self._options.recomputation, programs.loss)
                 _logging.log_programs(programs.graphs)
                 phase("compile")
                 exe = _device.compile_programs(programs.graphs, self._options, self._multi_ipu.num_ipus)

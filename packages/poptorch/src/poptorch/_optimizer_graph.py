@@ -80,6 +80,16 @@ def _is_zero(h):
     return not hasattr(h, "graph") and h == 0
 
 
+def _each_placed(graph, placements, grads, transform, unless_dtype=None):
+    """{name: ``transform``(gradient)}, each made in its parameter's placement (``placements``), so it runs in
+    the phase of its gradient; a gradient of dtype ``unless_dtype`` is left as it is."""
+    out = {}
+    for name, g in grads.items():
+        with graph.annotate(placement=placements.get(name)):
+            out[name] = g if g.dtype == unless_dtype else transform(g)
+    return out
+
+
 def _is_one(h):
     return not hasattr(h, "graph") and h == 1
 
@@ -153,25 +163,25 @@ class OptimizerBuilder:
         return step, step + 1.0
 
     # -- the update -----------------------------------------------------------------------------
-    def apply(self, graph, params, grads, group_of, large_counts=None):
+    def apply(self, graph, params, grads, group_of, large_counts=None, placements=None):
         """Update each parameter Value in ``params`` (by name) from ``grads[name]``; ``group_of[name]`` its group.
         With automatic loss scaling, ``large_counts`` is (large elements, elements) over the step's micro-batches
-        if they were counted elsewhere, else ``grads`` are counted here."""
+        if they were counted elsewhere, else ``grads`` are counted here. ``placements`` ({name: placement}) puts
+        a parameter's update in a phase and on an IPU."""
+        placements = placements or {}
         scale = self.loss_scaling(graph)
         if self.automatic_loss_scaling:
             self._update_loss_scale_factor(graph, *(large_counts or self.count_large_gradients(grads)))
-        grads = {
-            name: (_op("cast", g, dtype="float32") if g.dtype != DType.float32 else g) for name, g in grads.items()
-        }
+        grads = _each_placed(graph, placements, grads, lambda g: _op("cast", g, dtype="float32"), DType.float32)
         if not _is_one(scale):
-            grads = {name: g / scale for name, g in grads.items()}
+            grads = _each_placed(graph, placements, grads, lambda g: g / scale)
         if self.spec.max_grad_norm is not None:
             grads = self._clip(graph, grads)
         step, t = self._step(graph) if self._needs_step() else (None, None)
         rule = getattr(self, f"_{self.spec.kind}")
         for name, p in params.items():
             # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
-            with graph.annotate(module=name.rpartition(".")[0]):
+            with graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name)):
                 p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
                 graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)

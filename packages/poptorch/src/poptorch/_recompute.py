@@ -8,9 +8,9 @@ Kept (read by the backward pass as they are): graph inputs, parameters and const
 - Standard (1): the outputs of the forward ops PopART's Standard heuristic checkpoints. It walks the forward
   ops in order, noting after each one the set of ops whose outputs a later forward op still reads (the live
   set) and those outputs' bytes; it cuts the ops into intervals of decreasing length (``_decreasing_intervals``)
-  and keeps every op of the smallest live set of each interval. The other forward ops are recomputed. (PopART
-  walks the ops on a path to the loss; here every forward node counts, one off that path only adding its
-  outputs to the live sets it is in.)
+  and keeps every op of the smallest live set of each interval. The other forward ops are recomputed. As in
+  PopART, only the ops on a path to the loss take part: a side branch that does not reach the loss is kept and
+  moves no checkpoint.
 - NormOnly (2): every forward value except the outputs of normalisation layers (layer, group, batch and
   instance norm), whose outputs are large and cheap to recompute.
 - Pipeline (3): every forward value except those computed and read inside one pipeline stage (the values a
@@ -44,12 +44,13 @@ NORM_ATEN_OPS = frozenset(
 _STANDARD_INTERVAL_SCALE = 0.75
 
 
-def apply(graphs, program, mode):
+def apply(graphs, program, mode, loss=None):
     """Recompute in training program ``program`` of ``graphs`` ({name: popir.Graph}) under ``mode``
-    ("standard", "norm_only", "pipeline" or "all"); "none" leaves the graphs alone."""
+    ("standard", "norm_only", "pipeline" or "all"); "none" leaves the graphs alone. ``loss`` names the
+    program's output holding the final loss, if the model returns it."""
     if mode != "none" and program in graphs:
         graph = graphs[program]
-        graphs[program] = recompute(graph, _kept_values(graph, mode), per_reader=mode == "all")
+        graphs[program] = recompute(graph, _kept_values(graph, mode, loss), per_reader=mode == "all")
 
 
 def recompute(graph, kept, per_reader=False):
@@ -97,8 +98,9 @@ def recompute(graph, kept, per_reader=False):
     return new
 
 
-def _kept_values(graph, mode):
-    """Ids of the values the backward pass reads as they are under recomputation ``mode``."""
+def _kept_values(graph, mode, loss=None):
+    """Ids of the values the backward pass reads as they are under recomputation ``mode`` (``loss``: the
+    output holding the final loss, or None)."""
     kept = {v.id for v in graph.inputs}
     readers = {}
     for node in graph.nodes:
@@ -118,9 +120,26 @@ def _kept_values(graph, mode):
     elif mode == "norm_only":
         kept.update(v.id for node in forward if not _is_norm(node) for v in node.outputs)
     elif mode == "standard":
-        ops = [n for n in forward if n.op != "constant"]  # PopART's constants are tensors, not ops
+        to_loss = _to_loss(graph, loss)
+        ops = [n for n in forward if n.op != "constant" and id(n) in to_loss]  # constants are tensors in PopART
+        kept.update(v.id for node in forward if id(node) not in to_loss for v in node.outputs)
         kept.update(v.id for node in _standard_checkpoints(ops) for v in node.outputs)
     return kept
+
+
+def _to_loss(graph, loss):
+    """ids of the forward nodes on a path to the loss: those the ``loss`` output (if any) or a value some
+    backward node reads depends on (a VJP reads only values of its op, which is on such a path; the loss's
+    last ops that no VJP reads are dead code unless the loss is an output)."""
+    needed = {graph.outputs[loss].id} if loss is not None else set()
+    on_path = set()
+    for node in reversed(graph.nodes):
+        if node.role == "backward":
+            needed.update(v.id for v in node.inputs)
+        elif node.role == "forward" and any(v.id in needed for v in node.outputs):
+            on_path.add(id(node))
+            needed.update(v.id for v in node.inputs)
+    return on_path
 
 
 def _is_norm(node):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import popir
-from poptorch import _host_print
+from poptorch import _blocks, _host_print
 from poptorch._optimizer_graph import OptimizerBuilder, replica_shard, shard_name, shard_size
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
@@ -51,6 +51,8 @@ class Programs:
     gradients: dict = field(default_factory=dict)
     # Trained parameter -> replicas its optimizer state and update are sharded over (replicated tensor sharding).
     sharded: dict = field(default_factory=dict)
+    # The micro-batch program's output holding the final loss (None if the model does not return it).
+    loss: str | None = None
 
 
 def build_inference(captured):
@@ -124,6 +126,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     trained = [name for name in candidates if name in grads]
     sharded = {name: replicas for name, replicas in sharded.items() if name in grads}
     params = {name: graph.input(name) for name in trained}
+    placements = _blocks.update_placements(grads, options.execution_strategy)
+    loss_output = next((name for name, v in graph.outputs.items() if v is loss), None)
     _advance_rng(graph)
     on_phase("optimise")
     micro_batches = options.replication_factor * options.Training.gradient_accumulation
@@ -131,9 +135,11 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     # Several processes sum their accumulators between the two programs, so they need the split form.
     if micro_batches == 1 and processes == 1:
         with graph.annotate(role="optimizer"):
-            builder.apply(graph, params, grads, group_of)
+            builder.apply(graph, params, grads, group_of, placements=placements)
+        if placements:
+            _blocks.order_updates(graph)
         gradients = {name: ("train", grads[name]) for name in trained}
-        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients)
+        return Programs({"train": graph}, "train", None, builder.initial, trained, gradients, loss=loss_output)
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
@@ -156,7 +162,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             count = shared_count
             if running and name in own_counts:
                 count = _running_count(graph, apply, initial, running_count_name(name))
-            graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
+            with graph.placed(placements.get(name)):  # accumulated in its gradient's phase
+                graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
             step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
             reduced[name] = step_gradient(step_acc)
@@ -172,9 +179,11 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
         builder.apply(apply, step_params, reduced, group_of, large_counts)
+    if placements:
+        _blocks.order_updates(graph)
     initial.update(builder.initial)
     graphs = {"accumulate": graph, "apply": apply}
-    return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded)
+    return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded, loss_output)
 
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):
