@@ -36,6 +36,8 @@ def test_auto_report_all_writes_profile_and_report_in_the_directory(tmp_path, mo
     folder = tmp_path / "tiny"
     profile = json.loads((folder / "profile.json").read_text())
     assert profile["programs"] == json.loads(model.profile.to_json())["programs"]
+    # Written again after the first call, with what running showed: the call's timeline.
+    assert profile["programs"]["inference"]["run_timeline"]["makespan"] > 0
     data = _data((folder / "report.html").read_text())
     assert data["profile"]["programs"] == profile["programs"]
     modules = {s["origin"].get("module") for s in data["profile"]["programs"]["inference"]["steps"] if s.get("origin")}

@@ -206,6 +206,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         # (a legacy loss wraps the user model, so reading the user's own module cannot trigger a sync).
         self._write_profile = False
         self._sync_after_call = False
+        self._report_dir, self._profile_ran = None, True  # set by each compile: profiles to write again
         self._reset()
 
     def _reset(self):
@@ -338,19 +339,27 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             self._device.set_optimizer(self._optimizer, self._spec)
         self._from_cache = cache_hit
         self._key = key
-        if self._write_profile or self._options.profile_dir:
-            directory = self._options.log_dir or "."
-            if self._options.profile_dir:
-                name = self._options.model_name or ("training" if self._training else "inference")
-                directory = os.path.join(self._options.profile_dir, name)
-            os.makedirs(directory, exist_ok=True)
-            exe.profile.to_json(os.path.join(directory, "profile.json"))
-        if report_dir is not None:
-            name = self._options.model_name or ("training" if self._training else "inference")
-            logger.info("Profile report written to %s", _auto_report.write(exe.profile, report_dir, name))
+        self._report_dir = report_dir
+        self._profile_ran = False
+        self._save_profiles()
         self._compiled_inputs = (spec, [self._input_signature(leaf) for leaf in leaves])
         _executor_api.record_compile_time(self, started)
         logger.debug("Compiled %s for %d input leaves", _kind(self._training), len(leaves))
+
+    def _save_profiles(self):
+        """Write the profile files the options and POPLAR_ENGINE_OPTIONS ask for: at compile time (the
+        compiled programs), and again after the first call, which adds what running showed (the call's
+        timeline, pipeline schedule, phases and overlapped I/O)."""
+        profile = self._exe.profile
+        name = self._options.model_name or ("training" if self._training else "inference")
+        if self._write_profile or self._options.profile_dir:
+            directory = self._options.log_dir or "."
+            if self._options.profile_dir:
+                directory = os.path.join(self._options.profile_dir, name)
+            os.makedirs(directory, exist_ok=True)
+            profile.to_json(os.path.join(directory, "profile.json"))
+        if self._report_dir is not None:
+            logger.info("Profile report written to %s", _auto_report.write(profile, self._report_dir, name))
 
     def _micro_batch_example(self, name, leaf):
         """One micro-batch of an input (what the model is captured on), after checking the input."""
@@ -484,6 +493,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             self._check_optimizer_groups()
         self._device.prepare()
         outputs = self._run(leaves)
+        if not self._profile_ran:
+            self._profile_ran = True
+            self._save_profiles()
         if self._sync_after_call:
             self.copyWeightsToHost()
         return outputs
