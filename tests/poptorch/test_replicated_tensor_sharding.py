@@ -181,24 +181,33 @@ def _levels(profile):
     return [level["name"] for level in profile.replication["all_reduce"]["levels"]]
 
 
+# SGD's step is so light that the select putting each updated shard back into the whole weight (what lets the
+# other programs hold no copy of the shard) costs about what the shard saves: only its arithmetic falls.
+LIGHT_STEPS = ("sgd_momentum",)
+
+
 @pytest.mark.parametrize("replicas", [2, 4])
-def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall(monkeypatch, replicas):
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adam", "lamb"])
+def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall(monkeypatch, kind, replicas):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     programs = []
     for sharded in (False, True):
         torch.manual_seed(0)
         model = Net()
         opts = _options(sharded, replicas=replicas, on_chip=True)
-        trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+        trained = poptorch.trainingModel(model, opts, OPTIMIZERS[kind](model.parameters()))
         g = torch.Generator().manual_seed(1)
         trained(torch.randn(BATCH * replicas, WIDTH, generator=g), torch.randn(BATCH * replicas, WIDTH, generator=g))
         programs.append(trained.profile.programs)
         trained.destroy()
     unsharded, sharded = programs
-    # The optimizer step of one replica: its state, weight and gradient shards only.
-    for figure in ("memory_max_tile_bytes", "compute_cycles", "total_cycles"):
+    # The optimizer step of one replica computes on its state, weight and gradient shards only.
+    figures = ["compute_cycles"] + ([] if kind in LIGHT_STEPS else ["memory_max_tile_bytes", "total_cycles"])
+    for figure in figures:
         assert sharded["apply"][figure] < unsharded["apply"][figure], figure
-    # The state stays on the chip between steps: every program's busiest tile holds less of it.
+    # The state stays on the chip between steps, and the step takes its weight shard from the whole weight: the
+    # forward and backward program holds no shard variable, only less state, and the overall peak falls.
+    assert sharded["accumulate"]["memory_max_tile_bytes"] < unsharded["accumulate"]["memory_max_tile_bytes"]
     peak = [max(p["memory_max_tile_bytes"] for p in run.values()) for run in programs]
     assert peak[1] < peak[0]
 
