@@ -280,25 +280,26 @@ def test_shards_are_padded_as_popart_pads_them():
     np.testing.assert_array_equal(poptorch._replication._join(shards, whole.shape), whole)
 
 
-def test_a_sharded_parameters_gradient_is_anchored_whole_and_its_updated_value_is_refused(monkeypatch):
+def test_a_sharded_parameters_gradient_and_updated_value_are_anchored_whole(monkeypatch):
+    """The updated weight an anchor streams is the joined one (after the all-gather), as unsharded: not the
+    view of the replica whose step ran last, which updated only its shard."""
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    gradients = []
+    anchored = []
     for sharded in (False, True):
         torch.manual_seed(0)
         model = Net()
         opts = _options(sharded)
         opts.anchorTensor("grad", "Gradient___model.first.weight")
+        opts.anchorTensor("new", "UpdatedVar___model.first.weight")
         trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
         trained(*_data())
-        gradients.append(trained.getAnchoredTensor("grad"))
+        updated = torch.as_tensor(trained.getAnchoredTensor("new"))
+        torch.testing.assert_close(updated, model.first.weight.detach(), rtol=0, atol=0)
+        anchored.append((trained.getAnchoredTensor("grad"), updated))
         trained.destroy()
-    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=0)
-    opts = _options(True)
-    opts.anchorTensor("new", "UpdatedVar___model.first.weight")
-    model = Net()
-    trained = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    with pytest.raises(poptorch.Error, match="'first.weight' is sharded over the replicas"):
-        trained(*_data())
+    (grad, new), (sharded_grad, sharded_new) = anchored
+    torch.testing.assert_close(sharded_grad, grad, rtol=0, atol=0)
+    torch.testing.assert_close(sharded_new, new, rtol=1e-6, atol=1e-7)
 
 
 def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(monkeypatch):

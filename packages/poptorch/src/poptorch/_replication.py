@@ -475,6 +475,7 @@ class ShardedState:
         self.state = dict(state or {})  # state variable -> its parameter
         self.norms = norms
         self.values = {}  # state variable -> [replicas, shard] of every replica's shard
+        self.joined = {}  # step output (an anchor) carrying a sharded parameter's update -> that parameter
 
     @classmethod
     def of(cls, programs, slots):
@@ -487,6 +488,10 @@ class ShardedState:
         sharded = cls(replicas, shapes, state, norms)
         for variable in state:
             sharded.values[variable] = np.stack([programs.initial[variable]] * replicas)
+        if programs.step is not None:
+            step = programs.graphs[programs.step]
+            updates = {step.updates.get(step.input(name)): name for name in shapes}
+            sharded.joined = {out: updates[v] for out, v in step.outputs.items() if v in updates}
         return sharded
 
     def __contains__(self, name):
@@ -539,6 +544,11 @@ class ShardedState:
         self.values = new_state
         for name, shards in new_weights.items():
             exe.write_variable(name, _join(shards, self.shapes[name]))
+
+    def joined_outputs(self, exe):
+        """{step output: value} for the outputs carrying a sharded parameter's update: the joined new weight
+        (after ``step``), not the one replica's view the step program's run produced."""
+        return {out: np.array(exe.read_variable(name)) for out, name in self.joined.items()}
 
     def _own(self):
         return {partial_norm_name(i) for i in range(self.norms)}
