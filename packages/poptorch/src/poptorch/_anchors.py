@@ -57,9 +57,9 @@ def named_values(captured, programs):
     for fqn, (program, gradient) in programs.gradients.items():
         named[GRADIENT + MODEL_PREFIX + fqn] = (program, gradient)
         step = programs.graphs[program]
-        if fqn not in programs.sharded:  # a sharded update's whole new weight exists only after the all-gather
-            named[UPDATED + MODEL_PREFIX + fqn] = (program, step.updates[step.input(fqn)])
-            # Likewise a sharded parameter's optimizer state: each replica holds only its shard.
+        # A sharded update's value is one replica's: the host gives the anchor the joined weight (ShardedState).
+        named[UPDATED + MODEL_PREFIX + fqn] = (program, step.updates[step.input(fqn)])
+        if fqn not in programs.sharded:  # a sharded parameter's optimizer state: each replica holds only its shard
             named.update(_optimizer_state(fqn, program, step))
     return named
 
@@ -91,19 +91,6 @@ def resolve(requests, options):
     return anchors
 
 
-def _check_not_sharded(anchor, programs):
-    """Refuse the updated value of a parameter whose update is sharded over the replicas: no replica computes
-    the whole new weight (each updates its shard, and the all-gather joins them)."""
-    fqn = anchor.long_name.removeprefix(UPDATED + MODEL_PREFIX)
-    if anchor.long_name.startswith(UPDATED) and fqn in programs.sharded:
-        raise Error(
-            f"anchorTensor({anchor.short_name!r}, {anchor.long_name!r}): the optimizer state of '{fqn}' is sharded "
-            "over the replicas (useReplicatedTensorSharding), so each replica's step updates only its shard of "
-            "the weight and no replica holds the whole new value; read the parameter from the model after the "
-            "call, or raise minElementsForReplicatedTensorSharding above its size to keep it whole"
-        )
-
-
 class Anchors:
     """A compiled model's anchorable tensor names and its anchors, each an output of its program."""
 
@@ -120,7 +107,6 @@ class Anchors:
         named = named_values(captured, programs)
         anchors = resolve(options.anchored_tensors, options)
         for anchor in anchors:
-            _check_not_sharded(anchor, programs)
             if anchor.long_name not in named:
                 raise Error(
                     f"anchorTensor({anchor.short_name!r}, {anchor.long_name!r}): the model has no tensor named "

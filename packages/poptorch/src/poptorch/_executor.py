@@ -573,6 +573,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                             run = lambda into=step_result: into.update(_run_on_device(exe, {}, programs.step))  # noqa: E731
                             sharded_step = functools.partial(self._device.sharded.step, exe, run, updated)
                             self._device.grouped.step(exe, sharded_step, updated)
+                            step_result.update(self._device.sharded.joined_outputs(exe))
                             for name, value in step_result.items():  # anchors the step streams to the host
                                 per_output.setdefault(name, []).append(np.array(value))
                             step_cycles = self._all_reduce_cycles + (exe.last_run_cycles or 0)

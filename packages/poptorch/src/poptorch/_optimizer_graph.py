@@ -37,15 +37,9 @@ def state_name(param, slot):
     return f"_opt.{param}.{slot}"
 
 
-# Replicated tensor sharding: a replica's shard of a parameter, updated in place (what the all-gather sends); per norm
-# over a sharded tensor, the replica's partial sum of squares and the sum over every replica (the all-reduce).
+# Replicated tensor sharding: per norm over a sharded tensor, the replica's partial sum of squares and the sum
+# over every replica (the all-reduce).
 SHARD_PREFIX = "_rts."
-
-
-def shard_name(param):
-    """Device variable holding a replica's shard of ``param``, which its optimizer step updates (replicated
-    tensor sharding)."""
-    return f"{SHARD_PREFIX}{param}"
 
 
 def partial_norm_name(index):
@@ -69,6 +63,28 @@ def replica_shard(value, replicas):
     size = value.type.size
     flat = _op("reshape", value, shape=(size,)) if value.ndim != 1 else value
     return _op("slice", flat, starts=(0,), stops=(size,), steps=(replicas,))
+
+
+def with_replica_shard(whole, shard, replicas):
+    """``whole`` with ``shard`` at the elements ``replica_shard`` reads: a select of the same shape as
+    ``whole``, so a step can update the whole weight variable in place from the shard it computed. The select's
+    mask is broadcast from one row of ``replicas`` flags during the step, not a whole-sized constant, which
+    every program would hold."""
+    shard_elements = shard.type.size
+    own = np.zeros((1, replicas), dtype=bool)
+    own[0, 0] = True
+    # Each shard element repeated over its replicas' places (a copy on its own tile; the select keeps one).
+    spread = _op("broadcast_to", _op("reshape", shard, shape=(shard_elements, 1)), shape=(shard_elements, replicas))
+    mask = _op("broadcast_to", whole.graph.constant(own), shape=(shard_elements, replicas))
+    return _op("where", _as_whole(mask, whole), _as_whole(spread, whole), whole)
+
+
+def _as_whole(grid, whole):
+    """A [shard, replicas] ``grid`` flattened and reshaped like ``whole``, without the last shards' padding."""
+    flat = _op("reshape", grid, shape=(grid.type.size,))
+    if flat.type.size != whole.type.size:
+        flat = _op("slice", flat, starts=(0,), stops=(whole.type.size,), steps=(1,))
+    return _op("reshape", flat, shape=whole.shape)
 
 
 def _op(name, *inputs, **attrs):
@@ -107,9 +123,10 @@ class OptimizerBuilder:
         self.spec = spec
         self.automatic_loss_scaling = automatic_loss_scaling
         self.initial = {}
-        # Parameters whose update each replica computes on its shard only (replicated tensor sharding): their
-        # weight and gradient given to ``apply`` are shards; norms over them are all-reduced.
-        self.sharded = set(sharded)
+        # Parameters whose update each replica computes on its shard only (replicated tensor sharding), and the
+        # replicas: ``apply`` takes the shard from the whole weight it is given, the gradient it is given is the
+        # shard, and norms over them are all-reduced.
+        self.sharded = dict(sharded)
         self.norms = 0  # sums of squares over sharded tensors, all-reduced over the replicas
 
     # -- variables ------------------------------------------------------------------------------
@@ -182,9 +199,11 @@ class OptimizerBuilder:
         for name, p in params.items():
             # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
             with graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name)):
-                p32 = _op("cast", p, dtype="float32") if p.dtype != DType.float32 else p
+                own = replica_shard(p, self.sharded[name]) if name in self.sharded else p
+                p32 = _op("cast", own, dtype="float32") if p.dtype != DType.float32 else own
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
-                graph.update(p, _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new)
+                new = _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new
+                graph.update(p, with_replica_shard(p, new, self.sharded[name]) if name in self.sharded else new)
         if step is not None:
             graph.update(step, t)
 

@@ -14,7 +14,7 @@ import torch
 
 from popsim import collectives
 from poptorch import _training
-from poptorch._optimizer_graph import partial_norm_name, shard_name, shard_size, summed_norm_name
+from poptorch._optimizer_graph import partial_norm_name, shard_size, summed_norm_name
 from poptorch.enums import CommGroupType, MeanReductionStrategy, ReductionType, VariableRetrievalMode
 from poptorch.errors import Error
 from poptorch.options import replica_groups
@@ -460,12 +460,13 @@ class ShardedState:
     Each replica's step program holds and updates only its shard: ``shard_size`` elements of its parameters'
     flattened weight, gradient and optimizer state, padded as PopART does (every shard ceil(n / replicas)
     elements, the last ones ending with one zero; see ``_split``). The replicas share one simulated device, so the
-    host keeps every replica's state shards and runs the step once per replica: it first writes the replica's
-    weight shard into ``shard_name`` (standing for the slice of the weight the replica updates) and places its
-    gradient shard where the step reads it (``replica_shard``), and afterwards joins the replicas' updated
-    shards into the new weights (the all-gather). Norms over sharded tensors (LAMB, gradient clipping) need
-    every replica's partial sum (the all-reduce): the replicas then run the step again with the sums of the
-    previous run's partial norms until those sums are the run's own.
+    host keeps every replica's state shards and runs the step once per replica: it first places the replica's
+    weight and gradient shards where the step reads them (``replica_shard``: the step slices them out of the
+    whole weight and gradient variables, which every replica holds anyway, and writes the updated weight shard
+    back in place), and afterwards joins the replicas' updated shards into the new weights (the all-gather).
+    Norms over sharded tensors (LAMB, gradient clipping) need every replica's partial sum (the all-reduce): the
+    replicas then run the step again with the sums of the previous run's partial norms until those sums are
+    the run's own.
     """
 
     def __init__(self, replicas=1, shapes=None, state=None, norms=0):
@@ -474,6 +475,7 @@ class ShardedState:
         self.state = dict(state or {})  # state variable -> its parameter
         self.norms = norms
         self.values = {}  # state variable -> [replicas, shard] of every replica's shard
+        self.joined = {}  # step output (an anchor) carrying a sharded parameter's update -> that parameter
 
     @classmethod
     def of(cls, programs, slots):
@@ -486,6 +488,10 @@ class ShardedState:
         sharded = cls(replicas, shapes, state, norms)
         for variable in state:
             sharded.values[variable] = np.stack([programs.initial[variable]] * replicas)
+        if programs.step is not None:
+            step = programs.graphs[programs.step]
+            updates = {step.updates.get(step.input(name)): name for name in shapes}
+            sharded.joined = {out: updates[v] for out, v in step.outputs.items() if v in updates}
         return sharded
 
     def __contains__(self, name):
@@ -528,7 +534,7 @@ class ShardedState:
                 self._place(exe, replica, kept, weights, grads, summed)
                 run()
                 for name in self.shapes:
-                    new_weights[name][replica] = exe.read_variable(shard_name(name))
+                    new_weights[name][replica] = _own_elements(exe.read_variable(name), self.replicas)
                 for variable in self.values:
                     new_state[variable][replica] = exe.read_variable(variable)
                 partial += [np.float32(exe.read_variable(partial_norm_name(i))) for i in range(self.norms)]
@@ -539,9 +545,13 @@ class ShardedState:
         for name, shards in new_weights.items():
             exe.write_variable(name, _join(shards, self.shapes[name]))
 
+    def joined_outputs(self, exe):
+        """{step output: value} for the outputs carrying a sharded parameter's update: the joined new weight
+        (after ``step``), not the one replica's view the step program's run produced."""
+        return {out: np.array(exe.read_variable(name)) for out, name in self.joined.items()}
+
     def _own(self):
-        names = {shard_name(name) for name in self.shapes}
-        return names | {partial_norm_name(i) for i in range(self.norms)}
+        return {partial_norm_name(i) for i in range(self.norms)}
 
     def _place(self, exe, replica, kept, weights, grads, summed):
         """Before ``replica``'s step: the step's other updated variables as before the step, its shard of each
@@ -550,7 +560,7 @@ class ShardedState:
             exe.write_variable(name, value)
         for name, shards in weights.items():
             accumulator = _training.accumulator_name(name)
-            exe.write_variable(shard_name(name), shards[replica])
+            exe.write_variable(name, _placed(kept[name], shards[replica], self.replicas))
             exe.write_variable(accumulator, _placed(kept[accumulator], grads[name][replica], self.replicas))
         for variable, shards in self.values.items():
             exe.write_variable(variable, shards[replica])
@@ -581,7 +591,12 @@ def _join(shards, shape):
 
 def _placed(whole, shard, replicas):
     """``whole`` with a replica's ``shard`` (padded) at elements 0, replicas, 2 x replicas... of it flattened,
-    where the step program reads a gradient's shard (``replica_shard``): replica 0's own elements."""
+    where the step program reads a weight's or gradient's shard (``replica_shard``): replica 0's own elements."""
     flat = whole.reshape(-1).copy()
     flat[::replicas] = shard
     return flat.reshape(whole.shape)
+
+
+def _own_elements(whole, replicas):
+    """The shard ``_placed`` put into ``whole`` (``shard_size`` elements), as the step left it."""
+    return np.asarray(whole).reshape(-1)[::replicas]

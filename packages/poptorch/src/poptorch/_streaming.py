@@ -11,7 +11,7 @@ reduce-scattered and the updated weight all-gathered (``popsim.collectives.shard
 
 from popsim.remote import Spill
 from poptorch import _blocks
-from poptorch._optimizer_graph import SHARD_PREFIX, shard_name, state_name
+from poptorch._optimizer_graph import SHARD_PREFIX, state_name
 from poptorch._training import ACCUMULATOR_PREFIX
 
 
@@ -52,10 +52,10 @@ def activation_spill(options):
 
 
 def _whole_size(variable, inputs):
-    """Elements of the whole tensor ``variable`` holds a part of: its parameter's for the optimizer state of a
-    sharded parameter (one whose shard variable the step program holds), else its own."""
+    """Elements of the whole tensor ``variable`` holds a part of: for a parameter's optimizer state (shaped like
+    the parameter, or one replica's shard of it when sharded) the parameter's, else its own."""
     param = variable.name.partition(".")[2].rpartition(".")[0]  # _opt.<param>.<slot>
-    if variable.name == state_name(param, variable.name.rpartition(".")[2]) and shard_name(param) in inputs:
+    if variable.name == state_name(param, variable.name.rpartition(".")[2]) and param in inputs:
         return inputs[param].type.size
     return variable.type.size
 

@@ -15,7 +15,7 @@ import numpy as np
 
 import popir
 from poptorch import _blocks, _host_print
-from poptorch._optimizer_graph import OptimizerBuilder, replica_shard, shard_name, shard_size
+from poptorch._optimizer_graph import OptimizerBuilder, replica_shard
 from poptorch.enums import MeanReductionStrategy, ReductionType
 from poptorch.errors import Error
 
@@ -169,10 +169,6 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             reduced[name] = step_gradient(step_acc)
             gradients[name] = ("apply", reduced[name])
             if name in sharded:  # the replica updates its shard of the weight from its shard of the gradient
-                shard = shard_name(name)
-                size = shard_size(p.type.size, sharded[name])
-                step_params[name] = apply.add_input(shard, (size,), p.dtype.value, kind="optimizer_state")
-                initial[shard] = np.zeros(size, dtype=p.dtype.numpy)
                 reduced[name] = step_gradient(replica_shard(step_acc, sharded[name]))
             apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
         large_counts = None
