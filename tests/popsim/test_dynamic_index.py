@@ -81,3 +81,53 @@ def test_a_gather_along_an_inner_axis_of_a_large_table():
     }
     got, want = _run(g, feeds)
     np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def _embedding_grad_graph(rows, dim, n):
+    """The embedding backward as popir differentiates a lookup: scatter_add of n gradient rows at the row
+    indices broadcast over the row width."""
+    g = popir.Graph("embedding_grad")
+    table = g.add_input("table", (rows, dim), "float32")
+    idx = g.add_input("idx", (n,), "int32")
+    grad = g.add_input("grad", (n, dim), "float32")
+    at = ops.broadcast_to(ops.reshape(idx, shape=(n, 1)), shape=(n, dim))
+    g.output("added", ops.scatter_add(table, at, grad, axis=0))
+    return g
+
+
+@pytest.mark.parametrize(
+    "target, rows, dim, n",
+    [(popsim.Target.small(num_tiles=16, tile_bytes=65_536), 256, 64, 128), ("ipu2", 1024, 128, 512)],
+    ids=["small", "bert-tiny-embedding"],
+)
+def test_embedding_backward_spreads_its_indices_and_updates_over_tiles(target, rows, dim, n):
+    """Indices and updates larger than a quarter tile are cut into chunks on tiles of their own (as
+    multiUpdateAdd spreads them) instead of sitting whole beside each table slice, which ran out of memory;
+    the running sum steps from chunk to chunk, so the result is the interpreter's to the bit."""
+    g = _embedding_grad_graph(rows, dim, n)
+    exe = popsim.compile(g, target)
+    rng = np.random.default_rng(3)
+    feeds = {
+        "table": rng.standard_normal((rows, dim)).astype(np.float32),
+        "idx": rng.integers(-rows, rows, n).astype(np.int32),
+        "grad": rng.standard_normal((n, dim)).astype(np.float32),
+    }
+    np.testing.assert_array_equal(exe.run(feeds)["added"], popir.interpreter.run(g, feeds)["added"])
+    # No tile holds more than a quarter of any tensor the size of the indices or the updates.
+    index_bytes = n * dim * 4
+    for tensor in exe.profile.programs[g.name]["tensors"]:
+        if tensor["bytes"] == index_bytes:
+            assert max(per_tile for _, _, per_tile in tensor["tile_runs"]) <= index_bytes // 4, tensor["name"]
+
+
+def test_out_of_range_index_in_a_chunked_scatter_is_an_error():
+    target = popsim.Target.small(num_tiles=16, tile_bytes=65_536)
+    g = _embedding_grad_graph(256, 64, 128)
+    exe = popsim.compile(g, target)
+    idx = np.zeros(128, np.int32)
+    idx[77] = 256  # in the third of four chunks
+    feeds = {"table": np.zeros((256, 64), np.float32), "idx": idx, "grad": np.ones((128, 64), np.float32)}
+    with pytest.raises(popsim.IndexRangeError, match="64 gather/scatter index") as caught:
+        exe.run(feeds)
+    # Once per element of the broadcast indices (the row width), not again per table slice.
+    assert caught.value.count == 64

@@ -466,14 +466,16 @@ def _bounds_check(lw, indices, size, salt):
     _check_vertex(lw, lw.dg.add_compute_set("bounds-check"), tile, it, size)
 
 
-def _check_vertex(lw, cs, tile, indices, size):
-    """Count ``indices`` (on ``tile``) outside an axis of ``size``, after negative wrap, into the run's
-    error: a GATHER vertex whose slices are zero elements wide reads and writes nothing but the check."""
+def _check_vertex(lw, cs, tile, indices, size, span=None):
+    """Count ``indices`` (elements ``span`` = (start, stop), all by default, on ``tile``) outside an axis of
+    ``size``, after negative wrap, into the run's error: a GATHER vertex whose slices are zero elements wide
+    reads and writes nothing but the check."""
+    start, stop = span or (0, indices.size)
     dummy = lw.new((1,), DType.int32, TileMapping.on_tiles([1], [tile]))
-    one, idx = dummy.region(0, 1), indices.region(0, indices.size)
-    cycles = cost.gather_cycles(lw.target, 1, indices.size, 0, 4)
+    one, idx = dummy.region(0, 1), indices.region(start, stop)
+    cycles = cost.gather_cycles(lw.target, 1, stop - start, 0, 4)
     oc.gather(
-        lw.dg.add_vertex, cs, tile, indices.size, cycles, table=one, indices=idx, out=one, rows=1, inner=0, size=size
+        lw.dg.add_vertex, cs, tile, stop - start, cycles, table=one, indices=idx, out=one, rows=1, inner=0, size=size
     )
 
 
@@ -585,27 +587,67 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     flat = _flat_indices(lw, x, indices, axis)
     salt = x.size + 5 * indices.size
     slices = _axis_slices(lw, x.size * x.itemsize, x.size)
-    if len(slices) == 1:
+    # Indices and updates that would not fit a quarter of a tile together are cut into chunks as well.
+    chunks = _axis_slices(lw, flat.size * (flat.itemsize + updates.itemsize), flat.size)
+    if len(slices) == 1 and len(chunks) == 1:
         tile, (it, ut, ct) = _on_one_tile(lw, [flat, updates, indices], salt)
         out = lw.gather(
             x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
         )
         _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut, check=(ct, x.shape[axis]))
         return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
-    _bounds_check(lw, indices, x.shape[axis], salt)
-    zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
-    parts = []
-    for k, (lo, hi) in enumerate(slices):
-        tile = _spread_tile(lw, salt, k + 1)
-        inside, local = _in_slice(lw, flat, lo, hi)
-        # An update outside this slice lands on the slice's first element as a zero.
-        kept = lw.elementwise("where", [inside, updates, zero], updates.shape, x.dtype)
-        it, ut = (lw.relayout(t, t.shape, TileMapping.on_tiles([t.size], [tile])) for t in (local, kept))
-        place = TileMapping.on_tiles([hi - lo], [tile])
-        out = lw.gather((hi - lo,), x.dtype, [x], np.arange(lo, hi), place, name="scatter-init")
-        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, hi - lo, upd=ut)
-        parts.append(out)
+    parts = _scatter_add_tiled(lw, x, flat, updates, (indices, x.shape[axis]), salt, slices, chunks)
     return lw.gather(x.shape, x.dtype, parts, np.arange(x.size), name="scatter-slices")
+
+
+def _scatter_add_tiled(lw, x, flat, updates, check, salt, slices, chunks):
+    """The slices of flat ``x`` with ``updates`` added at ``flat`` (flat element indices), as Poplar's
+    multiUpdateAdd spreads them: slice k's chunk c of indices and updates sits on a tile of its own, and the
+    slice's running sum steps from chunk tile to chunk tile, so every update is added in index order as one
+    vertex would (the same bits) while no tile holds more than a slice and a chunk. ``check``: the user's
+    indices and their axis size, range-checked chunk by chunk."""
+    zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
+    counts = [c1 - c0 for c0, c1 in chunks]
+    tiles, local, kept = [], [], []
+    for k, (lo, hi) in enumerate(slices):
+        tiles.append([_spread_tile(lw, salt, 1 + k * len(chunks) + c) for c in range(len(chunks))])
+        inside, at = _in_slice(lw, flat, lo, hi)
+        # An update outside this slice lands on the slice's first element as a zero.
+        upd = lw.elementwise("where", [inside, updates, zero], updates.shape, x.dtype)
+        spread = TileMapping.on_tiles(counts, tiles[k])
+        local.append(lw.relayout(at, at.shape, spread))
+        kept.append(lw.relayout(upd, upd.shape, spread))
+    # The user's indices are checked on tiles of their own: beside a slice's chunks they would double them.
+    checkers = [_spread_tile(lw, salt, 1 + len(slices) * len(chunks) + c) for c in range(len(chunks))]
+    user = lw.relayout(check[0], check[0].shape, TileMapping.on_tiles(counts, checkers))
+    sums = [x] * len(slices)
+    for c, (c0, c1) in enumerate(chunks):
+        steps = []
+        for k, (lo, hi) in enumerate(slices):
+            src = np.arange(lo, hi) if c == 0 else np.arange(hi - lo)
+            place = TileMapping.on_tiles([hi - lo], [tiles[k][c]])
+            steps.append(lw.gather((hi - lo,), x.dtype, [sums[k]], src, place, name="scatter-init"))
+        cs = lw.dg.add_compute_set("scatter_add")  # after the copies it reads, in program order
+        for k, (lo, hi) in enumerate(slices):
+            out, tile = steps[k], tiles[k][c]
+            fields = {"table": out.region(0, out.size), "indices": local[k].region(c0, c1)}
+            fields.update(updates=kept[k].region(c0, c1), out=out.region(0, out.size))
+            cycles = cost.gather_cycles(lw.target, 1, c1 - c0, 1, x.itemsize)
+            oc.scatter_add(
+                lw.dg.add_vertex,
+                cs,
+                tile,
+                c1 - c0,
+                cycles,
+                **fields,
+                rows=1,
+                inner=1,
+                size=hi - lo,
+                checked_elsewhere=True,
+            )
+        _check_vertex(lw, cs, checkers[c], user, check[1], span=(c0, c1))
+        sums = steps
+    return sums
 
 
 # -- convolution and pooling: index maps feeding the direct-conv, matmul and reduction planners --------
