@@ -94,23 +94,64 @@ def test_a_phase_copy_into_an_ipu_holds_its_link_and_the_phase_spans_its_pieces(
 
 def test_a_pipeline_runs_cycle_by_cycle_each_stage_after_the_one_before_on_its_micro_batch():
     target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
     steps = [
         {"stage": 0, "ipu": 0, "role": "forward", "cycles": 100},
+        {"name": "inter-ipu to 1", "stage": 1, "ipu": 1, "ipus": [0, 1], "role": "forward", "cycles": 10},
         {"stage": 1, "ipu": 1, "role": "forward", "cycles": 60},
         {"stage": 1, "ipu": 1, "role": "backward", "cycles": 90},
+        # A gradient copy merged into the sender's exchange: it lands on IPU 0.
+        {"name": "copy+inter-ipu to 0", "stage": 1, "ipu": 1, "ipus": [0, 1], "role": "backward", "cycles": 12},
         {"stage": 0, "ipu": 0, "role": "backward", "cycles": 120},
     ]
-    program = {"steps": steps, "total_cycles": sum(s["cycles"] + target.bsp_sync_cycles for s in steps) + 50}
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + sync for s in steps) + 50}
     schedule = popsim.step_schedule(program, target, 3, True)
+    f0, f1, b1, b0, into1, into0 = (c + sync for c in (100, 60, 90, 120, 10, 12))
+    assert (schedule.forward_cycles, schedule.backward_cycles) == ({0: f0, 1: f1}, {0: b0, 1: b1})
     timeline = popsim.Timeline()
     placed = popsim.place_pipeline(timeline, schedule, 0, [0, 1], not_before=10)
-    assert timeline.makespan == 10 + schedule.total_cycles
-    work = {(i.label["stage"], i.label["pass"], i.label["micro_batch"]): i for i in placed if "stage" in i.label}
+    # PopART's cycles: stage 0 runs forward t and backward t - 2, stage 1 forward and backward t - 1; each
+    # cycle lasts as long as its busiest IPU, then its copies cross (both directions at once on the links).
+    per_cycle = [f0 + into1, max(f0, f1 + b1) + max(into1, into0), max(f0 + b0, f1 + b1) + max(into1, into0)]
+    per_cycle += [max(b0, f1 + b1) + into0, b0]
+    assert schedule.total_cycles == sum(per_cycle) + 3 * 50 and timeline.makespan == 10 + schedule.total_cycles
+    computed = [i for i in placed if "stage" in i.label and "transfer" not in i.label]
+    work = {(i.label["stage"], i.label["pass"], i.label["micro_batch"]): i for i in computed}
     assert len(work) == 2 * 2 * 3
     for batch in range(3):
         assert work[(1, "forward", batch)].start >= work[(0, "forward", batch)].end
+        assert work[(1, "backward", batch)].start >= work[(1, "forward", batch)].end
         assert work[(0, "backward", batch)].start >= work[(1, "backward", batch)].end
     # Stage 1's forward of micro-batch 0 overlaps stage 0's of micro-batch 1, on the other IPU.
     a, b = work[(1, "forward", 0)], work[(0, "forward", 1)]
-    assert a.resources == (B,) and b.resources == (A,) and a.start == b.start == 10 + schedule.forward_slot
+    assert a.resources == (B,) and b.resources == (A,) and a.start == b.start == 10 + per_cycle[0]
     assert [e["start"] + 10 for e in schedule.timeline()] == sorted(i.start for i in work.values())
+    # The copies hold the IPU they land on and the IPU-Link in their direction, after the cycle's work.
+    copies = [i for i in placed if i.label.get("transfer") == "inter-IPU copy"]
+    forward = [c for c in copies if c.label["pass"] == "forward"]
+    assert [c.resources for c in forward] == [(B, popsim.link_lane(0, 0, 1))] * 3
+    assert all(c.end - c.start == into1 for c in forward)
+    assert all(c.start >= work[(0, "forward", c.label["micro_batch"])].end for c in forward)
+    backward = [c for c in copies if c.label["pass"] == "backward"]
+    assert [c.resources for c in backward] == [(A, popsim.link_lane(0, 1, 0))] * 3
+    shown = schedule.as_dict()
+    # Ramp-up until IPU 1 first computes; ramp-down from when IPU 1 has computed its last micro-batch.
+    ramp_down = per_cycle[3] - (f1 + b1) + per_cycle[4]
+    assert shown["ramp_up_cycles"] == per_cycle[0] and shown["ramp_down_cycles"] == ramp_down
+    assert shown["main_cycles"] == sum(per_cycle) - per_cycle[0] - ramp_down
+    # Each IPU's bubbles: the pipeline's cycles it spends neither computing nor receiving.
+    span = sum(per_cycle)
+    assert shown["bubble_cycles"] == {0: span - 3 * (f0 + b0 + into0), 1: span - 3 * (f1 + b1 + into1)}
+
+
+def test_an_inference_pipeline_takes_a_cycle_per_micro_batch_and_stage():
+    target = popsim.Target.small(num_tiles=4)
+    steps = [{"stage": k, "ipu": k, "role": "forward", "cycles": 100 * (k + 1)} for k in range(3)]
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + target.bsp_sync_cycles for s in steps)}
+    schedule = popsim.step_schedule(program, target, 4, True)
+    first, second, slowest = (c + target.bsp_sync_cycles for c in (100, 200, 300))
+    # M + S - 1 cycles; from the third on, the slowest stage sets each cycle's length.
+    assert schedule.total_cycles == first + second + 4 * slowest
+    assert schedule.ramp_up_cycles == first + second
+    # IPU 0 is done with micro-batch 3 early in the fourth cycle; the last two drain the pipeline.
+    assert schedule.ramp_down_cycles == (slowest - first) + 2 * slowest

@@ -12,6 +12,7 @@ from popsim import conv_plan, cost, remote, window
 from popsim.device_graph import HostCall
 from popsim.errors import Error
 from popsim.mapping import TileMapping
+from popsim.timeline import inter_ipu_copy_name
 
 LOWERINGS = {}
 
@@ -171,7 +172,10 @@ def _onto_ipu(lw, t, ipu, crossings):
     key = (id(t), ipu)
     if key not in crossings:
         mapping = TileMapping.linear(t.size, t.itemsize, view)
-        crossings[key] = (t, lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=f"inter-ipu to {ipu}"))
+        crossings[key] = (
+            t,
+            lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=inter_ipu_copy_name(ipu)),
+        )
     return crossings[key][1]
 
 

@@ -6,7 +6,12 @@ Overlap follows from the resources alone: work on different IPUs, or on the I/O 
 run, shares no resource and so runs at the same time unless a dependency orders it.
 """
 
+import re
 from dataclasses import dataclass, field
+
+# An inter-IPU copy's exchange step is named after the IPU it lands on (one per destination in a merged step).
+_INTER_IPU_COPY = "inter-ipu to {ipu}"
+_INTER_IPU_DESTINATION = re.compile(r"inter-ipu to (\d+)")
 
 
 def compute_lane(replica, ipu):
@@ -23,6 +28,16 @@ def link_lane(replica, source, destination):
     """The resource of the IPU-Links carrying data from IPU ``source`` to IPU ``destination`` of ``replica``
     (one per direction: the links are full duplex)."""
     return f"replica {replica} IPU-Link {source}->{destination}"
+
+
+def inter_ipu_copy_name(ipu):
+    """The name of the exchange step copying a tensor onto IPU ``ipu``."""
+    return _INTER_IPU_COPY.format(ipu=ipu)
+
+
+def copy_destinations(step_name):
+    """The IPUs the inter-IPU copies merged into the exchange step ``step_name`` land on (none: no copy)."""
+    return [int(ipu) for ipu in _INTER_IPU_DESTINATION.findall(step_name)]
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 Each replica has a resource per IPU's compute tiles and one for its I/O tiles (``popsim.Timeline``). A run of
 the micro-batch program holds its replica's compute tiles for its cycles; pipelined stages (``popsim.
 place_pipeline``) and the IPUs of one phase (``popsim.place_phases``) hold only their own IPU's, so they overlap
-where PopTorch's schedules overlap them. Host transfers of tensors marked by ``set_overlap_for_input`` /
-``_output`` hold the I/O tiles: the next run's inputs load and the previous run's outputs store while the
-compute tiles run, when both runs are in the loop the tensor's ``OverlapMode`` overlaps
+where PopTorch's schedules overlap them (a pipeline cycle by cycle, its inter-IPU copies on the IPU-Links).
+Host transfers of tensors marked by ``set_overlap_for_input`` / ``_output`` hold the I/O tiles: the next
+run's inputs load and the previous run's outputs store while the compute tiles run, when both runs are in
+the loop the tensor's ``OverlapMode`` overlaps
 (``OverlapDeviceIterationLoop``: the call's device-iteration loop; ``OverlapAccumulationLoop``: the inner
 loop, the accumulation loop with gradient accumulation); a transfer no neighbouring run can hide holds the
 compute tiles too. Replicas run in parallel, and a training step's gradient reduction and optimizer run hold
