@@ -205,6 +205,30 @@ def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch)
     assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
 
 
+def test_streaming_memory_transfers_are_intervals_of_their_own_on_the_call_timeline(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Wide()
+    x, y = _data(1)
+    executor = poptorch.inferenceModel(model, _options("Weight").logCycleCount(True))
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    program = executor.profile.programs["inference"]
+    timeline = program["run_timeline"]
+    # Nothing overlaps the loads: the call's cycles are the program's, as before they were split out.
+    assert timeline["makespan"] == executor.cycleCount() == program["total_cycles"]
+    loads = [e for e in timeline["intervals"] if e.get("transfer") == "streaming memory"]
+    assert loads and all("replica 0 IPU 0 streaming memory" in e["lanes"] for e in loads)
+    assert all("replica 0 IPU 0 compute" in e["lanes"] for e in loads)  # the tiles wait for them
+    remote = [s for s in program["steps"] if s.get("transfer") == "streaming memory"]
+    assert {s["name"] for s in remote} == {
+        f"remote load layers.{i}.{w}" for i in range(LAYERS) for w in ("weight", "bias")
+    }
+    sync = ROOMY.bsp_sync_cycles
+    assert sum(e["end"] - e["start"] for e in loads) == sum(s["cycles"] + sync for s in remote)
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # one after another
+
+
 class TwoWide(torch.nn.Module):
     """Two wide layers on a small batch: the weights dominate tile memory."""
 

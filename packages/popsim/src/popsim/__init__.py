@@ -46,7 +46,7 @@ from popsim.schedule import (
     step_schedule,
 )
 from popsim.target import Device, Target
-from popsim.timeline import Timeline, compute_lane, io_lane, link_lane
+from popsim.timeline import Timeline, compute_lane, io_lane, link_lane, transfer_lane
 
 __version__ = _version("popsim")
 
@@ -92,6 +92,7 @@ __all__ = [
     "place_pipeline",
     "place_steps",
     "stash_per_tile",
+    "transfer_lane",
     "step_schedule",
     "supported_ops",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane
+from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
@@ -294,9 +294,9 @@ def place_phases(timeline, program, target, depends, replica, ipus, not_before=0
         done = {}
         for ipu in order:
             after = previous + [done[a] for a, b in edges if b == ipu]
-            for links, cycles in unit[ipu]:  # one after another on the IPU's lane
-                resources = [compute_lane(replica, ipu), *links]
-                tags = {"phase": phase, "pass": direction, "ipu": ipu}
+            for lanes, cycles, transfer in unit[ipu]:  # one after another on the IPU's lane
+                resources = [compute_lane(replica, ipu), *lanes]
+                tags = {"phase": phase, "pass": direction, "ipu": ipu} | ({"transfer": transfer} if transfer else {})
                 done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
                 placed.append(done[ipu])
         previous = list(done.values())
@@ -307,15 +307,17 @@ def place_phases(timeline, program, target, depends, replica, ipus, not_before=0
 
 
 def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, **label):
-    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` of ``replica`` out on ``timeline`` in
-    program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an inter-IPU copy on
-    its IPU-Links too), each after the one before; steps of no stage, and what the run's ``cycles`` have
-    beyond the steps (control, host), on every IPU. None (nothing placed) when the steps add up to more than
+    """Lay one run of ``cycles`` of a sharded or single-IPU ``program`` on ``ipus`` of ``replica`` out on
+    ``timeline`` in program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an
+    inter-IPU copy on its IPU-Links too), each after the one before; steps of no stage, and what the run's
+    ``cycles`` have beyond the steps (control, loop repeats), on every IPU. A host stream, a host callback or
+    a streaming-memory transfer is a stretch of its own that also holds its lane (``transfer_lane``), so the
+    run's intervals add up to its ``cycles``. None (nothing placed) when the steps add up to more than
     ``cycles``. Returns the intervals."""
     label = {"replica": replica, **label}
-    stretches = []  # [key, cycles]: key (stage, pass, ipu, links), or None for steps of no stage
+    stretches = []  # [key, cycles]: key (stage, pass, ipu, lanes, transfer), stage None for steps of no stage
     for step in program["steps"]:
-        key = (step["stage"], _pass_of(step), step["ipu"], _links(step, replica)) if "stage" in step else None
+        key = _step_key(step, replica)
         if not stretches or stretches[-1][0] != key:
             stretches.append([key, 0])
         stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
@@ -324,15 +326,26 @@ def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, 
         return None
     everywhere = [compute_lane(replica, i) for i in ipus]
     placed = []
-    for key, span in [*stretches, [None, rest]]:
-        after = placed[-1:]
-        if key is None:
-            placed.append(timeline.add(everywhere, span, after, not_before, work=OUTSIDE_STAGES, **label))
+    for (stage, direction, ipu, lanes, transfer), span in [*stretches, [_step_key({}, replica), rest]]:
+        tags = {"transfer": transfer} if transfer else {}
+        if stage is None:
+            tags = tags or {"work": OUTSIDE_STAGES}
+            placed.append(timeline.add([*everywhere, *lanes], span, placed[-1:], not_before, **tags, **label))
         else:
-            stage, direction, ipu, links = key
-            tags = {"stage": stage, "pass": direction, "ipu": ipu}
-            placed.append(timeline.add([compute_lane(replica, ipu), *links], span, after, not_before, **tags, **label))
+            tags |= {"stage": stage, "pass": direction, "ipu": ipu}
+            resources = [compute_lane(replica, ipu), *lanes]
+            placed.append(timeline.add(resources, span, placed[-1:], not_before, **tags, **label))
     return placed
+
+
+def _step_key(step, replica):
+    """What a step holds beside compute tiles: ``(stage, pass, ipu, lanes, transfer)``, the first three None
+    for a step of no stage; ``lanes`` its IPU-Links or its transfer's lane, ``transfer`` its kind if any."""
+    transfer = step.get("transfer")
+    if "stage" in step:
+        lanes = _links(step, replica) + ((transfer_lane(replica, step["ipu"], transfer),) if transfer else ())
+        return step["stage"], _pass_of(step), step["ipu"], lanes, transfer
+    return None, None, None, (transfer_lane(replica, 0, transfer),) if transfer else (), transfer
 
 
 def _link_pairs(step):
@@ -351,20 +364,20 @@ def _links(step, replica):
 
 def _phase_work(program, target, replica):
     """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
-    in the order the steps run: consecutive steps holding the same IPU-Links merged."""
+    in the order the steps run: consecutive steps holding the same IPU-Links or transfer lane merged."""
     work = {}
     for step in program["steps"]:
         if "stage" in step:
             pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
-            links = _links(step, replica)
-            if not pieces or pieces[-1][0] != links:
-                pieces.append([links, 0])
+            _, _, _, lanes, transfer = _step_key(step, replica)
+            if not pieces or pieces[-1][0] != lanes:
+                pieces.append([lanes, 0, transfer])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 
 def _total(work):
-    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles in pieces)
+    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles, _ in pieces)
 
 
 def _run_order(cycles, edges):

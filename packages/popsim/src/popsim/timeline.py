@@ -30,6 +30,20 @@ def link_lane(replica, source, destination):
     return f"replica {replica} IPU-Link {source}->{destination}"
 
 
+# The kinds of host-side work a program step does (its profile entry's "transfer"), each with a lane of its
+# own beside the compute tiles it stops: a host stream, the host running a callback, a streaming-memory
+# load or store.
+HOST_TRANSFER, HOST_CALLBACK, STREAMING_MEMORY = "host transfer", "host callback", "streaming memory"
+
+
+def transfer_lane(replica, ipu, kind):
+    """The resource a host-side transfer of ``kind`` of ``ipu`` in ``replica`` holds: the replica's host link
+    (streams), its host (callbacks) or the IPU's streaming-memory link (remote buffers)."""
+    if kind == STREAMING_MEMORY:
+        return f"replica {replica} IPU {ipu} streaming memory"
+    return f"replica {replica} host" if kind == HOST_CALLBACK else f"replica {replica} host link"
+
+
 def inter_ipu_copy_name(ipu):
     """The name of the exchange step copying a tensor onto IPU ``ipu``."""
     return _INTER_IPU_COPY.format(ipu=ipu)

@@ -111,11 +111,11 @@ class _Placement:
                 timeline, self.profile, target, depends, replica, self.ipus, not_before, extra_cycles, **label
             )
         cycles = self.call.run_cycles[index] + extra_cycles
-        if len(self.ipus) > 1:  # sharded: each stage on its IPU's lane, one after another
-            target = self.exe.target
-            placed = popsim.place_steps(timeline, self.profile, target, replica, self.ipus, cycles, not_before, **label)
-            if placed is not None:
-                return placed
+        # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
+        target = self.exe.target
+        placed = popsim.place_steps(timeline, self.profile, target, replica, self.ipus, cycles, not_before, **label)
+        if placed is not None:
+            return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
         return [timeline.add(lanes, cycles, not_before=not_before, replica=replica, **label)]
 
