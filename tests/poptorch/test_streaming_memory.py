@@ -229,6 +229,23 @@ def test_streaming_memory_transfers_are_intervals_of_their_own_on_the_call_timel
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # one after another
 
 
+def test_optimizer_state_off_chip_streams_on_the_timeline_of_each_training_step(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    *_, programs = _train(_options("Optimizer", accumulation=2), accumulation=2)
+    timeline = programs["accumulate"]["run_timeline"]
+    step = [e for e in timeline["intervals"] if e.get("program") == "step"]
+    streamed = [e for e in step if e.get("transfer") == "streaming memory"]
+    assert streamed and all("replica 0 IPU 0 streaming memory" in e["lanes"] for e in streamed)
+    # The call's one step loads and stores the Adam state, as the step program's profile charges it.
+    remote = [s for s in programs["apply"]["steps"] if s.get("transfer") == "streaming memory"]
+    transfer_cycles = sum(s["cycles"] + ROOMY.bsp_sync_cycles for s in remote)
+    assert sum(e["end"] - e["start"] for e in streamed) == transfer_cycles
+    # Nothing overlaps on one IPU: the makespan is the sum of the runs' and steps' cycles, as before.
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert timeline["makespan"] == sum(end - start for start, end in spans)
+
+
 class TwoWide(torch.nn.Module):
     """Two wide layers on a small batch: the weights dominate tile memory."""
 

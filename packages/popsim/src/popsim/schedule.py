@@ -338,6 +338,31 @@ def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, 
     return placed
 
 
+def place_shared_run(timeline, run_profile, target, replicas, ipus, cycles, not_before=0, **label):
+    """Lay a run of ``cycles`` of the program of ``run_profile`` (a ``Profile.programs`` entry) that every one
+    of ``replicas`` runs together (a training step's reduction and optimizer) out on ``timeline``: each
+    stretch of its host-side transfers (streaming-memory loads and stores of optimizer state, host streams)
+    on every replica's compute tiles and the transfer's lane of each replica, the rest of its ``cycles`` on
+    every compute lane, in program order. One interval on every compute lane when the steps add up to more
+    than ``cycles``. Returns the intervals."""
+    everywhere = [compute_lane(r, i) for r in replicas for i in ipus]
+    stretches = []  # [transfer kind or None, its IPU, cycles]
+    for step in run_profile["steps"]:
+        kind = step.get("transfer")
+        if not stretches or stretches[-1][:2] != [kind, step.get("ipu", 0)]:
+            stretches.append([kind, step.get("ipu", 0), 0])
+        stretches[-1][2] += step["cycles"] + target.bsp_sync_cycles
+    rest = cycles - sum(c for _, _, c in stretches)
+    if rest < 0:
+        return [timeline.add(everywhere, cycles, not_before=not_before, **label)]
+    placed = []
+    for kind, ipu, span in [*stretches, [None, 0, rest]]:
+        lanes = [transfer_lane(r, ipu, kind) for r in replicas] if kind else []
+        tags = {"transfer": kind} if kind else {}
+        placed.append(timeline.add([*everywhere, *lanes], span, placed[-1:], not_before, **tags, **label))
+    return placed
+
+
 def _step_key(step, replica):
     """What a step holds beside compute tiles: ``(stage, pass, ipu, lanes, transfer)``, the first three None
     for a step of no stage; ``lanes`` its IPU-Links or its transfer's lane, ``transfer`` its kind if any."""

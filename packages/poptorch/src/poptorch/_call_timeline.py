@@ -44,7 +44,8 @@ def call_cycles(exe, programs, plan, options, marks, call):
     the phases' ``phases`` and the I/O figures ``io_overlap``."""
     name = programs.micro_batch
     profile = exe.profile.programs[name]
-    plan_of = _Placement(exe, profile, programs.graphs[name], plan, options, call)
+    step = exe.profile.programs[programs.step] if programs.step else None
+    plan_of = _Placement(exe, profile, programs.graphs[name], plan, options, call, step)
     timeline = plan_of.place(marks)
     if plan_of.schedule is not None:
         profile["schedule"] = plan_of.schedule.as_dict()
@@ -61,8 +62,9 @@ class _Placement:
     """Lays a call's runs out on a Timeline: per replica its runs (a pipeline group, phased runs or whole
     runs, with their marked transfers), then each training step on every replica."""
 
-    def __init__(self, exe, profile, graph, plan, options, call):
+    def __init__(self, exe, profile, graph, plan, options, call, step_profile=None):
         self.exe, self.profile, self.graph, self.call = exe, profile, graph, call
+        self.step_profile = step_profile  # the profile of the training step's program, if it has its own
         self.ipus = list(range(plan.num_ipus))
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
@@ -89,8 +91,18 @@ class _Placement:
                     if self.call.runs[i][2] == replica:
                         io[replica].place_run(timeline, i, start)
             if step < len(self.call.step_cycles):
-                timeline.add(every, self.call.step_cycles[step], program="step")
+                self._place_step(timeline, self.call.step_cycles[step])
         return timeline
+
+    def _place_step(self, timeline, cycles):
+        """A training step's reduction and optimizer run on every replica's compute tiles, its streaming-memory
+        and host transfers (the optimizer state off chip) on their lanes too."""
+        if self.step_profile is None:
+            every = [popsim.compute_lane(r, ipu) for r in self.replicas for ipu in self.ipus]
+            timeline.add(every, cycles, program="step")
+            return
+        target = self.exe.target
+        popsim.place_shared_run(timeline, self.step_profile, target, self.replicas, self.ipus, cycles, program="step")
 
     def _groups(self):
         """Runs that start together once the previous group's work (and its step) is done: one training
