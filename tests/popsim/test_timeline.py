@@ -155,3 +155,55 @@ def test_an_inference_pipeline_takes_a_cycle_per_micro_batch_and_stage():
     assert schedule.ramp_up_cycles == first + second
     # IPU 0 is done with micro-batch 3 early in the fourth cycle; the last two drain the pipeline.
     assert schedule.ramp_down_cycles == (slowest - first) + 2 * slowest
+
+
+def test_a_run_s_host_transfers_callbacks_and_streaming_memory_are_intervals_on_their_lanes():
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    steps = [
+        {"name": "stream-in x", "kind": "host", "cycles": 30, "transfer": "host transfer"},
+        {"name": "remote load w", "kind": "host", "cycles": 80, "transfer": "streaming memory"},
+        {"name": "matmul", "kind": "compute", "cycles": 100},
+        {"name": "stream-out cb.in0", "kind": "host", "cycles": 20, "transfer": "host transfer"},
+        {"name": "host-call cb", "kind": "host", "cycles": 500, "transfer": "host callback"},
+        {"name": "add", "kind": "compute", "cycles": 40},
+    ]
+    cycles = sum(s["cycles"] + sync for s in steps) + 25  # 25: control beyond the steps
+    timeline = popsim.Timeline()
+    placed = popsim.place_steps(timeline, {"steps": steps}, target, 0, [0], cycles, device_iteration=3)
+    shown = [(i.resources, i.end - i.start, i.label.get("transfer")) for i in placed]
+    assert shown == [
+        ((A, popsim.transfer_lane(0, 0, "host transfer")), 30 + sync, "host transfer"),
+        ((A, "replica 0 IPU 0 streaming memory"), 80 + sync, "streaming memory"),
+        ((A,), 100 + sync, None),
+        ((A, "replica 0 host link"), 20 + sync, "host transfer"),
+        ((A, "replica 0 host"), 500 + sync, "host callback"),
+        ((A,), 40 + sync, None),
+        ((A,), 25, None),
+    ]
+    # One after another: the run's intervals add up to its cycles.
+    assert all(a.end == b.start for a, b in zip(placed, placed[1:])) and timeline.makespan == cycles
+    assert all(i.label["device_iteration"] == 3 for i in placed)
+
+
+def test_a_phase_s_streaming_memory_load_is_a_piece_of_its_own():
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    steps = [
+        {
+            "name": "remote load w",
+            "stage": 0,
+            "ipu": 0,
+            "role": "forward",
+            "cycles": 70,
+            "transfer": "streaming memory",
+        },
+        {"name": "matmul", "stage": 0, "ipu": 0, "role": "forward", "cycles": 40},
+    ]
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + sync for s in steps)}
+    timeline = popsim.Timeline()
+    placed = popsim.place_phases(timeline, program, target, set(), 0, [0])
+    load, compute = placed[:2]
+    assert load.resources == (A, "replica 0 IPU 0 streaming memory") and load.label["transfer"] == "streaming memory"
+    assert load.end - load.start == 70 + sync and compute.start == load.end and compute.resources == (A,)
+    assert timeline.makespan == program["total_cycles"]
