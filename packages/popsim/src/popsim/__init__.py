@@ -43,6 +43,7 @@ from popsim.schedule import (
     place_pipeline,
     place_shared_run,
     place_steps,
+    run_stretches,
     stash_per_tile,
     step_schedule,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "io_lane",
     "link_lane",
     "register_lowering",
+    "run_stretches",
     "phase_schedule",
     "place_phases",
     "place_pipeline",

@@ -306,21 +306,17 @@ def place_phases(timeline, program, target, depends, replica, ipus, not_before=0
     return placed
 
 
-def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, **label):
+def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
     """Lay one run of ``cycles`` of a sharded or single-IPU ``program`` on ``ipus`` of ``replica`` out on
     ``timeline`` in program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an
     inter-IPU copy on its IPU-Links too), each after the one before; steps of no stage, and what the run's
     ``cycles`` have beyond the steps (control, loop repeats), on every IPU. A host stream, a host callback or
     a streaming-memory transfer is a stretch of its own that also holds its lane (``transfer_lane``), so the
     run's intervals add up to its ``cycles``. None (nothing placed) when the steps add up to more than
-    ``cycles``. Returns the intervals."""
+    ``cycles``; ``stretches``: ``run_stretches(program, target, replica)`` if the caller keeps them. Returns
+    the intervals."""
     label = {"replica": replica, **label}
-    stretches = []  # [key, cycles]: key (stage, pass, ipu, lanes, transfer), stage None for steps of no stage
-    for step in program["steps"]:
-        key = _step_key(step, replica)
-        if not stretches or stretches[-1][0] != key:
-            stretches.append([key, 0])
-        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    stretches = run_stretches(program, target, replica) if stretches is None else stretches
     rest = cycles - sum(c for _, c in stretches)
     if rest < 0:
         return None
@@ -336,6 +332,19 @@ def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, 
             resources = [compute_lane(replica, ipu), *lanes]
             placed.append(timeline.add(resources, span, placed[-1:], not_before, **tags, **label))
     return placed
+
+
+def run_stretches(program, target, replica):
+    """The stretches ``place_steps`` lays out for a run of ``program`` on ``replica``: ``(key, cycles)`` of
+    consecutive steps with the same key (stage, pass, ipu, lanes, transfer; stage None for steps of no
+    stage), with their syncs."""
+    stretches = []
+    for step in program["steps"]:
+        key = _step_key(step, replica)
+        if not stretches or stretches[-1][0] != key:
+            stretches.append([key, 0])
+        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    return [tuple(stretch) for stretch in stretches]
 
 
 def place_shared_run(timeline, run_profile, target, replicas, ipus, cycles, not_before=0, **label):

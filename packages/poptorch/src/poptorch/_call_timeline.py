@@ -65,6 +65,7 @@ class _Placement:
     def __init__(self, exe, profile, graph, plan, options, call, step_profile=None):
         self.exe, self.profile, self.graph, self.call = exe, profile, graph, call
         self.step_profile = step_profile  # the profile of the training step's program, if it has its own
+        self.stretches = {}  # replica -> popsim.run_stretches of the micro-batch program
         self.ipus = list(range(plan.num_ipus))
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
@@ -125,7 +126,12 @@ class _Placement:
         cycles = self.call.run_cycles[index] + extra_cycles
         # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
         target = self.exe.target
-        placed = popsim.place_steps(timeline, self.profile, target, replica, self.ipus, cycles, not_before, **label)
+        if replica not in self.stretches:
+            self.stretches[replica] = popsim.run_stretches(self.profile, target, replica)
+        stretches = self.stretches[replica]
+        placed = popsim.place_steps(
+            timeline, self.profile, target, replica, self.ipus, cycles, not_before, stretches, **label
+        )
         if placed is not None:
             return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
