@@ -207,3 +207,31 @@ def test_a_phase_s_streaming_memory_load_is_a_piece_of_its_own():
     assert load.resources == (A, "replica 0 IPU 0 streaming memory") and load.label["transfer"] == "streaming memory"
     assert load.end - load.start == 70 + sync and compute.start == load.end and compute.resources == (A,)
     assert timeline.makespan == program["total_cycles"]
+
+
+def test_a_pipeline_stage_s_streaming_memory_load_is_an_interval_of_its_own():
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    load = {"name": "remote load w", "kind": "host", "cycles": 70, "transfer": "streaming memory"}
+    steps = [
+        {**load, "stage": 0, "ipu": 0, "role": "forward"},
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 100},
+        {"stage": 1, "ipu": 1, "role": "forward", "cycles": 60},
+    ]
+    program = {"steps": steps, "total_cycles": sum(s["cycles"] + sync for s in steps)}
+    streamed = popsim.step_schedule(program, target, 2, True)
+    unlabelled = [{k: v for k, v in s.items() if k != "transfer"} for s in steps]
+    plain = popsim.step_schedule({**program, "steps": unlabelled}, target, 2, True)
+    # The load is part of stage 0's forward: the same cycles, now on the streaming-memory lane too.
+    assert streamed.total_cycles == plain.total_cycles and streamed.forward_cycles == plain.forward_cycles
+    timeline = popsim.Timeline()
+    placed = popsim.place_pipeline(timeline, streamed, 0, [0, 1])
+    loads = [i for i in placed if i.label.get("transfer") == "streaming memory"]
+    assert [i.resources for i in loads] == [(A, "replica 0 IPU 0 streaming memory")] * 2
+    for i in loads:  # each micro-batch's load, then its compute on the IPU
+        compute = next(c for c in placed if c.start == i.end and c.resources == (A,))
+        assert i.end - i.start == 70 + sync and compute.label["micro_batch"] == i.label["micro_batch"]
+    assert [(e["stage"], e["end"] - e["start"]) for e in streamed.timeline() if e["micro_batch"] == 0] == [
+        (0, 170 + 2 * sync),
+        (1, 60 + sync),
+    ]

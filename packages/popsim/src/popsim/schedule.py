@@ -28,6 +28,7 @@ from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
 PASSES = ("forward", "backward")
+COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Schedule:
     stage_ipu: dict = field(default_factory=dict)  # stage -> IPU
     outside_cycles: int = 0  # per micro-batch, in no stage
     copies: tuple = ()  # the Copy entries of one micro-batch
+    # (stage, pass) -> ((transfer kind or None, cycles), ...): the pass's compute and its host-side transfers
+    # (streaming-memory loads and stores) in program order, adding up to its cycles
+    pieces: dict = field(default_factory=dict)
 
     @property
     def stages(self):
@@ -95,7 +99,7 @@ class Schedule:
         for i in self._placed.intervals:
             if "stage" in i.label and i.end > i.start:
                 busy[i.label["ipu"]] = busy.get(i.label["ipu"], 0) + i.end - i.start
-                if "transfer" not in i.label:
+                if i.label.get("transfer") != COPY:
                     span = spans.setdefault(i.label["ipu"], [i.start, i.end])
                     span[:] = min(span[0], i.start), max(span[1], i.end)
         pipeline = self.total_cycles - self.micro_batches * self.outside_cycles
@@ -132,10 +136,13 @@ class Schedule:
         """When each stage works on each micro-batch: dicts of ipu, stage, micro_batch, pass ("forward" or
         "backward"), start and end cycles within the step (copies and work outside the stages not listed)."""
         if self.pipelined:
-            work = [i for i in self._placed.intervals if "stage" in i.label and "transfer" not in i.label]
-            entries = [
-                self._entry(i.label["stage"], i.label["micro_batch"], i.label["pass"], i.start, i.end) for i in work
-            ]
+            spans = {}  # (stage, micro-batch, pass) -> [start, end] over its pieces
+            for i in self._placed.intervals:
+                if "stage" in i.label and i.label.get("transfer") != COPY:
+                    key = (i.label["stage"], i.label["micro_batch"], i.label["pass"])
+                    span = spans.setdefault(key, [i.start, i.end])
+                    span[:] = min(span[0], i.start), max(span[1], i.end)
+            entries = [self._entry(*key, *span) for key, span in spans.items()]
             return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
         entries, now = [], 0
         order = [(s, "forward") for s in self.stages] + [(s, "backward") for s in reversed(self.stages)]
@@ -199,6 +206,7 @@ def step_schedule(program, target, micro_batches, pipelined):
     passes = {"forward": {}, "backward": {}}
     stage_ipu = {}
     copies = {}  # (stage, pass, links, before) -> cycles
+    pieces = {}  # (stage, pass) -> [[transfer kind or None, cycles], ...]
     for step in program["steps"]:
         if "stage" not in step:
             continue
@@ -212,6 +220,10 @@ def step_schedule(program, target, micro_batches, pipelined):
             copies[key] = copies.get(key, 0) + cycles
         else:
             passes[direction][step["stage"]] = passes[direction].get(step["stage"], 0) + cycles
+            run = pieces.setdefault((step["stage"], direction), [])
+            if not run or run[-1][0] != step.get("transfer"):
+                run.append([step.get("transfer"), 0])
+            run[-1][1] += cycles
     staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values())
     return Schedule(
         micro_batches,
@@ -224,6 +236,7 @@ def step_schedule(program, target, micro_batches, pipelined):
             Copy(stage, direction, cycles, links, before)
             for (stage, direction, links, before), cycles in copies.items()
         ),
+        {key: tuple(map(tuple, run)) for key, run in pieces.items()},
     )
 
 
@@ -444,9 +457,12 @@ def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
             ipu = schedule.stage_ipu[stage]
             tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction, "pipeline_cycle": cycle}
             after = [sync, *(work[d] for d in _feeds(schedule, stage, direction, batch) if d in work)]
-            cycles = schedule.cycles_of(stage, direction)
-            work[(stage, direction, batch)] = timeline.add([compute_lane(replica, ipu)], cycles, after, **tags, **label)
-            done.append(work[(stage, direction, batch)])
+            for transfer, cycles in schedule.pieces.get((stage, direction), ((None, 0),)):
+                resources = [compute_lane(replica, ipu)] + ([transfer_lane(replica, ipu, transfer)] if transfer else [])
+                kind = {"transfer": transfer} if transfer else {}
+                done.append(timeline.add(resources, cycles, after, **tags, **kind, **label))
+                after = [done[-1]]
+            work[(stage, direction, batch)] = done[-1]
         copies = [
             _place_copy(timeline, schedule, copy, batch, cycle, [sync, *done], replica, label)
             for copy, batch in _cycle_copies(schedule, cycle)
@@ -463,7 +479,7 @@ def _place_copy(timeline, schedule, copy, batch, cycle, after, replica, label):
     destinations = sorted({b for _, b in copy.links})
     resources = [compute_lane(replica, b) for b in destinations] + [link_lane(replica, a, b) for a, b in copy.links]
     tags = {"stage": copy.stage, "micro_batch": batch, "pass": copy.direction, "pipeline_cycle": cycle}
-    tags |= {"ipu": destinations[0], "transfer": "inter-IPU copy"}
+    tags |= {"ipu": destinations[0], "transfer": COPY}
     return timeline.add(resources, copy.cycles, after, **tags, **label)
 
 
