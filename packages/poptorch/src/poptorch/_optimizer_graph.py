@@ -66,25 +66,13 @@ def replica_shard(value, replicas):
 
 
 def with_replica_shard(whole, shard, replicas):
-    """``whole`` with ``shard`` at the elements ``replica_shard`` reads: a select of the same shape as
-    ``whole``, so a step can update the whole weight variable in place from the shard it computed. The select's
-    mask is broadcast from one row of ``replicas`` flags during the step, not a whole-sized constant, which
-    every program would hold."""
-    shard_elements = shard.type.size
-    own = np.zeros((1, replicas), dtype=bool)
-    own[0, 0] = True
-    # Each shard element repeated over its replicas' places (a copy on its own tile; the select keeps one).
-    spread = _op("broadcast_to", _op("reshape", shard, shape=(shard_elements, 1)), shape=(shard_elements, replicas))
-    mask = _op("broadcast_to", whole.graph.constant(own), shape=(shard_elements, replicas))
-    return _op("where", _as_whole(mask, whole), _as_whole(spread, whole), whole)
-
-
-def _as_whole(grid, whole):
-    """A [shard, replicas] ``grid`` flattened and reshaped like ``whole``, without the last shards' padding."""
-    flat = _op("reshape", grid, shape=(grid.type.size,))
-    if flat.type.size != whole.type.size:
-        flat = _op("slice", flat, starts=(0,), stops=(whole.type.size,), steps=(1,))
-    return _op("reshape", flat, shape=whole.shape)
+    """``whole`` with ``shard`` at the elements ``replica_shard`` reads, so a step updates the whole weight
+    variable in place from the shard it computed: the shard's elements are copied into the variable, on the
+    tiles that hold them, and the rest of the weight is left as it is."""
+    size = whole.type.size
+    flat = _op("reshape", whole, shape=(size,)) if whole.ndim != 1 else whole
+    updated = _op("slice_update", flat, shard, starts=(0,), stops=(size,), steps=(replicas,))
+    return _op("reshape", updated, shape=whole.shape) if whole.ndim != 1 else updated
 
 
 def _op(name, *inputs, **attrs):
