@@ -345,3 +345,44 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     eager_optimizer.step()
     for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+GROUPED_OPTIMIZERS = {
+    "sgd_momentum": lambda model: torch.optim.SGD(
+        [
+            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
+            {"params": model.second.parameters()},
+        ],
+        lr=0.05,
+        momentum=0.9,
+    ),
+    # Each group's trust ratios take norms over its own parameters' sharded tensors.
+    "lamb": lambda model: poptorch.optim.LAMB(
+        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
+        lr=0.01,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", GROUPED_OPTIMIZERS)
+def test_parameter_groups_with_their_own_hyper_parameters_train_like_eager_when_sharded(monkeypatch, kind):
+    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    reference = OddNet()
+    eager_optimizer = GROUPED_OPTIMIZERS[kind](reference)
+    torch.manual_seed(0)
+    model = OddNet()
+    opts = _options(True, 1, replicas, on_chip=True)
+    opts.Training.gradientAccumulation(2)
+    trained = poptorch.trainingModel(model, opts, GROUPED_OPTIMIZERS[kind](model))
+    for _ in range(STEPS):
+        eager_optimizer.zero_grad()
+        reference(x, y)[1].backward()
+        eager_optimizer.step()
+        trained(x, y)  # each replica's two micro-batches make up the combined batch
+        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    assert _levels(trained.profile)[0].startswith("reduce-scatter")
