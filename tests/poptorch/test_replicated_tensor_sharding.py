@@ -205,6 +205,9 @@ def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall_w
     for figure in ("compute_cycles", "total_cycles"):
         values = [run["apply"][figure] for run in runs]
         assert values[0] > values[1] > values[2], (figure, values)
+    # Both weights' updated shards are written back together: one exchange phase (one sync), on their tiles.
+    written = [step for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
+    assert len(written) == 1 and written[0]["name"].count("slice_update") == 2
     # Its peak tile memory falls too, but for SGD over 2 replicas: the weight and gradient shards it slices out
     # of the whole tensors (half of each) outweigh the half of the momentum it no longer holds.
     for run in runs[1 if kind != "sgd_momentum" else 2 :]:

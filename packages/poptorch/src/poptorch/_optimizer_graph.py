@@ -184,14 +184,25 @@ class OptimizerBuilder:
             grads = self._clip(graph, grads)
         step, t = self._step(graph) if self._needs_step() else (None, None)
         rule = getattr(self, f"_{self.spec.kind}")
+
+        def own(name):  # a parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1")
+            return graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name))
+
+        new_shards = {}  # sharded parameter -> its replica's updated shard
         for name, p in params.items():
-            # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
-            with graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name)):
-                own = replica_shard(p, self.sharded[name]) if name in self.sharded else p
-                p32 = _op("cast", own, dtype="float32") if p.dtype != DType.float32 else own
+            with own(name):
+                p32 = replica_shard(p, self.sharded[name]) if name in self.sharded else p
+                p32 = _op("cast", p32, dtype="float32") if p.dtype != DType.float32 else p32
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
                 new = _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new
-                graph.update(p, with_replica_shard(p, new, self.sharded[name]) if name in self.sharded else new)
+                if name in self.sharded:
+                    new_shards[name] = new
+                else:
+                    graph.update(p, new)
+        # Written back after every update, the shards' copies share one exchange phase (one sync, not one each).
+        for name, new in new_shards.items():
+            with own(name):
+                graph.update(params[name], with_replica_shard(params[name], new, self.sharded[name]))
         if step is not None:
             graph.update(step, t)
 
