@@ -295,7 +295,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
-            self._anchors = _anchors.Anchors.of(captured, programs, self._options)
+            optimizer = (self._spec, group_of) if self._training else ()
+            self._anchors = _anchors.Anchors.of(captured, programs, self._options, *optimizer)
             if self._options.Precision.stochastic_rounding:
                 programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:

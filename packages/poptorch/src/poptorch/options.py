@@ -916,10 +916,12 @@ class Options(_NoAssignment):
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
         """Stream the graph tensor PopART names ``long_name`` to the host after each run, to read it with
-        ``getAnchoredTensor(short_name)``: a parameter ``model.<fqn>``, its gradient
-        ``Gradient___model.<fqn>`` or its value after the optimizer step ``UpdatedVar___model.<fqn>``
-        (``getTensorNames()`` lists them). ``output_mode`` (default: the model's output mode) selects which
-        of a call's values are returned; ``output_return_period`` is used only with ``OutputMode.EveryN``."""
+        ``getAnchoredTensor(short_name)``: an input (``input``, ``input/1``...), a value of the forward pass
+        (``fc1/MatMul:0``), a parameter ``model.<fqn>``, its gradient ``Gradient___model.<fqn>``, its value
+        after the optimizer step ``UpdatedVar___model.<fqn>``, its optimizer state, accumulated gradient or
+        hyper-parameters (``getTensorNames()`` lists them all). ``output_mode`` (default: the model's output
+        mode) selects which of a call's values are returned; ``output_return_period`` is used only with
+        ``OutputMode.EveryN``."""
         for name, value in (("short_name", short_name), ("long_name", long_name)):
             if not isinstance(value, str) or not value:
                 raise Error(f"anchorTensor's {name} must be a non-empty string, got {value!r}")
