@@ -219,7 +219,6 @@ def test_training_through_a_multiconv_matches_eager():
     [
         (lambda m: m.planType(poptorch.MultiConvPlanType.Parallel), r"planType\(MultiConvPlanType.Parallel\)"),
         (lambda m: m.partialsTypes(torch.half), r"partialsTypes\(torch.float16\)"),
-        (lambda m: m.enableConvDithering(True), r"enableConvDithering\(True\)"),
         (lambda m: m.perConvReservedTiles(4), r"perConvReservedTiles\(4\)"),
         (lambda m: m.cycleBackOff(0.3), r"cycleBackOff\(0.3\)"),
     ],

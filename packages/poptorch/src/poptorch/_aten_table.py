@@ -21,6 +21,7 @@ from poptorch import (
     _host_print,
     _memory,
     _overlapped_io,
+    _poptorch_ops,
 )
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
@@ -477,6 +478,13 @@ def _recomputation_checkpoint(ctx, x):
 def _set_available_memory(ctx, x, proportion):
     # The value itself: the matmul or convolution that produced it plans within ``proportion`` of a tile.
     _memory.mark_available_memory(x, proportion)
+    return x
+
+
+@lowers(torch.ops.poptorch.set_conv_dithering.default)
+def _set_conv_dithering(ctx, x, enabled):
+    # The value itself: the convolution that produced it (and its gradients) is dithered as ``enabled`` says.
+    _poptorch_ops.mark_conv_dithering(x, bool(enabled))
     return x
 
 

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 import popir
-from poptorch import _memory, _overlapped_io
+from poptorch import _memory, _overlapped_io, _poptorch_ops
 from poptorch._executor_api import capturing_options, capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
@@ -158,10 +158,10 @@ class CPU:
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), dithered as the model's Training.setConvolutionDithering says,
-# accumulating in the model's partials type (Precision.setPartialsType). Each convolution's available-memory
-# proportion is honoured by its own plan.
-_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
+# runs them one after another (a serial plan), accumulating in the model's partials type
+# (Precision.setPartialsType). Each convolution's available-memory proportion and dithering are honoured by
+# its own plan (and its gradients').
+_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions", "enableConvDithering"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
 }
@@ -171,8 +171,6 @@ _REFUSAL_REASONS = {
     "MultiConvPlanType.Serial or leave the plan type unset",
     "partialsTypes": "the simulated IPU accumulates every convolution in the model's partials type "
     "(Precision.setPartialsType, here {partials}); give that type or change it with setPartialsType",
-    "enableConvDithering": "the simulated IPU dithers every convolution as Training.setConvolutionDithering "
-    "says (here {dithering}); give that value or change it with setConvolutionDithering",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
     "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
@@ -191,8 +189,7 @@ def _modelled_settings():
     """The accepted values of each MultiConv setting in the model being captured."""
     options = capturing_options()
     partials = _PARTIALS_DTYPES[options.Precision.partials_type] if options is not None else torch.float32
-    dithering = options.Training.convolution_dithering if options is not None else False
-    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,), "enableConvDithering": (dithering,)}
+    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,)}
 
 
 def _shown(value):
@@ -211,30 +208,40 @@ _CONVOLUTIONS = frozenset(
 class _ConvolutionCount(TorchFunctionMode):
     """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match).
     With ``proportions`` (one, or one per convolution), the i-th convolution's plan (and its gradients')
-    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does."""
+    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does; with
+    ``dithering`` (likewise), it is dithered or not whatever the model's Training.setConvolutionDithering."""
 
-    def __init__(self, proportions=None):
+    def __init__(self, proportions=None, dithering=None):
         super().__init__()
         self.count = 0
         self._proportions = proportions
+        self._dithering = dithering
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         if func not in _CONVOLUTIONS:
             return result
         self.count += 1
-        if self._proportions is None or self.count > len(self._proportions) > 1:
-            return result  # a count mismatch is reported when the scope ends
-        return _memory.set_available_memory(result, self._proportions[min(self.count, len(self._proportions)) - 1])
+        proportion, dithering = self._own(self._proportions), self._own(self._dithering)
+        if proportion is not None:
+            result = _memory.set_available_memory(result, proportion)
+        return result if dithering is None else _poptorch_ops.set_conv_dithering(result, dithering)
+
+    def _own(self, values):
+        """The current convolution's value of a setting (None if unset or the count does not match: a count
+        mismatch is reported when the scope ends)."""
+        if values is None or self.count > len(values) > 1:
+            return None
+        return values[min(self.count, len(values)) - 1]
 
 
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
     convolutions (forward and backward), planned one by one: each plans within its
-    ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
-    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, dithering as
-    ``Training.setConvolutionDithering`` sets it) and any other is refused as not modelled when the model is
+    ``availableMemoryProportions`` share of tile memory and is dithered as its ``enableConvDithering`` value
+    says, the settings matching that plan are accepted (``MultiConvPlanType.Serial``, the model's partials
+    type from ``Precision.setPartialsType``) and any other is refused as not modelled when the model is
     captured."""
 
     def __init__(self):
@@ -295,11 +302,12 @@ class MultiConv:
                 if name not in _HONOURED_AS_GIVEN and not all(v in modelled.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
-                    reason = _REFUSAL_REASONS[name].format(
-                        partials=_shown(modelled["partialsTypes"][0]), dithering=modelled["enableConvDithering"][0]
-                    )
+                    reason = _REFUSAL_REASONS[name].format(partials=_shown(modelled["partialsTypes"][0]))
                     raise not_modelled(f"poptorch.MultiConv().{name}({shown})", reason)
-        self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
+        settings = self._settings
+        self._counting = _ConvolutionCount(
+            settings.get("availableMemoryProportions"), settings.get("enableConvDithering")
+        ).__enter__()
         return self
 
     def __exit__(self, *exc):
