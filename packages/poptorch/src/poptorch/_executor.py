@@ -482,6 +482,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             with _executor_api.compile_hooks():
                 self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._compiled_inputs[0]:  # dict inputs whose keys arrive in another order
+            args, kwargs = _in_compiled_order((args, kwargs), self._compiled_inputs[0])
+            leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
         if self._options.connection_type == ConnectionType.Never:
             raise Error(
@@ -779,15 +782,26 @@ def _forward_parameters(model):
 
 
 def _bind_positionally(model, args, kwargs):
-    """(args, kwargs) with each argument forward takes by position moved into ``args``, so passing it by
-    keyword or by position is one and the same call, as in eager PyTorch."""
-    if not kwargs:
-        return args, kwargs
+    """(args, kwargs) with each argument forward takes by position moved into ``args`` and every argument
+    left out given its default, so passing an argument by keyword or by position, or leaving an optional one
+    at its default or passing that default (``None``), is one and the same call, as PopTorch's argument
+    parser makes it."""
     try:
         bound = inspect.Signature(list(_forward_parameters(model).values())).bind(*args, **kwargs)
     except TypeError:
         return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
+    bound.apply_defaults()
     return bound.args, bound.kwargs
+
+
+def _in_compiled_order(value, spec):
+    """``value`` with each dict's keys in the order of the same dict in the compiled input structure
+    ``spec`` (a pytree spec), when it has the same keys: PopTorch matches dict inputs by key."""
+    if spec.type is dict and isinstance(value, dict) and set(value) == set(spec.context):
+        return {key: _in_compiled_order(value[key], spec.child(i)) for i, key in enumerate(spec.context)}
+    if spec.type in (tuple, list) and isinstance(value, spec.type) and len(value) == spec.num_children:
+        return spec.type(_in_compiled_order(v, spec.child(i)) for i, v in enumerate(value))
+    return value
 
 
 class _TensorSignature(NamedTuple):
