@@ -341,3 +341,18 @@ def test_other_optimizers_name_their_learning_rate_and_weight_decay(optim):
     poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
     _close(poptorch_model.getAnchoredTensor("lr"), torch.tensor(lr))
     _close(poptorch_model.getAnchoredTensor("wd"), torch.tensor(wd))
+
+
+def test_disable_module_namescope_names_forward_values_without_their_modules():
+    torch.manual_seed(8)
+    names = _names_of(Model(), poptorch.Options().disableModuleNamescope())
+    assert not [name for name in names if name.startswith(("fc1/", "fc2/", "loss/"))]
+    assert {"MatMul:0", "MatMul:0/1", "Add:0", "Add:0/1", "Relu:0"} <= set(names)
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().disableModuleNamescope()
+    opts.anchorTensor("second", "Add:0/1")  # fc2's bias add, the second Add of the forward pass
+    poptorch_model = poptorch.inferenceModel(model, opts)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+    poptorch_model(x, y)
+    _close(poptorch_model.getAnchoredTensor("second"), reference.fc2(torch.relu(reference.fc1(x))).detach())

@@ -7,9 +7,10 @@ prefixes: ``Accl___`` (SGD's momentum buffer), ``Accl1___`` / ``Accl2___`` (Adam
 second moments; RMSprop's mean square and, centred, its mean gradient), ``Accl3___`` (RMSprop's momentum
 buffer) and ``Step___`` (Adam, AdamW and LAMB's step count). With gradient accumulation, ``Accum___`` names
 the accumulated gradient a step applies (before the mean). The model's inputs are ``input``, ``input/1``...
-(in call order) and every value the forward pass computes is ``<module scope>/<Op>:<output>``, made unique
-with PopART's ``/<n>`` suffix; the ops are the simulator's (``fc1/MatMul:0``, ``fc1/Add:0``), not always
-ONNX's. The optimizer's hyper-parameters carry PopART's names: ``lossScaling_FLOAT``, per parameter SGD's
+(in call order) and every value the forward pass computes is ``<module scope>/<Op>:<output>`` (without the
+scope after ``Options.disableModuleNamescope()``), made unique with PopART's ``/<n>`` suffix; the ops are
+the simulator's (``fc1/MatMul:0``, ``fc1/Add:0``), not always ONNX's. The optimizer's hyper-parameters
+carry PopART's names: ``lossScaling_FLOAT``, per parameter SGD's
 ``scaledLearningRate0___specific___`` (lr x (1 - dampening) / loss scaling) and
 ``weightDecayScaleFactor0___specific___`` (1 - lr x (1 - dampening) x weight decay) when it has no
 momentum, the other optimizers' ``learningRate___specific___`` and ``weightDecay___specific___``.
@@ -78,7 +79,7 @@ def named_values(captured, programs, options, spec=None, group_of=None):
     """PopART long name -> ``Named`` of every value that can be anchored (``spec`` and ``group_of``: the
     optimizer of a training model and each trained parameter's group)."""
     graph = programs.graphs[programs.micro_batch]
-    named = _activations(captured, programs)
+    named = _activations(captured, programs, options.module_namescope)
     for fqn in [*captured.parameters, *captured.buffers]:
         try:
             named[MODEL_PREFIX + fqn] = Named(programs.micro_batch, graph.input(fqn))
@@ -110,8 +111,9 @@ def _op_type(op):
     return _OP_TYPES.get(op) or "".join(part.capitalize() for part in op.split("_"))
 
 
-def _activations(captured, programs):
-    """The model's inputs and every value its forward pass computes (constants aside), by PopART's names."""
+def _activations(captured, programs, module_namescope=True):
+    """The model's inputs and every value its forward pass computes (constants aside), by PopART's names
+    (scoped by module unless ``disableModuleNamescope``)."""
     graph = programs.graphs[programs.micro_batch]
     named = {}
     for name in captured.input_names:
@@ -119,7 +121,7 @@ def _activations(captured, programs):
     for node in graph.nodes:
         if node.role in _NOT_FORWARD or node.op == "constant":
             continue
-        scope = f"{node.module.replace('.', '/')}/" if node.module else ""
+        scope = f"{node.module.replace('.', '/')}/" if node.module and module_namescope else ""
         for index, value in enumerate(node.outputs):
             name = _unique(f"{scope}{_op_type(node.op)}:{index}", named)
             named[name] = Named(programs.micro_batch, value, per_micro_batch=True)

@@ -863,7 +863,8 @@ class Options(_NoAssignment):
         return self._set("profileDir", "." if profile_dir is None else _path("enableProfiling", profile_dir))
 
     def disableModuleNamescope(self):
-        """Do not prefix op names with module names (the simulator names ops by source line anyway)."""
+        """Do not prefix the names of the forward pass's values (``getTensorNames()``) with their modules'
+        names: ``MatMul:0`` rather than ``fc1/MatMul:0``."""
         return self._set("moduleNamescope", False)
 
     def updatableNamedBuffers(self, buffers):
@@ -1018,6 +1019,10 @@ class Options(_NoAssignment):
     @property
     def log_cycle_count(self):
         return self._values["logCycleCount"]
+
+    @property
+    def module_namescope(self):
+        return self._values["moduleNamescope"]
 
     @property
     def show_compilation_progress_bar(self):
