@@ -37,6 +37,7 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _optimizer_attributes,
     _overlapped_io,
     _recompute,
     _replication,
@@ -338,6 +339,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
+            relax = self._options.relax_optimizer_attributes_checks
+            self._attribute_checks = _optimizer_attributes.AttributeChecks(self._optimizer, relax)
         self._from_cache = cache_hit
         self._key = key
         self._report_dir = report_dir
@@ -633,6 +636,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+            self._attribute_checks.check(optimizer)
         optim.release(self._optimizer, self)
         optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec

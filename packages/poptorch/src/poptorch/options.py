@@ -874,7 +874,8 @@ class Options(_NoAssignment):
         return self._set("updatableNamedBuffers", tuple(buffers))
 
     def relaxOptimizerAttributesChecks(self, relax=True):
-        """Report unexpected optimizer attributes in setOptimizer() at DEBUG instead of as warnings."""
+        """Report the attributes an optimizer given to setOptimizer() gained after compilation (which the
+        compiled update ignores) at DEBUG instead of as warnings."""
         return self._set("relaxOptimizerAttributesChecks", _bool("relaxOptimizerAttributesChecks", relax))
 
     def sourceLocationExcludes(self, excludes):
@@ -1023,6 +1024,10 @@ class Options(_NoAssignment):
     @property
     def module_namescope(self):
         return self._values["moduleNamescope"]
+
+    @property
+    def relax_optimizer_attributes_checks(self):
+        return self._values["relaxOptimizerAttributesChecks"]
 
     @property
     def show_compilation_progress_bar(self):
