@@ -527,7 +527,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             name: torch.from_numpy(np.array(value)) for name, value in self._anchors.read(per_output, layout).items()
         }
         if self._options.log_cycle_count:
-            logger.info("Simulated cycle count of the last call: %d", self._cycles)
+            # At DEBUG, as PopTorch documents (POPTORCH_LOG_LEVEL=DEBUG shows it).
+            logger.debug("Simulated cycle count of the last call: %d", self._cycles)
         for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
