@@ -356,3 +356,24 @@ def test_disable_module_namescope_names_forward_values_without_their_modules():
     x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
     poptorch_model(x, y)
     _close(poptorch_model.getAnchoredTensor("second"), reference.fc2(torch.relu(reference.fc1(x))).detach())
+
+
+def test_a_float16_velocity_accum_type_keeps_the_momentum_buffer_in_float16():
+    torch.manual_seed(9)
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.anchorTensor("velocity", "Accl___model.fc1.weight")
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, velocity_accum_type=torch.float16)
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    eager = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+    for _ in range(2):
+        x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+        poptorch_model(x, y)
+        eager.zero_grad()
+        reference(x, y).backward()
+        eager.step()
+    velocity = poptorch_model.getAnchoredTensor("velocity")
+    assert velocity.dtype == torch.float16
+    expected = eager.state[reference.fc1.weight]["momentum_buffer"]
+    torch.testing.assert_close(velocity.float(), expected, rtol=2e-3, atol=2e-3)

@@ -290,6 +290,34 @@ def test_running_mean_keeps_a_half_accumulator_finite():
     assert weights[poptorch.MeanReductionStrategy.Running] == pytest.approx(-3.0, rel=1e-3)
 
 
+class _FloatSum(torch.nn.Module):
+    """_HalfSum in float32: only a float16 accumulator overflows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return poptorch.identity_loss((self.w * x).sum(), "none")
+
+
+def test_accum_type_sets_the_gradient_accumulators_dtype():
+    x = torch.full((4, 1), 30000.0)
+    weights = {}
+    for accum_type in (None, torch.half):
+        model = _FloatSum()
+        opts = _opts()
+        opts.Training.gradientAccumulation(4)
+        opts.anchorTensor("accum", "Accum___model.w")
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=1e-4, accum_type=accum_type)
+        training = poptorch.trainingModel(model, opts, optimizer)
+        training(x)
+        assert training.getAnchoredTensor("accum").dtype == (accum_type or torch.float32)
+        weights[accum_type] = float(model.w.detach())
+    assert weights[None] == pytest.approx(-3.0, rel=1e-6)  # as eager: lr x the mean gradient, 30,000
+    assert not np.isfinite(weights[torch.half])  # the float16 sum of 4 x 30,000 overflows
+
+
 class _Divide(torch.nn.Module):
     def forward(self, x, y):
         return (x / y).exp()
