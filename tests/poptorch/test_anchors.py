@@ -128,6 +128,7 @@ def test_tensor_names_list_parameters_gradients_and_updated_values():
     names = poptorch_model.getTensorNames()
     for fqn, _ in model.named_parameters():
         assert {f"model.{fqn}", f"Gradient___model.{fqn}", f"UpdatedVar___model.{fqn}"} <= set(names)
+    assert any(name.startswith("scaledLearningRate") for name in names)  # as PopTorch's own test checks
 
 
 def test_unknown_names_raise_poptorchs_errors():
