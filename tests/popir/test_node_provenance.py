@@ -36,6 +36,7 @@ def test_nodes_record_the_annotations_of_every_enclosing_scope():
         "checkpoint": None,
         "available_memory": None,
         "conv_dithering": None,
+        "partials_type": None,
     }
     assert (outer.module, outer.aten) == ("outer", None)
     assert after.annotations() == dict.fromkeys(popir.graph.ANNOTATIONS)

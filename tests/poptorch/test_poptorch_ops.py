@@ -211,3 +211,41 @@ def test_multiconv_dithers_each_convolution_as_its_own_setting_says(training):
     mixed = _tile_memory([True, False], False, training)
     assert mixed not in (plain, dithered)
     assert _tile_memory([True, False], True, training) == mixed
+
+
+class _HalfConvs(torch.nn.Module):
+    """Two float16 convolutions in a MultiConv accumulating in ``partials`` (None: the model's type)."""
+
+    def __init__(self, partials):
+        super().__init__()
+        self.partials = partials
+        self.a, self.b = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        multi_conv = poptorch.MultiConv()
+        if self.partials is not None:
+            multi_conv.partialsTypes(self.partials)
+        with multi_conv:
+            return self.b(torch.relu(self.a(x)))
+
+
+def _half_tile_memory(partials, model_partials):
+    torch.manual_seed(8)
+    model, x = _HalfConvs(partials), torch.randn(2, 8, 8, 8)
+    reference = model(x)  # in float32 on the CPU
+    opts = _opts()
+    opts.Precision.setPartialsType(model_partials)
+    executor = poptorch.inferenceModel(model.half(), opts)
+    torch.testing.assert_close(executor(x.half()).float(), reference, rtol=2e-2, atol=2e-2)
+    program = executor.profile.programs["inference"]
+    return program["memory"]["tensors"], program["total_cycles"]
+
+
+def test_multiconv_accumulates_each_convolution_in_its_own_partials_type():
+    single, half = _half_tile_memory(None, torch.float), _half_tile_memory(None, torch.half)
+    assert single != half
+    assert _half_tile_memory([torch.half, torch.half], torch.float) == half
+    assert _half_tile_memory(torch.float, torch.half) == single
+    # Only the first convolution's plan depends on its partials here: its own type decides it, either way.
+    assert _half_tile_memory([torch.half, torch.float], torch.float) == half
+    assert _half_tile_memory([torch.float, torch.half], torch.half) == single

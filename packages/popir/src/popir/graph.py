@@ -13,7 +13,17 @@ INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
 # Where a node came from, for errors and profiles: the user's source line, the module path
 # (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
 # (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
-ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint", "available_memory", "conv_dithering")
+ANNOTATIONS = (
+    "source",
+    "module",
+    "aten",
+    "role",
+    "placement",
+    "checkpoint",
+    "available_memory",
+    "conv_dithering",
+    "partials_type",
+)
 ROLES = ("forward", "backward", "optimizer")
 
 
@@ -120,6 +130,7 @@ class Node:
         checkpoint=None,
         available_memory=None,
         conv_dithering=None,
+        partials_type=None,
     ):
         self.op = op
         self.inputs = inputs
@@ -133,6 +144,7 @@ class Node:
         self.checkpoint = checkpoint  # True: recomputation keeps its outputs for the backward pass
         self.available_memory = available_memory  # proportion of a tile its matmul/conv plan may use
         self.conv_dithering = conv_dithering  # a convolution's own enableConvDithering (None: the model's)
+        self.partials_type = partials_type  # a convolution's own float16 partials dtype name (None: the model's)
 
     def annotations(self):
         """{annotation: value} of this node (see ``ANNOTATIONS``)."""

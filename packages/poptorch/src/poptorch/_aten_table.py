@@ -484,7 +484,14 @@ def _set_available_memory(ctx, x, proportion):
 @lowers(torch.ops.poptorch.set_conv_dithering.default)
 def _set_conv_dithering(ctx, x, enabled):
     # The value itself: the convolution that produced it (and its gradients) is dithered as ``enabled`` says.
-    _poptorch_ops.mark_conv_dithering(x, bool(enabled))
+    _poptorch_ops.mark_convolutions(x, "enableConvDithering", conv_dithering=bool(enabled))
+    return x
+
+
+@lowers(torch.ops.poptorch.set_conv_partials_type.default)
+def _set_conv_partials_type(ctx, x, dtype):
+    # The value itself: the convolution that produced it (and its gradients) accumulates in ``dtype``.
+    _poptorch_ops.mark_convolutions(x, "partialsTypes", partials_type=dtype)
     return x
 
 
