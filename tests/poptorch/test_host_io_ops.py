@@ -249,8 +249,6 @@ def test_training_through_a_multiconv_matches_eager():
     ("setting", "refused"),
     [
         (lambda m: m.planType(poptorch.MultiConvPlanType.Parallel), r"planType\(MultiConvPlanType.Parallel\)"),
-        (lambda m: m.partialsTypes(torch.half), r"partialsTypes\(torch.float16\)"),
-        (lambda m: m.enableConvDithering(True), r"enableConvDithering\(True\)"),
         (lambda m: m.perConvReservedTiles(4), r"perConvReservedTiles\(4\)"),
         (lambda m: m.cycleBackOff(0.3), r"cycleBackOff\(0.3\)"),
     ],
@@ -260,23 +258,6 @@ def test_multiconv_settings_the_simulator_cannot_honour_run_on_the_cpu_and_are_r
     assert model(x, u).shape == ()
     with pytest.raises(poptorch.Error, match=rf"poptorch.MultiConv\(\).{refused} is not modelled"):
         poptorch.inferenceModel(model, _options())(x, u)
-
-
-def _half_partials():
-    opts = _options()
-    opts.Precision.setPartialsType(torch.half)
-    return opts
-
-
-def test_multiconv_partials_types_must_be_the_model_s_partials_type():
-    x, u = torch.randn(1, 1, 5, 5), torch.randn(1, 1, 6, 6)
-    model = _Convs(poptorch.MultiConv().partialsTypes([torch.half, torch.half]))
-    ours = poptorch.inferenceModel(model, _half_partials())(x, u)
-    torch.testing.assert_close(ours, model(x, u), rtol=1e-5, atol=1e-5)
-    model = _Convs(poptorch.MultiConv().partialsTypes(torch.float))
-    refused = r"partialsTypes\(torch.float32\) is not modelled .*setPartialsType, here torch.float16"
-    with pytest.raises(poptorch.Error, match=refused):
-        poptorch.inferenceModel(model, _half_partials())(x, u)
 
 
 WIDTH = 64
