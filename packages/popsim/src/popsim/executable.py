@@ -257,8 +257,9 @@ class Executable:
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
             placed[name] = _liveness(program, inputs, outputs)
-            for storage, first, last in placed[name]:
-                alloc[storage.id] = allocator.place(storage, *storage.mapping.tile_bytes(storage.itemsize), first, last)
+            blocks = [(s, *s.mapping.tile_bytes(s.itemsize), first, last) for s, first, last in placed[name]]
+            for (storage, *_), offsets in zip(blocks, allocator.place_all(blocks)):
+                alloc[storage.id] = offsets
             allocator.check(relax_memory, target)
             per_program[name] = allocator
         base.check(relax_memory, target)
