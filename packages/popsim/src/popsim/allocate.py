@@ -61,7 +61,8 @@ class TileAllocator:
         last) as ``place`` takes them, after this allocator's resident blocks (live to the end, as variables);
         returns each one's offsets as ``place`` does. On each tile the largest block goes first, each at the
         lowest offset clear of the blocks placed before it whose steps overlap its own (greedy by size): placing
-        in program order instead leaves holes where short-lived blocks were that later ones do not fit."""
+        in program order instead leaves holes where short-lived blocks were that later ones do not fit. The
+        blocks placed do not become resident: ``place`` must not follow."""
         tiles = [np.asarray(p[1], np.int64) for p in placements]
         offsets = np.zeros((len(placements), self.budget.size), np.int64)
         if not sum(t.size for t in tiles):
