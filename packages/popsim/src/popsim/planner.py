@@ -261,7 +261,7 @@ class Lowerer:
         """``_scalar_on_tiles`` of a scalar variable no program updates (an optimizer hyper-parameter the host
         sets): a copy on each tile of the IPU, shared by every program and written when the executable is loaded
         and whenever the host writes the variable, as Poplar streams such values only when they change; no run
-        exchanges it."""
+        exchanges it. Once every program is lowered, the copy keeps only its readers' tiles (``loaded_copies``)."""
         first, count = self.target.first_tile, self.target.num_tiles
         if tiles.min() < first or tiles.max() >= first + count:
             return self._scalar_everywhere(x, tiles)

@@ -221,6 +221,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._attached = False
         self._compiled_inputs = None
         self._cycles = None
+        self._host_write_cycles = 0  # hyper-parameters setOptimizer wrote since the last call, costed in the next
         self._perf = None
         self._from_cache = False
         self._anchors = None
@@ -603,9 +604,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         call = _call_timeline.CallRuns(
             batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
         )
-        self._cycles = _call_timeline.call_cycles(
+        self._cycles = self._host_write_cycles + _call_timeline.call_cycles(
             exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
         )
+        self._host_write_cycles = 0
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
 
@@ -642,7 +644,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
-            self._device.set_optimizer(optimizer, spec)
+            self._host_write_cycles += self._device.set_optimizer(optimizer, spec)
 
     # -- device ---------------------------------------------------------------------------------
     def attachToDevice(self):
