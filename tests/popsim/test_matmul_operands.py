@@ -105,3 +105,20 @@ def test_a_transpose_of_the_last_axis_is_still_gathered_before_its_matmul(compil
     feeds = {"a": rng.normal(size=(K, M)).astype(np.float32), "b": rng.normal(size=(K, N)).astype(np.float32)}
     np.testing.assert_allclose(exe.run(feeds)["y"], feeds["a"].T @ feeds["b"], rtol=1e-5, atol=1e-5)
     assert "transpose" in [name for name, _ in copies]
+
+
+def test_a_state_read_through_a_view_is_not_overwritten_in_place_before_its_matmul_reads_it(compiled):
+    """The view of ``w`` is made before ``w``'s update and read by a matmul after it: the matmul must see the
+    old ``w`` (the update may not write ``w`` in place before the view's reader runs)."""
+    g = popir.Graph("update")
+    x = g.add_input("x", (B, M, K), "float32")
+    w = g.add_input("w", (K, N), "float32", kind="parameter")
+    seen = ops.broadcast_to(w, shape=(B, K, N))
+    g.update(w, w * g.constant(np.float32(0.5)))
+    g.output("y", ops.matmul(x, seen))
+    exe, _, _ = compiled(g)
+    rng = np.random.default_rng(3)
+    w0, feeds = rng.normal(size=(K, N)).astype(np.float32), {"x": rng.normal(size=(B, M, K)).astype(np.float32)}
+    exe.write_variable("w", w0)
+    np.testing.assert_allclose(exe.run(feeds)["y"], feeds["x"] @ w0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(exe.read_variable("w"), w0 * np.float32(0.5))
