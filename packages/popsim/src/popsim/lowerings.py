@@ -831,6 +831,26 @@ def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
 @lowering("conv2d_grad_weight")
 @_dithered(lambda x, gy, weight_shape, groups, **_: (groups, x.shape[0], weight_shape, x.shape[2:]))
 def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation, groups):
+    """The weight gradient is a convolution too (as poplin plans it): each input channel's image, its batch
+    taken as the channels, convolved with the output gradient as the kernel (the forward's dilation as its
+    stride and its stride as its dilation): CONV vertices over input windows on their tiles when estimated
+    faster, else a matmul over im2col windows (which sends an input element to a tile once per tap)."""
+    o, cg = weight_shape[:2]
+    spec = conv_plan.ConvSpec(
+        groups, cg, x.shape[0], o // groups, x.shape[2:], tuple(weight_shape[2:]), gy.shape[2:], tuple(dilation),
+        tuple(stride), (padding[0][0], padding[1][0]),
+    )  # fmt: skip
+    if not conv_plan.direct_is_faster(lw, spec, x.dtype):
+        return _conv2d_grad_weight_matmul(lw, x, gy, weight_shape, stride, padding, dilation, groups)
+    x_index = _grouped(x.shape, groups).transpose(0, 2, 1, 3, 4)  # (G, Cg, N, H, W): channels are the batch
+    gy_index = _grouped(gy.shape, groups).transpose(0, 2, 1, 3, 4)  # (G, Og, N, OH, OW)
+    order = np.arange(int(np.prod(weight_shape))).reshape(groups, cg, o // groups, *weight_shape[2:])
+    return conv_plan.direct_conv(
+        lw, [x], x_index, [gy], gy_index, spec, x.dtype, tuple(weight_shape), order.transpose(0, 2, 1, 3, 4)
+    )
+
+
+def _conv2d_grad_weight_matmul(lw, x, gy, weight_shape, stride, padding, dilation, groups):
     n = x.shape[0]
     o, cg, kh, kw = weight_shape
     g, og = groups, o // groups
