@@ -23,6 +23,7 @@ from popsim import _exchange, cost, remote
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, HostCall, If, Repeat, StreamCopy, Sync, children
 from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
+from popsim.timeline import HOST_CALLBACK, HOST_TRANSFER, STREAMING_MEMORY
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL = (
@@ -231,6 +232,7 @@ class _Flattener:
         origin = origin_of(getattr(step, "origin", None))
         self.steps.append(
             {"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host), "origin": origin}
+            | {"transfer": HOST_TRANSFER}
         )
         return _totals(sync=sync, host=host)
 
@@ -239,10 +241,13 @@ class _Flattener:
         sent = sum((self.stream(s) for s in step.sends), _totals())
         names = {"sends": [s.stream for s in step.sends], "receives": [s.stream for s in step.receives]}
         self.host_calls.append({"callback": step.callback, **names})
-        self.phase(HOST_CALL, len(self.host_calls) - 1)
-        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": 0}
+        # The tiles sync with the host, then wait while it runs the callback (cost.host_callback_cycles).
+        host = cost.host_callback_cycles(self.target, sum(t.size for t in [*step.inputs, *step.outputs]))
+        sync = self.target.bsp_sync_cycles
+        self.phase(HOST_CALL, len(self.host_calls) - 1, cycles=host + sync)
+        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": host, "transfer": HOST_CALLBACK}
         self.steps.append({**entry, "origin": origin_of(step.origin)})
-        return sum((self.stream(s) for s in step.receives), sent)
+        return sum((self.stream(s) for s in step.receives), sent + _totals(sync=sync, host=host))
 
     def remote_copy(self, step):
         """A streaming-memory load or store: a sync, then every byte crosses the streaming-memory link."""
@@ -260,6 +265,7 @@ class _Flattener:
         self.copies.append(rows)
         self.ncopies += len(rows)
         entry = {"name": step.name, "kind": "host", "cycles": int(cycles), "bytes": int(nbytes), **_placed(step)}
+        entry["transfer"] = STREAMING_MEMORY
         self.steps.append({**entry, "origin": origin_of(step.origin)})
         return _totals(sync=sync, host=cycles)
 
@@ -332,15 +338,19 @@ class _Flattener:
 
     def copy(self, step):
         target = self.target
-        if not step.dst.size:
+        if not step.index.size:
             return _totals()
         isz = step.dst.itemsize
         m = step.dst.storage.mapping
+        dst_blocks = (self.block_base(step.dst.storage), m.tiles, m.stops - m.starts)
+        if step.dst_elements is not None:  # a copy into some elements only: each is a block of one
+            dst_addr, dst_tile = element_addresses(step.dst, step.dst_elements, self.block_base)
+            dst_blocks = (dst_addr, dst_tile, np.ones(dst_addr.size, np.int64))
         sources = [self._addresses(s) for s in step.srcs]
         src_addr, src_tile = sources[0] if len(sources) == 1 else map(np.concatenate, zip(*sources))
         block, recv, sent, local, link = _exchange.copy_plan(
             *(np.ascontiguousarray(a, np.int64) for a in (step.index, _storage_elements(step))),
-            src_addr, src_tile, self.block_base(step.dst.storage), m.tiles, m.stops - m.starts,
+            src_addr, src_tile, *(np.ascontiguousarray(a, np.int64) for a in dst_blocks),
             isz, target.num_tiles, target.tiles_per_ipu, target.num_ipus,
         )  # fmt: skip
         recv, sent, local, link = recv * isz, sent * isz, local * isz, link * isz
