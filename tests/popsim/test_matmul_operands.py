@@ -122,3 +122,21 @@ def test_a_state_read_through_a_view_is_not_overwritten_in_place_before_its_matm
     exe.write_variable("w", w0)
     np.testing.assert_allclose(exe.run(feeds)["y"], feeds["x"] @ w0, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(exe.read_variable("w"), w0 * np.float32(0.5))
+
+
+@pytest.mark.parametrize("axes, keepdims", [((1,), False), ((0,), True), ((0, 1), False)])
+def test_a_product_summed_over_some_batch_axes_is_one_matmul_per_kept_batch_index(compiled, axes, keepdims):
+    g = popir.Graph("summed")
+    a = g.add_input("a", (2, 3, M, K), "float32")
+    b = g.add_input("b", (2, 3, K, N), "float32")
+    g.output("y", ops.reduce_sum(ops.matmul(a, b), axes=axes, keepdims=keepdims))
+    exe, _, products = compiled(g)
+    rng = np.random.default_rng(5)
+    feeds = {
+        "a": rng.normal(size=(2, 3, M, K)).astype(np.float32),
+        "b": rng.normal(size=(2, 3, K, N)).astype(np.float32),
+    }
+    want = np.sum(feeds["a"] @ feeds["b"], axis=axes, keepdims=keepdims)
+    np.testing.assert_allclose(exe.run(feeds)["y"], want, rtol=1e-5, atol=1e-4)
+    summed = int(np.prod([(2, 3)[i] for i in axes]))
+    assert products == [((6 // summed, M, summed * K), (6 // summed, summed * K, N))]
