@@ -67,8 +67,8 @@ def record_copies():
 
 
 def measure(name):
-    """The recorded copies of the training program of model ``name``, its step's cycles and the busiest
-    tile's peak tensor bytes."""
+    """The recorded copies of the training program of model ``name``, its step's cycles, the exchange cycles
+    of its compiled programs and the busiest tile's peak tensor bytes."""
     seen = record_copies()
     torch.manual_seed(0)
     model, args = COMPILE_MODELS[name]()
@@ -77,25 +77,28 @@ def measure(name):
     training(*args)
     cycles = training.cycleCount()
     # The busiest tile's peak of tensor bytes over the compiled programs.
-    peak = max(max(p["memory"]["tensors"]) for p in training._exe.profile.programs.values())
+    programs = training._exe.profile.programs.values()
+    peak = max(max(p["memory"]["tensors"]) for p in programs)
+    exchange = sum(p["exchange_cycles"] for p in programs)
     # The training program is the flattened program with the most copies.
     by_program = collections.defaultdict(list)
     for program, kind, volume in seen:
         by_program[program].append((kind, volume))
     copies = max(by_program.values(), key=len)
     training.detachFromDevice()
-    return copies, cycles, peak
+    return copies, cycles, exchange, peak
 
 
 def report(name, top):
-    copies, cycles, peak = measure(name)
+    copies, cycles, exchange, peak = measure(name)
     kinds = collections.defaultdict(lambda: np.zeros(5, np.int64))
     for kind, volume in copies:
         kinds[kind.split(" ")[0]] += volume
     total = sum(kinds.values())
     print(
         f"== {name}: {total[0] / MB:.2f} MB across tiles, {total[1] / MB:.2f} MB on-tile, {total[2] / MB:.2f} MB "
-        f"repeated, {total[3] / MB:.2f} MB padding, {total[4]:,} rows, {cycles:,} cycles, tile peak {peak:,} B"
+        f"repeated, {total[3] / MB:.2f} MB padding, {total[4]:,} rows, {cycles:,} cycles ({exchange:,} exchange "
+        f"cycles over the programs), tile peak {peak:,} B"
     )
     print(f"{'copy kind':<28} {'MB across':>10} {'MB on-tile':>10} {'MB repeat':>10} {'MB pad':>10} {'rows':>10}")
     for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1][0] - kv[1][1])[:top]:
