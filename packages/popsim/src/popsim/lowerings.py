@@ -64,13 +64,14 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
     row_indices = _row_scatter_indices(graph)
+    ipus = placement is not None and lw.target.num_ipus > 1
+    views = {} if ipus or spill or lw.dg.remote else _matmul_views(graph, at)
     lw.in_place = {
         value: variables[name]
         for value, name in _in_place_updates(graph, at).items()
         if variables[name] not in lw.dg.remote  # a streamed variable is updated by a store, never in place
     }
     device_target = lw.target
-    ipus = placement is not None and device_target.num_ipus > 1
     for v in graph.inputs:
         if v.kind == "input":
             where = device_target.ipu_view(placement.input_ipu.get((name, v.name), 0)) if ipus else device_target
@@ -96,6 +97,9 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
             continue
         if node.outputs[0].id in row_indices:
             env[node.outputs[0].id] = args[0]  # the row scatter reading it takes one index per row
+            continue
+        if node.outputs[0].id in views:
+            env[node.outputs[0].id] = views[node.outputs[0].id](lw, node, args)
             continue
         lw.dg.origin = node
         lw.budget_node(node, placement.ipu_of(node) if placement is not None else 0)
@@ -430,6 +434,8 @@ def _bitwise_not(lw, node, x):
 
 @lowering("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 def _reduce(lw, node, x, axes, keepdims):
+    if isinstance(x, _Product):
+        return _summed_product(lw, node, x, _norm_axes(axes, len(x.shape)))
     return lw.reduce_axes(node.op[len("reduce_") :], x, _norm_axes(axes, len(x.shape)), keepdims)
 
 
@@ -453,17 +459,125 @@ def _arg(lw, node, x, axis, keepdims):
 
 
 # -- matmul ----------------------------------------------------------------------------------------
+# A matmul gathers its operand blocks onto its tiles by index maps, so the movement nodes between an operand
+# and the matmuls reading it (transposes, reshapes, broadcasts) are views, as Poplar's tensor views: their
+# index maps compose into the matmul's, and the operand's elements are exchanged once, straight from where
+# they live. A weight broadcast over the batch folds the batch into M (the weight is read once, not once per
+# batch), and a batched product summed over batch axes (a broadcast weight's gradient) folds them into K.
+VIEW_OPS = ("transpose", "reshape", "broadcast_to")
+
+
+class _View:
+    """A movement node's result read only by matmuls: element i (flat) is element ``index[i]`` of ``base``."""
+
+    __slots__ = ("base", "index", "shape", "dtype")
+
+    def __init__(self, base, index, dtype):
+        self.base, self.index, self.shape, self.dtype = base, index, index.shape, dtype
+
+
+class _Product:
+    """A matmul whose only reader sums it over batch axes: its operands, as ``_operands`` gives them."""
+
+    __slots__ = ("node", "operands", "shape")
+
+    def __init__(self, node, operands):
+        self.node, self.operands, self.shape = node, operands, node.outputs[0].shape
+
+
+def _view(lw, node, args):
+    """The ``_View`` of movement ``node`` over its lowered input (a tensor or another view); or, when the
+    view's rows are not runs of consecutive elements (a transpose of the last axis, which a matmul would
+    read element by element), the view gathered into a new tensor, as the movement's own lowering does."""
+    (x,) = args
+    base, index = (x.base, x.index) if isinstance(x, _View) else (x, np.arange(x.size).reshape(x.shape))
+    index = np.asarray(get_op(node.op).ref(index, **node.attrs))
+    if index.ndim and not (np.diff(index, axis=-1) == 1).all():
+        lw.dg.origin = node
+        try:
+            return lw.gather(index.shape, x.dtype, [base], index, name=node.op)
+        finally:
+            lw.dg.origin = None
+    return _View(base, index, x.dtype)
+
+
+def _batch_summed(node, readers):
+    """Whether matmul ``node``'s only reader is a reduce_sum over batch axes of it alone (not M or N)."""
+    if len(readers) != 1 or readers[0].op != "reduce_sum" or min(len(v.shape) for v in node.inputs) < 2:
+        return False
+    ndim = len(node.outputs[0].shape)
+    axes = _norm_axes(readers[0].attrs["axes"], ndim)
+    return bool(axes) and max(axes) < ndim - 2
+
+
+def _matmul_views(graph, at):
+    """{value id: fn(lowerer, node, lowered args) -> its deferred value} of the values a matmul reads through views:
+    the movement nodes whose every reader is a matmul or such a movement node, and the matmuls whose only
+    reader sums them over batch axes. Outputs and state updates are never deferred. A deferred node reads
+    its inputs where its last reader runs: ``at`` (where each node reads, as ``_fusion`` gives it) is
+    updated so, so that no in-place update overwrites what a view still reads."""
+    uses = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            uses.setdefault(v.id, []).append(i)
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    views = {}
+    for i in reversed(range(len(graph.nodes))):
+        node, out = graph.nodes[i], graph.nodes[i].outputs[0]
+        readers = [graph.nodes[r] for r in uses.get(out.id, [])]
+        if out.id in kept or not readers or any(r.placement != node.placement for r in readers):
+            continue
+        if node.op in VIEW_OPS and all(r.op == "matmul" or r.outputs[0].id in views for r in readers):
+            views[out.id] = _view
+        elif node.op == "matmul" and _batch_summed(node, readers):
+            views[out.id] = lambda lw, node, args: _Product(node, _operands(node, args))
+        else:
+            continue
+        at[i] = max(at[r] for r in uses[out.id])
+    return views
+
+
+def _operands(node, args):
+    """(a sources, a index map (*batch, M, K), b sources, b index map (*batch, K, N)) of matmul ``node``
+    over its lowered operands (tensors or views), with 1-D operands as a row and a column."""
+    maps = []
+    for x in args:
+        srcs, index = ([x.base], x.index) if isinstance(x, _View) else ([x], np.arange(x.size).reshape(x.shape))
+        maps.append((srcs, index))
+    (a_srcs, ia), (b_srcs, ib) = maps
+    ia = ia[None] if ia.ndim == 1 else ia
+    ib = ib[:, None] if ib.ndim == 1 else ib
+    batch = np.broadcast_shapes(ia.shape[:-2], ib.shape[:-2])
+    ia = np.broadcast_to(ia, batch + ia.shape[-2:])
+    ib = np.broadcast_to(ib, batch + ib.shape[-2:])
+    return a_srcs, ia, b_srcs, ib
+
+
 @lowering("matmul")
 def _matmul(lw, node, a, b):
-    a2 = (1,) + a.shape if len(a.shape) == 1 else a.shape
-    b2 = b.shape + (1,) if len(b.shape) == 1 else b.shape
-    batch = np.broadcast_shapes(a2[:-2], b2[:-2])
-    nb = int(np.prod(batch, dtype=np.int64))
-    m, k, n = a2[-2], a2[-1], b2[-1]
-    ia = np.broadcast_to(np.arange(a.size).reshape(a2), batch + (m, k)).reshape(nb, m, k)
-    ib = np.broadcast_to(np.arange(b.size).reshape(b2), batch + (k, n)).reshape(nb, k, n)
-    result = lw.matmul_index([a], ia, [b], ib, a.dtype)
-    return lw.reshape(result, node.outputs[0].shape)
+    a_srcs, ia, b_srcs, ib = _operands(node, [a, b])
+    (m, k), n = ia.shape[-2:], ib.shape[-1]
+    nb = int(np.prod(ia.shape[:-2], dtype=np.int64))
+    ia, ib = ia.reshape(nb, m, k), ib.reshape(nb, k, n)
+    if len(ib) > 1 and (ib == ib[:1]).all():
+        ia, ib = ia.reshape(1, -1, k), ib[:1]  # the same B for every batch: one (batch * M) x K product
+    dtype = node.outputs[0].dtype
+    return lw.reshape(lw.matmul_index(a_srcs, ia, b_srcs, ib, dtype), node.outputs[0].shape)
+
+
+def _summed_product(lw, node, product, axes):
+    """reduce_sum ``node`` of a batched matmul over batch ``axes``: one matmul whose K runs over those axes
+    too, for each kept batch index."""
+    a_srcs, ia, b_srcs, ib = product.operands
+    batch = ia.ndim - 2
+    kept = [i for i in range(batch) if i not in axes]
+    runs = int(np.prod([ia.shape[i] for i in kept], dtype=np.int64))
+    m, n = ia.shape[-2], ib.shape[-1]
+    k = int(np.prod([ia.shape[i] for i in axes], dtype=np.int64)) * ia.shape[-1]
+    ia = ia.transpose(*kept, batch, *axes, batch + 1).reshape(runs, m, k)
+    ib = ib.transpose(*kept, *axes, batch, batch + 1).reshape(runs, k, n)
+    dtype = node.outputs[0].dtype
+    return lw.reshape(lw.matmul_index(a_srcs, ia, b_srcs, ib, dtype), node.outputs[0].shape)
 
 
 # -- random numbers --------------------------------------------------------------------------------
@@ -797,6 +911,26 @@ def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
 @lowering("conv2d_grad_weight")
 @_dithered(lambda x, gy, weight_shape, groups, **_: (groups, x.shape[0], weight_shape, x.shape[2:]))
 def _conv2d_grad_weight(lw, node, x, gy, weight_shape, stride, padding, dilation, groups):
+    """The weight gradient is a convolution too (as poplin plans it): each input channel's image, its batch
+    taken as the channels, convolved with the output gradient as the kernel (the forward's dilation as its
+    stride and its stride as its dilation): CONV vertices over input windows on their tiles when estimated
+    faster, else a matmul over im2col windows (which sends an input element to a tile once per tap)."""
+    o, cg = weight_shape[:2]
+    spec = conv_plan.ConvSpec(
+        groups, cg, x.shape[0], o // groups, x.shape[2:], tuple(weight_shape[2:]), gy.shape[2:], tuple(dilation),
+        tuple(stride), (padding[0][0], padding[1][0]),
+    )  # fmt: skip
+    if not conv_plan.direct_is_faster(lw, spec, x.dtype):
+        return _conv2d_grad_weight_matmul(lw, x, gy, weight_shape, stride, padding, dilation, groups)
+    x_index = _grouped(x.shape, groups).transpose(0, 2, 1, 3, 4)  # (G, Cg, N, H, W): channels are the batch
+    gy_index = _grouped(gy.shape, groups).transpose(0, 2, 1, 3, 4)  # (G, Og, N, OH, OW)
+    order = np.arange(int(np.prod(weight_shape))).reshape(groups, cg, o // groups, *weight_shape[2:])
+    return conv_plan.direct_conv(
+        lw, [x], x_index, [gy], gy_index, spec, x.dtype, tuple(weight_shape), order.transpose(0, 2, 1, 3, 4)
+    )
+
+
+def _conv2d_grad_weight_matmul(lw, x, gy, weight_shape, stride, padding, dilation, groups):
     n = x.shape[0]
     o, cg, kh, kw = weight_shape
     g, og = groups, o // groups
