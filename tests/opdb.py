@@ -348,6 +348,37 @@ def _slice_torch(s):
 entry("slice", _slice, ops.slice, "torch.Tensor.__getitem__", torch_args=_slice_torch, grad=("x",))
 
 
+def _slice_update(d):
+    """One axis sliced (as torch.slice_scatter takes it), the others whole."""
+    shape = d.shape(min_rank=1, max_side=7)
+    axis = d.int(0, len(shape) - 1)
+    start, step = d.int(0, shape[axis] - 1), d.int(1, 3)
+    stop = d.int(start + 1, shape[axis])
+    starts = tuple(start if i == axis else 0 for i in range(len(shape)))
+    stops = tuple(stop if i == axis else n for i, n in enumerate(shape))
+    steps = tuple(step if i == axis else 1 for i in range(len(shape)))
+    region = tuple(len(range(a, b, c)) for a, b, c in zip(starts, stops, steps))
+    attrs = {"starts": starts, "stops": stops, "steps": steps}
+    return Sample({"x": d.floats(shape), "update": d.floats(region)}, attrs)
+
+
+def _slice_update_torch(s):
+    bounds = list(zip(s.attrs["starts"], s.attrs["stops"], s.attrs["steps"]))
+    axis = next((i for i, (a, b, c) in enumerate(bounds) if (a, b, c) != (0, s.inputs["x"].shape[i], 1)), 0)
+    start, stop, step = bounds[axis]
+    return [s.inputs["x"], s.inputs["update"], axis, start, stop, step], {}
+
+
+entry(
+    "slice_update",
+    _slice_update,
+    ops.slice_update,
+    "torch.slice_scatter",
+    torch_args=_slice_update_torch,
+    grad=("x", "update"),
+)
+
+
 def _concat(d):
     shape = d.shape(min_rank=1)
     axis = d.int(-len(shape), len(shape) - 1)

@@ -181,35 +181,43 @@ def _levels(profile):
     return [level["name"] for level in profile.replication["all_reduce"]["levels"]]
 
 
-# SGD's step is so light that the select putting each updated shard back into the whole weight (what lets the
-# other programs hold no copy of the shard) costs about what the shard saves: only its arithmetic falls.
-LIGHT_STEPS = ("sgd_momentum",)
+def _programs(kind, replicas, sharded):
+    """The profile's programs of one training step with optimizer ``kind``, state on the chip."""
+    torch.manual_seed(0)
+    model = Net()
+    opts = _options(sharded, replicas=replicas, on_chip=True)
+    trained = poptorch.trainingModel(model, opts, OPTIMIZERS[kind](model.parameters()))
+    g = torch.Generator().manual_seed(1)
+    trained(torch.randn(BATCH * replicas, WIDTH, generator=g), torch.randn(BATCH * replicas, WIDTH, generator=g))
+    programs = trained.profile.programs
+    trained.destroy()
+    return programs
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adam", "lamb"])
-def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall(monkeypatch, kind, replicas):
+def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall_with_the_replicas(monkeypatch, kind):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    programs = []
-    for sharded in (False, True):
-        torch.manual_seed(0)
-        model = Net()
-        opts = _options(sharded, replicas=replicas, on_chip=True)
-        trained = poptorch.trainingModel(model, opts, OPTIMIZERS[kind](model.parameters()))
-        g = torch.Generator().manual_seed(1)
-        trained(torch.randn(BATCH * replicas, WIDTH, generator=g), torch.randn(BATCH * replicas, WIDTH, generator=g))
-        programs.append(trained.profile.programs)
-        trained.destroy()
-    unsharded, sharded = programs
-    # The optimizer step of one replica computes on its state, weight and gradient shards only.
-    figures = ["compute_cycles"] + ([] if kind in LIGHT_STEPS else ["memory_max_tile_bytes", "total_cycles"])
-    for figure in figures:
-        assert sharded["apply"][figure] < unsharded["apply"][figure], figure
+    # Unsharded, one replica's step is the same program whatever the replicas.
+    runs = [_programs(kind, replicas, sharded) for replicas, sharded in ((2, False), (2, True), (4, True))]
+    unsharded = runs[0]
+    # The optimizer step of one replica computes on its state, weight and gradient shards only, and copies its
+    # updated weight shard into the weight in place: its cycles fall as the replicas grow, even SGD's.
+    for figure in ("compute_cycles", "total_cycles"):
+        values = [run["apply"][figure] for run in runs]
+        assert values[0] > values[1] > values[2], (figure, values)
+    # Both weights' updated shards are written back together: one exchange phase (one sync), on their tiles.
+    written = [step for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
+    assert len(written) == 1 and written[0]["name"].count("slice_update") == 2
+    # Its peak tile memory falls too, but for SGD over 2 replicas: the weight and gradient shards it slices out
+    # of the whole tensors (half of each) outweigh the half of the momentum it no longer holds.
+    for run in runs[1 if kind != "sgd_momentum" else 2 :]:
+        assert run["apply"]["memory_max_tile_bytes"] < unsharded["apply"]["memory_max_tile_bytes"]
     # The state stays on the chip between steps, and the step takes its weight shard from the whole weight: the
     # forward and backward program holds no shard variable, only less state, and the overall peak falls.
-    assert sharded["accumulate"]["memory_max_tile_bytes"] < unsharded["accumulate"]["memory_max_tile_bytes"]
-    peak = [max(p["memory_max_tile_bytes"] for p in run.values()) for run in programs]
-    assert peak[1] < peak[0]
+    peak = [max(p["memory_max_tile_bytes"] for p in run.values()) for run in runs]
+    for run, run_peak in zip(runs[1:], peak[1:]):
+        assert run["accumulate"]["memory_max_tile_bytes"] < unsharded["accumulate"]["memory_max_tile_bytes"]
+        assert run_peak < peak[0]
 
 
 class OddNet(torch.nn.Module):
@@ -340,3 +348,44 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     eager_optimizer.step()
     for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+GROUPED_OPTIMIZERS = {
+    "sgd_momentum": lambda model: torch.optim.SGD(
+        [
+            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
+            {"params": model.second.parameters()},
+        ],
+        lr=0.05,
+        momentum=0.9,
+    ),
+    # Each group's trust ratios take norms over its own parameters' sharded tensors.
+    "lamb": lambda model: poptorch.optim.LAMB(
+        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
+        lr=0.01,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", GROUPED_OPTIMIZERS)
+def test_parameter_groups_with_their_own_hyper_parameters_train_like_eager_when_sharded(monkeypatch, kind):
+    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    replicas = 4
+    x, y = _odd_data(replicas)
+    torch.manual_seed(0)
+    reference = OddNet()
+    eager_optimizer = GROUPED_OPTIMIZERS[kind](reference)
+    torch.manual_seed(0)
+    model = OddNet()
+    opts = _options(True, 1, replicas, on_chip=True)
+    opts.Training.gradientAccumulation(2)
+    trained = poptorch.trainingModel(model, opts, GROUPED_OPTIMIZERS[kind](model))
+    for _ in range(STEPS):
+        eager_optimizer.zero_grad()
+        reference(x, y)[1].backward()
+        eager_optimizer.step()
+        trained(x, y)  # each replica's two micro-batches make up the combined batch
+        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    assert _levels(trained.profile)[0].startswith("reduce-scatter")

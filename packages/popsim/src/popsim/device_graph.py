@@ -112,22 +112,29 @@ class ComputeSet:
 
 @dataclass
 class Copy:
-    """An exchange program: ``dst`` element i takes element ``index[i]`` of the concatenated ``srcs``."""
+    """An exchange program: ``dst`` element i takes element ``index[i]`` of the concatenated ``srcs``; with
+    ``dst_elements``, only those elements of ``dst`` are written (element ``dst_elements[i]`` takes
+    ``index[i]``) and the rest keep their values, as a copy into a slice of a Poplar tensor."""
 
     name: str
     dst: Tensor
     srcs: list
     index: np.ndarray
     origin: object = None  # the popir node it was lowered from (see DeviceGraph.origin)
+    dst_elements: np.ndarray = field(default=None, kw_only=True)
 
     def __post_init__(self):
         self.srcs = list(self.srcs)
         self.index = np.asarray(self.index, np.int64).reshape(-1)
         total = sum(s.size for s in self.srcs)
-        if self.index.size != self.dst.size:
-            raise Error(
-                f"copy {self.name!r}: index map of {self.index.size} elements for a destination of {self.dst.size}"
-            )
+        written = self.dst.size
+        if self.dst_elements is not None:
+            self.dst_elements = np.asarray(self.dst_elements, np.int64).reshape(-1)
+            written = self.dst_elements.size
+            if written and (self.dst_elements.min() < 0 or self.dst_elements.max() >= self.dst.size):
+                raise Error(f"copy {self.name!r}: destination elements outside its {self.dst.size} elements")
+        if self.index.size != written:
+            raise Error(f"copy {self.name!r}: index map of {self.index.size} elements for a destination of {written}")
         if self.index.size and (self.index.min() < 0 or self.index.max() >= total):
             raise Error(f"copy {self.name!r}: index map reaches outside its {total} source elements")
         if any(s.dtype != self.dst.dtype for s in self.srcs):
@@ -286,11 +293,12 @@ class DeviceGraph:
             )
         return block
 
-    def add_copy(self, name, dst, srcs, index):
-        """Append an exchange filling ``dst`` from ``srcs`` by a flat index map."""
+    def add_copy(self, name, dst, srcs, index, dst_elements=None):
+        """Append an exchange filling ``dst`` (only its ``dst_elements`` when given) from ``srcs`` by a flat
+        index map."""
         for t in [dst, *srcs]:
             self.check_own(t, f"copy {name!r}")
-        self.program.append(Copy(name, dst, srcs, index, self.origin))
+        self.program.append(Copy(name, dst, srcs, index, self.origin, dst_elements=dst_elements))
 
     def check_own(self, tensor, what):
         """Raise a popsim.Error unless ``tensor`` is a Tensor of this DeviceGraph (another graph's tensors have

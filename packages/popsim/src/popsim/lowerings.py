@@ -191,12 +191,34 @@ def _in_place_updates(graph, at):
     read_at_end = {root for v in ends for root in aliases.get(v.id, (v.id,))}
     found = {}
     for state, value in graph.updates.items():
-        if value.id not in producer or value.id in found or state.id in read_at_end:
+        if value.id not in producer or value.id in found:
             continue
         i, node = producer[value.id]
-        if LOWERINGS.get(node.op) is _elementwise and last_read.get(state.id, -1) <= i:
-            found[value.id] = state.name
+        if LOWERINGS.get(node.op) is _elementwise:
+            if state.id not in read_at_end and last_read.get(state.id, -1) <= i:
+                found[value.id] = state.name
+        elif (written := _slice_written_in_place(graph, state, value, producer, aliases, at)) is not None:
+            found[written] = state.name
     return found
+
+
+def _slice_written_in_place(graph, state, value, producer, aliases, at):
+    """The id of the slice_update that makes ``state``'s new ``value`` (through reshapes) and can copy its
+    slice straight into the variable: it updates the variable's own value, its slice does not share the
+    variable's memory, and nothing but the reshapes reads the variable or the result after it (or at the end)."""
+    i, node = producer[value.id]
+    chain = {i}
+    while node.op == "reshape" and node.inputs[0].id in producer:
+        i, node = producer[node.inputs[0].id]
+        chain.add(i)
+    shares = lambda v: state.id in aliases.get(v.id, (v.id,))  # noqa: E731
+    if node.op != "slice_update" or not shares(node.inputs[0]) or shares(node.inputs[1]):
+        return None
+    ends = [*graph.outputs.values(), *(v for other, v in graph.updates.items() if other is not state)]
+    later = (n for j, n in enumerate(graph.nodes) if at[j] > i and j not in chain)
+    if any(shares(v) for v in ends) or any(shares(v) for n in later for v in n.inputs):
+        return None
+    return node.outputs[0].id
 
 
 def _possible_aliases(graph):
@@ -344,6 +366,22 @@ def _movement(lw, node, *xs, **attrs):
     index = get_op(node.op).ref(*[np.arange(x.size).reshape(x.shape) + o for x, o in zip(xs, offsets)], **attrs)
     out = node.outputs[0]
     return lw.gather(out.shape, out.dtype, xs, index, name=node.op)
+
+
+@lowering("slice_update")
+def _slice_update(lw, node, x, update, **attrs):
+    """``x`` with a slice replaced. Updating a variable in place (``_in_place_updates``), an exchange writes
+    the slice's elements only, on the tiles holding them; else a new tensor takes every element of ``x`` or
+    ``update``."""
+    index = np.arange(x.size).reshape(x.shape)
+    positions = get_op("slice").ref(index, **attrs).reshape(-1)
+    variable = lw.in_place.get(node.outputs[0].id)
+    if variable is not None and variable.storage is x.storage:
+        lw.dg.add_copy("slice_update", variable, [update], np.arange(update.size), dst_elements=positions)
+        return x
+    index = index.reshape(-1)
+    index[positions] = x.size + np.arange(update.size)
+    return lw.gather(x.shape, x.dtype, [x, update], index, name="slice_update")
 
 
 @lowering("pad")

@@ -348,15 +348,19 @@ class _Flattener:
 
     def copy(self, step):
         target = self.target
-        if not step.dst.size:
+        if not step.index.size:
             return _totals()
         isz = step.dst.itemsize
         m = step.dst.storage.mapping
+        dst_blocks = (self.block_base(step.dst.storage), m.tiles, m.stops - m.starts)
+        if step.dst_elements is not None:  # a copy into some elements only: each is a block of one
+            dst_addr, dst_tile = element_addresses(step.dst, step.dst_elements, self.block_base)
+            dst_blocks = (dst_addr, dst_tile, np.ones(dst_addr.size, np.int64))
         sources = [self._addresses(s) for s in step.srcs]
         src_addr, src_tile = sources[0] if len(sources) == 1 else map(np.concatenate, zip(*sources))
         block, recv, sent, local, link = _exchange.copy_plan(
             *(np.ascontiguousarray(a, np.int64) for a in (step.index, _storage_elements(step))),
-            src_addr, src_tile, self.block_base(step.dst.storage), m.tiles, m.stops - m.starts,
+            src_addr, src_tile, *(np.ascontiguousarray(a, np.int64) for a in dst_blocks),
             isz, target.num_tiles, target.tiles_per_ipu, target.num_ipus,
         )  # fmt: skip
         recv, sent, local, link = recv * isz, sent * isz, local * isz, link * isz

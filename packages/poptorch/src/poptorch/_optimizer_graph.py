@@ -66,25 +66,13 @@ def replica_shard(value, replicas):
 
 
 def with_replica_shard(whole, shard, replicas):
-    """``whole`` with ``shard`` at the elements ``replica_shard`` reads: a select of the same shape as
-    ``whole``, so a step can update the whole weight variable in place from the shard it computed. The select's
-    mask is broadcast from one row of ``replicas`` flags during the step, not a whole-sized constant, which
-    every program would hold."""
-    shard_elements = shard.type.size
-    own = np.zeros((1, replicas), dtype=bool)
-    own[0, 0] = True
-    # Each shard element repeated over its replicas' places (a copy on its own tile; the select keeps one).
-    spread = _op("broadcast_to", _op("reshape", shard, shape=(shard_elements, 1)), shape=(shard_elements, replicas))
-    mask = _op("broadcast_to", whole.graph.constant(own), shape=(shard_elements, replicas))
-    return _op("where", _as_whole(mask, whole), _as_whole(spread, whole), whole)
-
-
-def _as_whole(grid, whole):
-    """A [shard, replicas] ``grid`` flattened and reshaped like ``whole``, without the last shards' padding."""
-    flat = _op("reshape", grid, shape=(grid.type.size,))
-    if flat.type.size != whole.type.size:
-        flat = _op("slice", flat, starts=(0,), stops=(whole.type.size,), steps=(1,))
-    return _op("reshape", flat, shape=whole.shape)
+    """``whole`` with ``shard`` at the elements ``replica_shard`` reads, so a step updates the whole weight
+    variable in place from the shard it computed: the shard's elements are copied into the variable, on the
+    tiles that hold them, and the rest of the weight is left as it is."""
+    size = whole.type.size
+    flat = _op("reshape", whole, shape=(size,)) if whole.ndim != 1 else whole
+    updated = _op("slice_update", flat, shard, starts=(0,), stops=(size,), steps=(replicas,))
+    return _op("reshape", updated, shape=whole.shape) if whole.ndim != 1 else updated
 
 
 def _op(name, *inputs, **attrs):
@@ -196,14 +184,25 @@ class OptimizerBuilder:
             grads = self._clip(graph, grads)
         step, t = self._step(graph) if self._needs_step() else (None, None)
         rule = getattr(self, f"_{self.spec.kind}")
+
+        def own(name):  # a parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1")
+            return graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name))
+
+        new_shards = {}  # sharded parameter -> its replica's updated shard
         for name, p in params.items():
-            # A parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1").
-            with graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name)):
-                own = replica_shard(p, self.sharded[name]) if name in self.sharded else p
-                p32 = _op("cast", own, dtype="float32") if p.dtype != DType.float32 else own
+            with own(name):
+                p32 = replica_shard(p, self.sharded[name]) if name in self.sharded else p
+                p32 = _op("cast", p32, dtype="float32") if p.dtype != DType.float32 else p32
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
                 new = _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new
-                graph.update(p, with_replica_shard(p, new, self.sharded[name]) if name in self.sharded else new)
+                if name in self.sharded:
+                    new_shards[name] = new
+                else:
+                    graph.update(p, new)
+        # Written back after every update, the shards' copies share one exchange phase (one sync, not one each).
+        for name, new in new_shards.items():
+            with own(name):
+                graph.update(params[name], with_replica_shard(params[name], new, self.sharded[name]))
         if step is not None:
             graph.update(step, t)
 

@@ -159,7 +159,7 @@ from popir.ops.math_ops import (
     trunc,
 )
 from popir.ops.math_ops import round_ as round  # noqa: A004
-from popir.ops.movement import concat, flip, gather, pad, scatter_add, take_along_axis, transpose
+from popir.ops.movement import concat, flip, gather, pad, scatter_add, slice_update, take_along_axis, transpose
 from popir.ops.movement import slice_ as slice  # noqa: A004
 from popir.ops.normalization import batch_norm, group_norm, instance_norm, layer_norm
 from popir.ops.ordering import argsort, cumsum, sort, topk
@@ -348,6 +348,7 @@ __all__ = [
     "sin",
     "sinh",
     "slice",
+    "slice_update",
     "smooth_l1_loss",
     "soft_margin_loss",
     "softmax",

@@ -80,6 +80,31 @@ slice_ = defop(
 )
 
 
+def _slice_update_infer(x, update, starts, stops, steps=None):
+    region = _slice_infer(x, starts, stops, steps)
+    if update.shape != region.shape or update.dtype != x.dtype:
+        raise IRError(f"slice_update needs an update of {region}, got {update}")
+    return x
+
+
+def _slice_update_ref(x, update, starts, stops, steps=None):
+    out = x.copy()
+    out[tuple(slice(a, b, s) for a, b, s, _ in slice_bounds(x.shape, starts, stops, steps))] = update
+    return out
+
+
+slice_update = defop(
+    "slice_update",
+    infer=_slice_update_infer,
+    ref=_slice_update_ref,
+    vjp=lambda ins, outs, cts, starts, stops, steps=None: (
+        slice_update(cts[0], zeros_like(ins[1]), starts=starts, stops=stops, steps=steps),
+        slice_(cts[0], starts=starts, stops=stops, steps=steps),
+    ),
+    doc="A copy of x with its slice x[starts:stops:steps] (as ``slice``) replaced by ``update``.",
+)
+
+
 # -- concat ---------------------------------------------------------------------------------------
 def _concat_infer(*xs, axis):
     if not xs:
