@@ -35,6 +35,8 @@ def test_nodes_record_the_annotations_of_every_enclosing_scope():
         "placement": None,
         "checkpoint": None,
         "available_memory": None,
+        "conv_dithering": None,
+        "partials_type": None,
     }
     assert (outer.module, outer.aten) == ("outer", None)
     assert after.annotations() == dict.fromkeys(popir.graph.ANNOTATIONS)

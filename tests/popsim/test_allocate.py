@@ -1,4 +1,5 @@
-"""The tile allocator's first-fit placement, which keeps each tile's live blocks sorted incrementally."""
+"""The tile allocator: first-fit placement of resident blocks, which keeps each tile's live blocks sorted
+incrementally, and a program's blocks placed together, largest first on each tile."""
 
 import numpy as np
 
@@ -71,3 +72,67 @@ def test_dtype_numpy_and_itemsize_agree_with_numpy():
         assert d.numpy == np.dtype(d.value)
         assert d.itemsize == np.dtype(d.value).itemsize
         assert str(d) == d.value == f"{d}"
+
+
+def _reference_by_size(resident, blocks):
+    """Greedy by size on one tile: ``blocks`` (index, need, first, last) largest first (then by index), each
+    at the lowest offset clear of the resident (start, end) blocks and of those placed whose steps overlap."""
+    placed, offsets = [], {}
+    for index, need, first, last in sorted(blocks, key=lambda b: (-b[1], b[0])):
+        busy = list(resident) + [(s, e) for s, e, f, until in placed if f <= last and first <= until]
+        offsets[index] = _reference_first_fit(busy, need)
+        placed.append((offsets[index], offsets[index] + need, first, last))
+    return offsets
+
+
+def test_placing_a_program_together_puts_the_largest_block_first_on_each_tile():
+    """Each tile's offsets are the greedy-by-size reference's, also where many tiles hold the same blocks (the
+    kernel runs once for them) and where tiles differ only in their resident blocks or one block's size."""
+    rng = np.random.default_rng(2)
+    num_tiles = 12
+    alloc = TileAllocator([1 << 30] * num_tiles)
+    alloc.place("resident", np.arange(6), np.full(6, 40), -1, np.inf)
+    alloc.place("other", np.array([3]), np.array([16]), -1, np.inf)
+    patterns = [np.arange(num_tiles), np.arange(6), np.arange(6, num_tiles), np.arange(0, num_tiles, 2)]
+    placements = []
+    for step in range(80):
+        tiles = patterns[rng.integers(len(patterns))] if rng.random() < 0.8 else np.flatnonzero(rng.random(12) < 0.5)
+        nbytes = np.full(tiles.size, int(rng.integers(1, 64)) * ALIGN)
+        nbytes[tiles == 7] += ALIGN  # one tile differs in one block's size only
+        last = np.inf if rng.random() < 0.05 else step + int(rng.integers(0, 15))
+        placements.append((f"s{step}", tiles, nbytes, step - int(rng.integers(0, 3)), last))
+    offsets = alloc.place_all(placements)
+    for tile in range(num_tiles):
+        resident = [(s, e) for s, e, _, _ in alloc._tile_blocks(tile)]
+        blocks = [
+            (i, int(nbytes[tiles == tile][0]), first, last)
+            for i, (_, tiles, nbytes, first, last) in enumerate(placements)
+            if tile in tiles
+        ]
+        want = _reference_by_size(resident, blocks)
+        assert {i: int(offsets[i][tile]) for i, *_ in blocks} == want, tile
+        ends = [want[i] + need for i, need, _, _ in blocks] + [e for _, e in resident]
+        assert alloc.peak[tile] == max(ends)
+
+
+def test_placing_together_reuses_the_hole_a_short_lived_block_leaves():
+    """In program order, a block freed early leaves a hole that the next, larger block does not fit, and the
+    peak grows; placed largest first, the larger blocks go low and the short-lived one fits beside them."""
+    steps = [("x", 2048, -1, 0), ("a", 4096, 0, 2), ("b", 2304, 1, 2), ("c", 4096, 2, 3)]
+    in_order = TileAllocator([1 << 20])
+    for name, nbytes, first, last in steps:
+        in_order.place(name, [0], [nbytes], first, last)
+    together = TileAllocator([1 << 20])
+    together.place_all([(name, [0], [nbytes], first, last) for name, nbytes, first, last in steps])
+    live = max(sum(n for _, n, f, until in steps if f <= step <= until) for step in range(-1, 4))
+    assert in_order.peak[0] > live == together.peak[0]
+
+
+def test_an_over_budget_program_names_the_blocks_live_with_the_furthest_one():
+    alloc = TileAllocator([1024, 1024])
+    alloc.place("weights", [0, 1], [256, 256], -1, np.inf)
+    placements = [("early", [0], [512], 0, 1), ("big", [0], [900], 2, 3), ("with big", [0], [128], 3, 4)]
+    alloc.place_all(placements)
+    end, blocks = alloc.overflow[0]
+    assert list(alloc.overflow) == [0] and end == 256 + 904 + 128  # "with big" above "big"; "early" is gone
+    assert [b[3] for b in blocks] == ["weights", "big", "with big"]

@@ -127,6 +127,21 @@ def test_a_lower_proportion_never_raises_the_program_peak(graph):
     assert all(lower <= higher for higher, lower in zip(peaks, peaks[1:])), peaks
 
 
+# Convolutions over a grid of inputs (batch, channels, size) and kernels (output channels, size): at a lower
+# proportion the allocator used to lose the plan's saving to the hole a freed input left, raising the peak of
+# three of them.
+GRID_INPUTS = [(1, 16, 16), (2, 16, 8), (2, 32, 8), (1, 64, 8), (1, 8, 12), (2, 64, 8)]
+GRID_KERNELS = [(16, 3), (32, 3), (16, 1), (64, 1)]
+
+
+@pytest.mark.parametrize("kernel", GRID_KERNELS, ids=lambda k: f"{k[0]}x{k[1]}x{k[1]}")
+@pytest.mark.parametrize("x", GRID_INPUTS, ids=lambda x: "n{}c{}s{}".format(*x))
+def test_a_lower_proportion_never_raises_a_convolutions_peak_over_the_grid(x, kernel):
+    (n, c, size), (out, k) = x, kernel
+    peaks = _peaks_over_proportions(_conv_graph((n, c, size, size), (out, c, k, k), k // 2))
+    assert all(lower <= higher for higher, lower in zip(peaks, peaks[1:])), peaks
+
+
 def test_a_convolution_takes_the_direct_vertices_when_only_they_fit():
     """The estimated-faster im2col matmul does not fit a low proportion but the CONV vertices do: they are
     chosen, as each planner picks the plans that fit before the fastest."""

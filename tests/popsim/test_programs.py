@@ -243,9 +243,15 @@ def test_a_host_call_inside_a_repeat_pauses_the_engine_each_iteration_and_resume
     np.testing.assert_array_equal(out["x"], (once + 1) ** 2 + 1)
     assert len(calls) == 2
     np.testing.assert_array_equal(calls[1], once + 1)
-    # Each call streams x out and y in: two host transfers of N floats per iteration, charged as such.
+    # Each call streams x out and y in (two host transfers of N floats per iteration, charged as such), and
+    # the tiles wait while the host runs the callback on N elements into N (the host model, not a timing).
     prof = exe.profile.programs["main"]
-    assert prof["host_cycles"] == 2 * 2 * cost.host_cycles(TARGET, N * 4) + cost.host_cycles(TARGET, 2 * N * 4)
+    callback = cost.host_callback_cycles(TARGET, 2 * N)
+    assert callback > cost.host_callback_cycles(TARGET, N) > 0
+    transfers = 2 * 2 * cost.host_cycles(TARGET, N * 4)
+    assert prof["host_cycles"] == transfers + 2 * callback + cost.host_cycles(TARGET, 2 * N * 4)
+    step = next(s for s in prof["steps"] if s["name"] == "host-call test.square_plus_one")
+    assert step["cycles"] == callback and step["transfer"] == "host callback"
 
 
 def test_a_host_call_that_raises_stops_the_run():

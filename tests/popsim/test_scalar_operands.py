@@ -116,3 +116,27 @@ def test_a_host_written_scalar_read_on_two_ipus_is_written_to_both_and_never_cro
         exe.write_variable("s", np.array(value, np.float32))
         want = popir.interpreter.run(g, {"a": a, "s": np.array(value, np.float32)})["y"]
         np.testing.assert_array_equal(exe.run({"a": a})["y"], want)
+
+
+def test_a_host_written_scalar_has_copies_only_on_the_tiles_that_read_it():
+    """Each tile whose vertices read a hyper-parameter holds one copy; the others hold none, and a host
+    write costs the bytes of the variable and of those copies only."""
+    g = popir.Graph("narrow")
+    s = g.add_input("s", (), "float32", kind="optimizer_state")
+    x = g.add_input("x", (2, 32), "float32")  # on 2 of the 8 tiles of SMALL
+    g.output("y", x * s)
+    exe = popsim.compile(g, SMALL)
+    profile = exe.profile.programs["narrow"]
+    tiles_of = {t["name"]: {run[0] + i for run in t["tile_runs"] for i in range(run[1])} for t in profile["tensors"]}
+    (copy,) = [name for name in tiles_of if name.startswith("s on tiles")]
+    (output,) = [t["name"] for t in profile["tensors"] if t["category"] == "activations"]
+    assert tiles_of[copy] == tiles_of[output] and len(tiles_of[copy]) < SMALL.num_tiles
+    x = np.random.default_rng(5).standard_normal((2, 32)).astype(np.float32)
+    for value in (0.5, -3.0):
+        exe.write_variable("s", np.array(value, np.float32))
+        np.testing.assert_array_equal(exe.run({"x": x})["y"], x * np.float32(value))
+    written = 4 * (1 + len(tiles_of[copy]))  # the variable and its copies
+    assert exe.last_write_cycles == exe.write_cycles("s") == popsim.cost.host_cycles(SMALL, written) > 0
+    reloaded = popsim.Executable.from_bytes(exe.to_bytes())
+    reloaded.write_variable("s", np.array(7.0, np.float32))
+    np.testing.assert_array_equal(reloaded.run({"x": x})["y"], x * np.float32(7.0))

@@ -128,6 +128,7 @@ def test_tensor_names_list_parameters_gradients_and_updated_values():
     names = poptorch_model.getTensorNames()
     for fqn, _ in model.named_parameters():
         assert {f"model.{fqn}", f"Gradient___model.{fqn}", f"UpdatedVar___model.{fqn}"} <= set(names)
+    assert any(name.startswith("scaledLearningRate") for name in names)  # as PopTorch's own test checks
 
 
 def test_unknown_names_raise_poptorchs_errors():
@@ -232,3 +233,148 @@ def test_plain_sgd_has_no_optimizer_state_to_name():
     poptorch_model = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
     poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
     assert not [name for name in poptorch_model.getTensorNames() if name.startswith(("Accl", "Step___"))]
+
+
+def _names_of(model, opts=None, optimizer=None, rows=BATCH):
+    """The tensor names of ``model`` trained with ``opts`` after one call."""
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    poptorch_model(torch.randn(rows, 4), torch.randn(rows, 3))
+    return poptorch_model.getTensorNames()
+
+
+def test_every_listed_name_can_be_anchored():
+    torch.manual_seed(4)
+    names = _names_of(Model())
+    assert {"input", "input/1", "fc1/Add:0", "Relu:0", "lossScaling_FLOAT"} <= set(names)
+    opts = poptorch.Options()
+    for name in names:
+        opts.anchorTensor(name, name)
+    poptorch_model = poptorch.trainingModel(Model(), opts)
+    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+    assert sorted(poptorch_model.getTensorNames()) == sorted(names)
+    for name in names:
+        assert isinstance(poptorch_model.getAnchoredTensor(name), torch.Tensor)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_inputs_and_activations_match_eager_forward_per_micro_batch(training):
+    torch.manual_seed(5)
+    model, iterations = Model(), 2
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(iterations)
+    for long_name in ("input", "input/1", "fc1/Add:0", "Relu:0", "fc2/Add:0"):
+        opts.anchorTensor(long_name, long_name, poptorch.OutputMode.All)
+    if training:
+        poptorch_model = poptorch.trainingModel(model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
+    else:
+        poptorch_model = poptorch.inferenceModel(model, opts)
+    x, y = torch.randn(iterations * BATCH, 4), torch.randn(iterations * BATCH, 3)
+    poptorch_model(x, y)
+    expected = {name: [] for name in ("input", "input/1", "fc1/Add:0", "Relu:0", "fc2/Add:0")}
+    eager = torch.optim.SGD(reference.parameters(), lr=LR)
+    for step_x, step_y in zip(x.split(BATCH), y.split(BATCH)):
+        hidden = reference.fc1(step_x)
+        out = reference.fc2(torch.relu(hidden))
+        for name, value in zip(expected, (step_x, step_y, hidden, torch.relu(hidden), out)):
+            expected[name].append(value.detach().clone())
+        if training:  # the next step's activations come from the updated weights
+            eager.zero_grad()
+            reference.loss(out, step_y).backward()
+            eager.step()
+    for name, values in expected.items():
+        _close(poptorch_model.getAnchoredTensor(name), torch.stack(values))
+
+
+def test_accumulators_hold_the_summed_gradients_of_the_step():
+    torch.manual_seed(6)
+    model, accumulation = Model(), 3
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    opts.anchorTensor("accum", "Accum___model.fc1.weight")
+    opts.anchorTensor("grad", "Gradient___model.fc1.weight")
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
+    x, y = torch.randn(accumulation * BATCH, 4), torch.randn(accumulation * BATCH, 3)
+    poptorch_model(x, y)
+    assert {f"Accum___model.{fqn}" for fqn, _ in model.named_parameters()} <= set(poptorch_model.getTensorNames())
+    summed = torch.zeros_like(reference.fc1.weight)
+    for step_x, step_y in zip(x.split(BATCH), y.split(BATCH)):
+        reference.zero_grad()
+        reference(step_x, step_y).backward()
+        summed += reference.fc1.weight.grad
+    _close(poptorch_model.getAnchoredTensor("accum"), summed)
+    _close(poptorch_model.getAnchoredTensor("grad"), summed / accumulation)  # the step applies their mean
+
+
+def test_no_accumulator_is_named_without_gradient_accumulation():
+    assert not [name for name in _names_of(Model()) if name.startswith("Accum___")]
+
+
+def test_sgd_hyper_parameter_tensors_follow_the_optimizer_and_set_optimizer():
+    lr, wd, ls = 0.05, 0.025, 0.75
+    model = Model()
+    opts = poptorch.Options()
+    for name in ("scaledLearningRate0___specific___", "weightDecayScaleFactor0___specific___"):
+        opts.anchorTensor(name, f"{name}model.fc2.bias")
+    opts.anchorTensor("ls", "lossScaling_FLOAT")
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=lr, weight_decay=wd, loss_scaling=ls)
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+    poptorch_model(x, y)
+    anchored = poptorch_model.getAnchoredTensor
+    _close(anchored("scaledLearningRate0___specific___"), torch.tensor(lr / ls))
+    _close(anchored("weightDecayScaleFactor0___specific___"), torch.tensor(1 - lr * wd))
+    _close(anchored("ls"), torch.tensor(ls))
+    optimizer.param_groups[0]["lr"] = 2 * lr
+    poptorch_model.setOptimizer(optimizer)
+    poptorch_model(x, y)
+    _close(anchored("scaledLearningRate0___specific___"), torch.tensor(2 * lr / ls))
+
+
+@pytest.mark.parametrize("optim", [poptorch.optim.Adam, poptorch.optim.AdamW, poptorch.optim.RMSprop])
+def test_other_optimizers_name_their_learning_rate_and_weight_decay(optim):
+    lr, wd = 0.02, 0.01
+    model = Model()
+    opts = poptorch.Options()
+    opts.anchorTensor("lr", "learningRate___specific___model.fc1.weight")
+    opts.anchorTensor("wd", "weightDecay___specific___model.fc1.weight")
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optim(model.parameters(), lr=lr, weight_decay=wd))
+    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
+    _close(poptorch_model.getAnchoredTensor("lr"), torch.tensor(lr))
+    _close(poptorch_model.getAnchoredTensor("wd"), torch.tensor(wd))
+
+
+def test_disable_module_namescope_names_forward_values_without_their_modules():
+    torch.manual_seed(8)
+    names = _names_of(Model(), poptorch.Options().disableModuleNamescope())
+    assert not [name for name in names if name.startswith(("fc1/", "fc2/", "loss/"))]
+    assert {"MatMul:0", "MatMul:0/1", "Add:0", "Add:0/1", "Relu:0"} <= set(names)
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().disableModuleNamescope()
+    opts.anchorTensor("second", "Add:0/1")  # fc2's bias add, the second Add of the forward pass
+    poptorch_model = poptorch.inferenceModel(model, opts)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+    poptorch_model(x, y)
+    _close(poptorch_model.getAnchoredTensor("second"), reference.fc2(torch.relu(reference.fc1(x))).detach())
+
+
+def test_a_float16_velocity_accum_type_keeps_the_momentum_buffer_in_float16():
+    torch.manual_seed(9)
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.anchorTensor("velocity", "Accl___model.fc1.weight")
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, velocity_accum_type=torch.float16)
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    eager = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+    for _ in range(2):
+        x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+        poptorch_model(x, y)
+        eager.zero_grad()
+        reference(x, y).backward()
+        eager.step()
+    velocity = poptorch_model.getAnchoredTensor("velocity")
+    assert velocity.dtype == torch.float16
+    expected = eager.state[reference.fc1.weight]["momentum_buffer"]
+    torch.testing.assert_close(velocity.float(), expected, rtol=2e-3, atol=2e-3)

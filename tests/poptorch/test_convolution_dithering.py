@@ -4,7 +4,6 @@ which spreads small convolutions' temporaries more evenly over the tiles; every 
 import copy
 
 import numpy as np
-import pytest
 import torch
 
 import poptorch
@@ -88,11 +87,11 @@ class _MultiConv(torch.nn.Module):
             return self.conv(x)
 
 
-def test_a_multiconv_dithers_as_the_model_does_and_refuses_the_other_setting():
+def test_a_multiconv_s_own_dithering_runs_under_either_model_setting_as_eager():
     x = torch.randn(1, 1, 5, 5)
-    model = _MultiConv(True)
-    torch.testing.assert_close(poptorch.inferenceModel(model, _options(True))(x), model(x), rtol=1e-5, atol=1e-5)
-    with pytest.raises(poptorch.Error, match=r"enableConvDithering\(True\) is not modelled.*here False"):
-        poptorch.inferenceModel(_MultiConv(True), _options(False))(x)
-    with pytest.raises(poptorch.Error, match=r"enableConvDithering\(False\) is not modelled.*here True"):
-        poptorch.inferenceModel(_MultiConv(False), _options(True))(x)
+    for own in (True, False):
+        model = _MultiConv(own)
+        for dithering in (True, False):
+            executor = poptorch.inferenceModel(model, _options(dithering))
+            torch.testing.assert_close(executor(x), model(x), rtol=1e-5, atol=1e-5)
+            executor.destroy()

@@ -106,6 +106,37 @@ def test_the_profile_shows_each_host_callback_s_transfers():
     assert all("self.cpu(" in r["source"] for r in rows)
 
 
+def test_the_call_timeline_shows_each_host_callback_s_transfers_and_host_time():
+    torch.manual_seed(0)
+    model, x = _WithHostOp(), torch.randn(3, 3)
+    plain = _WithHostOp(on_host=False)
+    plain.load_state_dict(model.state_dict())
+    runs = {}
+    for name, m in (("host", model), ("plain", plain)):
+        executor = poptorch.inferenceModel(m, _options().logCycleCount(True))
+        torch.testing.assert_close(executor(x), plain(x), rtol=1e-5, atol=1e-5)
+        runs[name] = executor.cycleCount(), executor.profile.programs["inference"]
+        executor.destroy()
+    (cycles, program), (plain_cycles, _) = runs["host"], runs["plain"]
+    # The host's time in a callback is modelled per element, so the callback model costs more cycles.
+    assert cycles > plain_cycles
+    timeline = program["run_timeline"]
+    assert timeline["makespan"] == cycles == program["total_cycles"]
+    kinds = [e["transfer"] for e in timeline["intervals"] if "transfer" in e]
+    # The results of one call and the arguments of the next stream back to back: one stretch on the link.
+    assert kinds == ["host transfer", "host callback"] * 3 + ["host transfer"]
+    sync = popsim.Target.ipu2().bsp_sync_cycles
+    calls = [e for e in timeline["intervals"] if e.get("transfer") == "host callback"]
+    # Each call: 3 x 4 elements in and out; the tiles wait on the host (its own lane) for the modelled time.
+    assert all(e["lanes"] == ["replica 0 IPU 0 compute", "replica 0 host"] for e in calls)
+    callback = popsim.cost.host_callback_cycles(popsim.Target.ipu2(), 2 * 3 * 4)
+    assert all(e["end"] - e["start"] == callback + sync for e in calls)
+    streams = [e for e in timeline["intervals"] if e.get("transfer") == "host transfer"]
+    assert all("replica 0 host link" in e["lanes"] for e in streams)
+    host_steps = [s for s in program["steps"] if s["kind"] == "host"]
+    assert sum(e["end"] - e["start"] for e in calls + streams) == sum(s["cycles"] + sync for s in host_steps)
+
+
 class _HostLayer(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -218,8 +249,6 @@ def test_training_through_a_multiconv_matches_eager():
     ("setting", "refused"),
     [
         (lambda m: m.planType(poptorch.MultiConvPlanType.Parallel), r"planType\(MultiConvPlanType.Parallel\)"),
-        (lambda m: m.partialsTypes(torch.half), r"partialsTypes\(torch.float16\)"),
-        (lambda m: m.enableConvDithering(True), r"enableConvDithering\(True\)"),
         (lambda m: m.perConvReservedTiles(4), r"perConvReservedTiles\(4\)"),
         (lambda m: m.cycleBackOff(0.3), r"cycleBackOff\(0.3\)"),
     ],
@@ -229,23 +258,6 @@ def test_multiconv_settings_the_simulator_cannot_honour_run_on_the_cpu_and_are_r
     assert model(x, u).shape == ()
     with pytest.raises(poptorch.Error, match=rf"poptorch.MultiConv\(\).{refused} is not modelled"):
         poptorch.inferenceModel(model, _options())(x, u)
-
-
-def _half_partials():
-    opts = _options()
-    opts.Precision.setPartialsType(torch.half)
-    return opts
-
-
-def test_multiconv_partials_types_must_be_the_model_s_partials_type():
-    x, u = torch.randn(1, 1, 5, 5), torch.randn(1, 1, 6, 6)
-    model = _Convs(poptorch.MultiConv().partialsTypes([torch.half, torch.half]))
-    ours = poptorch.inferenceModel(model, _half_partials())(x, u)
-    torch.testing.assert_close(ours, model(x, u), rtol=1e-5, atol=1e-5)
-    model = _Convs(poptorch.MultiConv().partialsTypes(torch.float))
-    refused = r"partialsTypes\(torch.float32\) is not modelled .*setPartialsType, here torch.float16"
-    with pytest.raises(poptorch.Error, match=refused):
-        poptorch.inferenceModel(model, _half_partials())(x, u)
 
 
 WIDTH = 64

@@ -88,3 +88,32 @@ def test_the_step_exchanges_less_than_when_hyper_parameters_are_broadcast_every_
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert program["exchange_cycles"] < broadcast_program["exchange_cycles"]
     assert program["total_cycles"] < broadcast_program["total_cycles"]
+
+
+def test_set_optimizer_costs_its_host_writes_in_the_next_calls_cycles():
+    """The writes go to each hyper-parameter and its copies on the tiles that read it: the next call's cycle
+    count includes them as host-to-device transfers, and the call after it does not."""
+    x, labels = _batch()
+    calls = {}
+    for set_between in (False, True):
+        torch.manual_seed(0)
+        model = SmallCNN()
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        opts = poptorch.Options().showCompilationProgressBar(False).logCycleCount(True)
+        training = poptorch.trainingModel(model, opts, optimizer)
+        training(x, labels)
+        written = []
+        if set_between:
+            exe = training._exe
+            write = exe.write_variable
+            exe.write_variable = lambda name, value, into=written, write=write: into.append(name) or write(name, value)
+            training.setOptimizer(poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+            exe.write_variable = write
+        cycles = []
+        for _ in range(2):
+            training(x, labels)
+            cycles.append(training.cycleCount())
+        calls[set_between] = cycles, sum(training._exe.write_cycles(name) for name in written)
+    (plain, _), (after_set, write_cycles) = calls[False], calls[True]
+    assert write_cycles > 0
+    assert after_set == [plain[0] + write_cycles, plain[1]]

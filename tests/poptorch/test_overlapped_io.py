@@ -59,7 +59,8 @@ def test_overlapped_io_gives_eager_numbers_in_fewer_cycles(mode):
     assert overlapped.cycleCount() == timeline["makespan"]
     io = [e for e in timeline["intervals"] if e["lanes"] == ["replica 0 IPU 0 I/O tiles"]]
     runs = [e for e in timeline["intervals"] if "device_iteration" in e]
-    assert {e["transfer"] for e in io} == {"load", "store"} and len(runs) == DEVICE_ITERATIONS
+    assert {e["transfer"] for e in io} == {"load", "store"}
+    assert {e["device_iteration"] for e in runs} == set(range(DEVICE_ITERATIONS))
     assert any(r["start"] < e["end"] and e["start"] < r["end"] for e in io for r in runs)
     # The I/O tiles hold the marked input and output, spread over them, within a tile's memory.
     held = overlapped.profile.programs["inference"]["io_tiles"]
@@ -158,3 +159,44 @@ class _NotAnOutput(torch.nn.Module):
 def test_misplaced_marks_are_refused_with_poptorchs_errors(model, message):
     with pytest.raises(poptorch.Error, match=message):
         poptorch.inferenceModel(model, _options())(torch.randn(DEVICE_ITERATIONS, 3))
+
+
+class _TwoIpus(torch.nn.Module):
+    """Block "a" on IPU 0 reads ``x``; block "b" on IPU 1 reads ``a``'s result and ``u``."""
+
+    def __init__(self, mark_u=False, mark_b=False):
+        super().__init__()
+        self.mark_u, self.mark_b = mark_u, mark_b
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x, u):
+        with poptorch.Block("a", ipu_id=0):
+            h = poptorch.set_overlap_for_output(self.a(poptorch.set_overlap_for_input(x, ACCUMULATION)), ACCUMULATION)
+        with poptorch.Block("b", ipu_id=1):
+            if self.mark_u:
+                u = poptorch.set_overlap_for_input(u, ACCUMULATION)
+            y = self.b(h) + u
+            return h, poptorch.set_overlap_for_output(y, ACCUMULATION) if self.mark_b else y
+
+
+def _sharded_over_two_ipus():
+    opts = poptorch.Options().showCompilationProgressBar(False).deviceIterations(DEVICE_ITERATIONS)
+    opts.TensorLocations.numIOTiles(32)
+    opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.AutoStage.SameAsIpu))
+    return opts
+
+
+def test_marks_on_the_first_ipu_of_a_sharded_model_run_and_others_are_refused():
+    torch.manual_seed(0)
+    x, u = torch.randn(DEVICE_ITERATIONS, 8), torch.randn(DEVICE_ITERATIONS, 8)
+    model = _TwoIpus()
+    executor = poptorch.inferenceModel(model, _sharded_over_two_ipus())
+    for ours, eager in zip(executor(x, u), model(x, u)):
+        torch.testing.assert_close(ours, eager)
+    assert executor.profile.programs["inference"]["io_tiles"]["ipu"] == 0
+    for refused, what in (
+        (_TwoIpus(mark_u=True), "input 'u' is read"),
+        (_TwoIpus(mark_b=True), "output 'output_1' is produced"),
+    ):
+        with pytest.raises(poptorch.Error, match=rf"set_overlap_for_\w+: the model {what}.* on IPU 1.*IPU 0 only"):
+            poptorch.inferenceModel(refused, _sharded_over_two_ipus())(x, u)

@@ -160,3 +160,92 @@ def test_ipu_print_tensor_in_inference_prints_each_micro_batch(capsys):
     out = model(torch.tensor([[1.0], [2.0]]))
     assert capsys.readouterr().out.splitlines() == ["out: [[2.]]", "out: [[3.]]"]
     assert torch.equal(out, torch.tensor([[4.0], [6.0]]))
+
+
+class _DitheredConvs(torch.nn.Module):
+    """Two small convolutions in a MultiConv, each dithered as ``dithering`` says (None: as the model)."""
+
+    def __init__(self, dithering):
+        super().__init__()
+        self.dithering = dithering
+        self.a, self.b = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x, target):
+        multi_conv = poptorch.MultiConv()
+        if self.dithering is not None:
+            multi_conv.enableConvDithering(self.dithering)
+        with multi_conv:
+            y = self.a(x)
+            z = self.b(torch.relu(y))
+        return z, torch.nn.functional.mse_loss(z, target)
+
+
+def _tile_memory(dithering, model_dithering, training):
+    """Each tile's tensor bytes of the model's program, and its outputs."""
+    torch.manual_seed(7)
+    model, x, target = _DitheredConvs(dithering), torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8)
+    opts = _opts()
+    opts.Training.setConvolutionDithering(model_dithering)
+    if training:
+        executor = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    else:
+        executor = poptorch.inferenceModel(model, opts)
+    out, loss = executor(x, target)
+    program = "train" if training else "inference"
+    if not training:
+        for got, expected in zip((out, loss), model(x, target)):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    return executor.profile.programs[program]["memory"]["tensors"]
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_multiconv_dithers_each_convolution_as_its_own_setting_says(training):
+    plain = _tile_memory(None, False, training)
+    dithered = _tile_memory(None, True, training)
+    assert plain != dithered
+    # Per-convolution settings override the model's, for the forward convolutions and their gradients.
+    assert _tile_memory([True, True], False, training) == dithered
+    assert _tile_memory([False, False], True, training) == plain
+    assert _tile_memory(True, False, training) == dithered
+    # Dithering only the first convolution places it as the dithered model does, the second as the plain one.
+    mixed = _tile_memory([True, False], False, training)
+    assert mixed not in (plain, dithered)
+    assert _tile_memory([True, False], True, training) == mixed
+
+
+class _HalfConvs(torch.nn.Module):
+    """Two float16 convolutions in a MultiConv accumulating in ``partials`` (None: the model's type)."""
+
+    def __init__(self, partials):
+        super().__init__()
+        self.partials = partials
+        self.a, self.b = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        multi_conv = poptorch.MultiConv()
+        if self.partials is not None:
+            multi_conv.partialsTypes(self.partials)
+        with multi_conv:
+            return self.b(torch.relu(self.a(x)))
+
+
+def _half_tile_memory(partials, model_partials):
+    torch.manual_seed(8)
+    model, x = _HalfConvs(partials), torch.randn(2, 8, 8, 8)
+    reference = model(x)  # in float32 on the CPU
+    opts = _opts()
+    opts.Precision.setPartialsType(model_partials)
+    executor = poptorch.inferenceModel(model.half(), opts)
+    torch.testing.assert_close(executor(x.half()).float(), reference, rtol=2e-2, atol=2e-2)
+    program = executor.profile.programs["inference"]
+    return program["memory"]["tensors"], program["total_cycles"]
+
+
+def test_multiconv_accumulates_each_convolution_in_its_own_partials_type():
+    single, half = _half_tile_memory(None, torch.float), _half_tile_memory(None, torch.half)
+    assert single != half
+    assert _half_tile_memory([torch.half, torch.half], torch.float) == half
+    assert _half_tile_memory(torch.float, torch.half) == single
+    # Only the first convolution's plan depends on its partials here: its own type decides it, either way.
+    assert _half_tile_memory([torch.half, torch.float], torch.float) == half
+    assert _half_tile_memory([torch.float, torch.half], torch.half) == single

@@ -205,6 +205,47 @@ def test_streamed_weights_serve_inference_and_take_new_host_weights(monkeypatch)
     assert profile["streaming_memory_bytes"] == sum(p.numel() * 4 for p in model.parameters())
 
 
+def test_streaming_memory_transfers_are_intervals_of_their_own_on_the_call_timeline(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Wide()
+    x, y = _data(1)
+    executor = poptorch.inferenceModel(model, _options("Weight").logCycleCount(True))
+    torch.testing.assert_close(executor(x, y)[0], model(x, y)[0])
+    program = executor.profile.programs["inference"]
+    timeline = program["run_timeline"]
+    # Nothing overlaps the loads: the call's cycles are the program's, as before they were split out.
+    assert timeline["makespan"] == executor.cycleCount() == program["total_cycles"]
+    loads = [e for e in timeline["intervals"] if e.get("transfer") == "streaming memory"]
+    assert loads and all("replica 0 IPU 0 streaming memory" in e["lanes"] for e in loads)
+    assert all("replica 0 IPU 0 compute" in e["lanes"] for e in loads)  # the tiles wait for them
+    remote = [s for s in program["steps"] if s.get("transfer") == "streaming memory"]
+    assert {s["name"] for s in remote} == {
+        f"remote load layers.{i}.{w}" for i in range(LAYERS) for w in ("weight", "bias")
+    }
+    sync = ROOMY.bsp_sync_cycles
+    assert sum(e["end"] - e["start"] for e in loads) == sum(s["cycles"] + sync for s in remote)
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # one after another
+
+
+def test_optimizer_state_off_chip_streams_on_the_timeline_of_each_training_step(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    *_, programs = _train(_options("Optimizer", accumulation=2), accumulation=2)
+    timeline = programs["accumulate"]["run_timeline"]
+    step = [e for e in timeline["intervals"] if e.get("program") == "step"]
+    streamed = [e for e in step if e.get("transfer") == "streaming memory"]
+    assert streamed and all("replica 0 IPU 0 streaming memory" in e["lanes"] for e in streamed)
+    # The call's one step loads and stores the Adam state, as the step program's profile charges it.
+    remote = [s for s in programs["apply"]["steps"] if s.get("transfer") == "streaming memory"]
+    transfer_cycles = sum(s["cycles"] + ROOMY.bsp_sync_cycles for s in remote)
+    assert sum(e["end"] - e["start"] for e in streamed) == transfer_cycles
+    # Nothing overlaps on one IPU: the makespan is the sum of the runs' and steps' cycles, as before.
+    spans = sorted((e["start"], e["end"]) for e in timeline["intervals"])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert timeline["makespan"] == sum(end - start for start, end in spans)
+
+
 class TwoWide(torch.nn.Module):
     """Two wide layers on a small batch: the weights dominate tile memory."""
 

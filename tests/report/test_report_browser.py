@@ -351,3 +351,29 @@ def test_call_timeline_draws_the_phases_and_the_io_tiles_transfers_and_memory(br
     assert [sum(column) for column in zip(*chart)] == held["memory"]
     _screenshot(browser, "memory", artifacts / "io_tiles.png")
     assert _errors(browser) == []
+
+
+class _TwoStages(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with poptorch.Block("A", ipu_id=0):
+            x = torch.relu(self.a(x))
+        with poptorch.Block("B", ipu_id=1):
+            return self.b(x)
+
+
+def test_call_timeline_draws_a_pipeline_s_copies_and_lists_each_ipu_s_bubbles(browser, artifacts):
+    options = poptorch.Options().deviceIterations(4).logCycleCount(True)
+    inference = poptorch.inferenceModel(_TwoStages(), options)
+    inference(torch.rand(4 * 2, 8))
+    schedule = inference.profile.programs["inference"]["schedule"]
+    _open(browser, inference.profile.save_html(artifacts / "pipeline_timeline.html"))
+    table = browser.find_element(By.ID, "call-table").text
+    idle = schedule["bubble_cycles"]
+    assert f"Pipeline bubbles IPU 0 idle {idle[0]:,}, IPU 1 idle {idle[1]:,}" in table
+    # The activations cross from IPU 0 to IPU 1 on the link, micro-batch by micro-batch.
+    links = [bar for bar in _call_bars(browser) if bar[0] == "replica 0 IPU-Link 0->1"]
+    assert len(links) == 4

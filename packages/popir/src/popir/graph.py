@@ -13,7 +13,17 @@ INPUT_KINDS = ("input", "parameter", "buffer", "optimizer_state")
 # Where a node came from, for errors and profiles: the user's source line, the module path
 # (``layer1.0.conv2``, NameScopes included), the frontend op (``aten.convolution.default``) and its role
 # (forward, backward or optimizer). Passes and autodiff carry them over to the nodes they emit.
-ANNOTATIONS = ("source", "module", "aten", "role", "placement", "checkpoint", "available_memory")
+ANNOTATIONS = (
+    "source",
+    "module",
+    "aten",
+    "role",
+    "placement",
+    "checkpoint",
+    "available_memory",
+    "conv_dithering",
+    "partials_type",
+)
 ROLES = ("forward", "backward", "optimizer")
 
 
@@ -119,6 +129,8 @@ class Node:
         placement=None,
         checkpoint=None,
         available_memory=None,
+        conv_dithering=None,
+        partials_type=None,
     ):
         self.op = op
         self.inputs = inputs
@@ -131,6 +143,8 @@ class Node:
         self.placement = placement  # (pipeline stage, IPU) in a multi-IPU model; None runs on IPU 0
         self.checkpoint = checkpoint  # True: recomputation keeps its outputs for the backward pass
         self.available_memory = available_memory  # proportion of a tile its matmul/conv plan may use
+        self.conv_dithering = conv_dithering  # a convolution's own enableConvDithering (None: the model's)
+        self.partials_type = partials_type  # a convolution's own float16 partials dtype name (None: the model's)
 
     def annotations(self):
         """{annotation: value} of this node (see ``ANNOTATIONS``)."""

@@ -41,12 +41,14 @@ from popsim.schedule import (
     phase_schedule,
     place_phases,
     place_pipeline,
+    place_shared_run,
     place_steps,
+    run_stretches,
     stash_per_tile,
     step_schedule,
 )
 from popsim.target import Device, Target
-from popsim.timeline import Timeline, compute_lane, io_lane, link_lane
+from popsim.timeline import Timeline, compute_lane, io_lane, link_lane, transfer_lane
 
 __version__ = _version("popsim")
 
@@ -87,11 +89,14 @@ __all__ = [
     "io_lane",
     "link_lane",
     "register_lowering",
+    "run_stretches",
     "phase_schedule",
     "place_phases",
     "place_pipeline",
+    "place_shared_run",
     "place_steps",
     "stash_per_tile",
+    "transfer_lane",
     "step_schedule",
     "supported_ops",
 ]

@@ -174,7 +174,7 @@ def _restore(cls, header, arrays, num_threads, max_arena_bytes):
         raise Error(f"not a valid popsim executable: an arena of {num_tiles} x {tile_bytes} bytes for {target.name}")
     arena_bytes = num_tiles * tile_bytes
     exe = cls.__new__(cls)
-    exe.target, exe.num_threads, exe.last_run_cycles = target, num_threads, 0
+    exe.target, exe.num_threads, exe.last_run_cycles, exe.last_write_cycles = target, num_threads, 0, 0
     exe.arena = TileArena(num_tiles, tile_bytes)
     exe._vars, exe._var_blocks, exe._var_copies, values = {}, {}, {}, {}
     for name, entry in header["variables"].items():

@@ -97,6 +97,21 @@ def host_cycles(target, nbytes):
     return math.ceil(nbytes / target.host_bytes_per_second * target.clock_hz)
 
 
+# A host callback's own time, in host seconds (*estimates*): a fixed cost to hand the call to the host thread
+# and back (of the order of a PCIe round trip and a thread wake-up), then the host touching each element of
+# the callback's inputs and results once at a host core's streaming rate. A model, not the callback's
+# measured wall time, so a run's cycles stay deterministic.
+HOST_CALLBACK_SECONDS = 10e-6
+HOST_CALLBACK_ELEMENTS_PER_SECOND = 1e9
+
+
+def host_callback_cycles(target, elements):
+    """Device cycles (at the target's clock) the tiles wait while the host runs a callback whose inputs and
+    results hold ``elements`` elements in all."""
+    seconds = HOST_CALLBACK_SECONDS + elements / HOST_CALLBACK_ELEMENTS_PER_SECOND
+    return math.ceil(seconds * target.clock_hz)
+
+
 CONTROL_CYCLES = 10  # supervisor cycles to set or step a loop counter, or to jump (*estimate*)
 
 

@@ -11,6 +11,7 @@ from popsim._arena import TileArena
 from popsim.allocate import TileAllocator
 from popsim.device_graph import ComputeSet, Copy, DeviceGraph, Execute, If, Repeat, StreamCopy, children, leaves
 from popsim.errors import EngineFault, Error, HostCallbackError, IndexRangeError, OutOfMemoryError, UnsupportedOpError
+from popsim.loaded_copies import place_on_readers
 from popsim.lowerings import LOWERINGS, lower_graph
 from popsim.mapping import TileMapping
 from popsim.placement import Placement
@@ -156,6 +157,7 @@ def compile(  # noqa: A001
         lw = Lowerer(dg, popir.as_dtype(partials_type), available_memory, conv_dithering)
         inputs, outputs = lower_graph(lw, g, variables, placement, name, spill, remote_loads)
         lowered[name] = (dg.program, inputs, outputs)
+    place_on_readers(dg, [program for program, _, _ in lowered.values()])
     return Executable(target, dg, variables, lowered, relax_memory)
 
 
@@ -255,8 +257,9 @@ class Executable:
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
             placed[name] = _liveness(program, inputs, outputs)
-            for storage, first, last in placed[name]:
-                alloc[storage.id] = allocator.place(storage, *storage.mapping.tile_bytes(storage.itemsize), first, last)
+            blocks = [(s, *s.mapping.tile_bytes(s.itemsize), first, last) for s, first, last in placed[name]]
+            for (storage, *_), offsets in zip(blocks, allocator.place_all(blocks)):
+                alloc[storage.id] = offsets
             allocator.check(relax_memory, target)
             per_program[name] = allocator
         base.check(relax_memory, target)
@@ -327,6 +330,7 @@ class Executable:
         self._constants = [(t, host_blocks(t, block_base)) for t in pinned if t.category == "constant"]
         self._write_constants()
         self.last_run_cycles = 0
+        self.last_write_cycles = 0  # of the latest write_variable (see write_cycles)
 
     def _write_constants(self):
         for t, blocks in self._constants:
@@ -531,6 +535,17 @@ class Executable:
         self._write(t, self._var_blocks[name], array)
         if name in self._var_copies:  # its copies on the tiles that read it (see Lowerer._scalar_loaded)
             self._write(t, self._var_copies[name], array)
+        self.last_write_cycles = self.write_cycles(name)
+
+    def write_cycles(self, name):
+        """Cycles of one host write of variable ``name`` (``write_variable``, as PopTorch's setOptimizer writes
+        a hyper-parameter): a host-to-device transfer of its bytes and of one element to each tile holding a
+        copy of it (a host-written scalar's copies sit on the tiles that read it, see ``loaded_copies``)."""
+        if name not in self._vars:
+            raise Error(f"no variable {name!r}; variables: {', '.join(self._vars)}")
+        t = self._vars[name]
+        copies = int(self._var_copies[name][2].sum()) if name in self._var_copies else 0
+        return cost.host_cycles(self.target, t.size * t.itemsize + copies)
 
 
 def _copy_blocks(copies, block_base):

@@ -12,6 +12,7 @@ from popsim import conv_plan, cost, remote, window
 from popsim.device_graph import HostCall
 from popsim.errors import Error
 from popsim.mapping import TileMapping
+from popsim.timeline import inter_ipu_copy_name
 
 LOWERINGS = {}
 
@@ -62,6 +63,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
     """
     env, inputs = {}, {}
     deferred, at = _fusion(graph)
+    row_indices = _row_scatter_indices(graph)
     lw.in_place = {
         value: variables[name]
         for value, name in _in_place_updates(graph, at).items()
@@ -91,6 +93,9 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
             lw.dg.origin = None
         if node.outputs[0].id in deferred:
             env[node.outputs[0].id] = _Deferred(node, args)
+            continue
+        if node.outputs[0].id in row_indices:
+            env[node.outputs[0].id] = args[0]  # the row scatter reading it takes one index per row
             continue
         lw.dg.origin = node
         lw.budget_node(node, placement.ipu_of(node) if placement is not None else 0)
@@ -171,7 +176,10 @@ def _onto_ipu(lw, t, ipu, crossings):
     key = (id(t), ipu)
     if key not in crossings:
         mapping = TileMapping.linear(t.size, t.itemsize, view)
-        crossings[key] = (t, lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=f"inter-ipu to {ipu}"))
+        crossings[key] = (
+            t,
+            lw.gather(t.shape, t.dtype, [t], np.arange(t.size), mapping, name=inter_ipu_copy_name(ipu)),
+        )
     return crossings[key][1]
 
 
@@ -235,6 +243,29 @@ def _possible_aliases(graph):
             if same:
                 aliases[out.id] = {out.id}.union(*(aliases.get(v.id, {v.id}) for v in same))
     return aliases
+
+
+def _row_scatter_indices(graph):
+    """Ids of the row indices a scatter_add along axis 0 reads broadcast over whole rows (the embedding
+    backward, as popir differentiates a lookup) and nothing else reads: they are never widened, and the
+    scatter gets the [n, 1, ...] indices to add whole rows, as Poplar's multiUpdateAdd takes [n] indices."""
+    uses = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            uses.setdefault(v.id, []).append(node)
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    rows = set()
+    for node in graph.nodes:
+        if node.op != "scatter_add" or node.attrs["axis"] % len(node.inputs[0].shape):
+            continue
+        indices = node.inputs[1]
+        source = indices.producer
+        if source is None or source.op != "broadcast_to" or indices.id in kept or uses[indices.id] != [node]:
+            continue
+        shape = source.inputs[0].shape
+        if len(shape) == len(indices.shape) and shape[0] == indices.shape[0] and all(d == 1 for d in shape[1:]):
+            rows.add(indices.id)
+    return rows
 
 
 # -- fusion: chains of elementwise nodes run as one vertex per block (popops map expressions) --------
@@ -488,14 +519,14 @@ def _wrap_negative(lw, indices, size):
     return lw.elementwise("where", [neg, wrapped, indices], indices.shape, DType.int32)
 
 
-def _in_slice(lw, indices, lo, hi):
-    """(mask of ``indices`` in [lo, hi), indices made slice-local with 0 where outside)."""
+def _in_slice(lw, indices, lo, hi, outside=0):
+    """(mask of ``indices`` in [lo, hi), indices made slice-local with ``outside`` where outside)."""
     shape = indices.shape
     above = lw.elementwise("ge", [indices, _int_constant(lw, lo)], shape, DType.bool)
     below = lw.elementwise("lt", [indices, _int_constant(lw, hi)], shape, DType.bool)
     inside = lw.elementwise("logical_and", [above, below], shape, DType.bool)
     local = lw.elementwise("sub", [indices, _int_constant(lw, lo)], shape, DType.int32)
-    return inside, lw.elementwise("where", [inside, local, _int_constant(lw, 0)], shape, DType.int32)
+    return inside, lw.elementwise("where", [inside, local, _int_constant(lw, outside)], shape, DType.int32)
 
 
 def _bounds_check(lw, indices, size, salt):
@@ -622,39 +653,50 @@ def _scatter_add(lw, node, x, indices, updates, axis):
     axis %= len(x.shape)
     if indices.size == 0 or x.size == 0:
         return lw.relayout(x, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target)) if x.size else x
-    flat = _flat_indices(lw, x, indices, axis)
     salt = x.size + 5 * indices.size
-    slices = _axis_slices(lw, x.size * x.itemsize, x.size)
+    if indices.shape != tuple(node.inputs[1].shape):  # one index per row: see _row_scatter_indices
+        inner = x.size // x.shape[0]
+        at = _wrap_negative(lw, lw.reshape(indices, (indices.size,)), x.shape[0])
+        return _scatter_add_spread(lw, x, at, updates, (indices, x.shape[0]), salt, inner)
+    flat = _flat_indices(lw, x, indices, axis)
+    return _scatter_add_spread(lw, x, flat, updates, (indices, x.shape[axis]), salt, 1)
+
+
+def _scatter_add_spread(lw, x, at, updates, check, salt, inner):
+    """``x`` with the rows of ``inner`` elements of ``updates`` added at rows ``at`` of flat ``x`` (wrapped [n]
+    indices: whole rows of an embedding backward, single elements otherwise), on one tile when table, indices
+    and updates fit, else over tiles (``_scatter_add_tiled``). ``check``: the user's indices and their axis
+    size, whose out-of-range entries are counted into the run's error."""
+    size = x.size // inner
+    slices = _axis_slices(lw, x.size * x.itemsize, size)
     # Indices and updates that would not fit a quarter of a tile together are cut into chunks as well.
-    chunks = _axis_slices(lw, flat.size * (flat.itemsize + updates.itemsize), flat.size)
+    chunks = _axis_slices(lw, at.size * (at.itemsize + inner * updates.itemsize), at.size)
     if len(slices) == 1 and len(chunks) == 1:
-        tile, (it, ut, ct) = _on_one_tile(lw, [flat, updates, indices], salt)
+        tile, (it, ut, ct) = _on_one_tile(lw, [at, updates, check[0]], salt)
         out = lw.gather(
             x.shape, x.dtype, [x], np.arange(x.size), TileMapping.on_tiles([x.size], [tile]), name="scatter-init"
         )
-        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, 1, x.size, upd=ut, check=(ct, x.shape[axis]))
+        _gather_vertex(lw, oc.SCATTER_ADD, tile, out, it, out, 1, inner, size, upd=ut, check=(ct, check[1]))
         return lw.relayout(out, x.shape, TileMapping.linear(x.size, x.itemsize, lw.target))
-    parts = _scatter_add_tiled(lw, x, flat, updates, (indices, x.shape[axis]), salt, slices, chunks)
+    parts = _scatter_add_tiled(lw, x, at, updates, check, salt, slices, chunks, inner)
     return lw.gather(x.shape, x.dtype, parts, np.arange(x.size), name="scatter-slices")
 
 
-def _scatter_add_tiled(lw, x, flat, updates, check, salt, slices, chunks):
-    """The slices of flat ``x`` with ``updates`` added at ``flat`` (flat element indices), as Poplar's
+def _scatter_add_tiled(lw, x, at, updates, check, salt, slices, chunks, inner):
+    """The slices of rows [lo, hi) of flat ``x`` with ``updates`` added at rows ``at``, as Poplar's
     multiUpdateAdd spreads them: slice k's chunk c of indices and updates sits on a tile of its own, and the
     slice's running sum steps from chunk tile to chunk tile, so every update is added in index order as one
-    vertex would (the same bits) while no tile holds more than a slice and a chunk. ``check``: the user's
-    indices and their axis size, range-checked chunk by chunk."""
-    zero = lw.constant(np.array(0, x.dtype.numpy), x.dtype)
+    vertex would (the same bits) while no tile holds more than a slice and a chunk. An index outside a slice
+    is made out of range there, so that slice's vertex skips its update. ``check``: the user's indices and
+    their axis size, range-checked chunk by chunk."""
     counts = [c1 - c0 for c0, c1 in chunks]
     tiles, local, kept = [], [], []
     for k, (lo, hi) in enumerate(slices):
         tiles.append([_spread_tile(lw, salt, 1 + k * len(chunks) + c) for c in range(len(chunks))])
-        inside, at = _in_slice(lw, flat, lo, hi)
-        # An update outside this slice lands on the slice's first element as a zero.
-        upd = lw.elementwise("where", [inside, updates, zero], updates.shape, x.dtype)
-        spread = TileMapping.on_tiles(counts, tiles[k])
-        local.append(lw.relayout(at, at.shape, spread))
-        kept.append(lw.relayout(upd, upd.shape, spread))
+        _, where = _in_slice(lw, at, lo, hi, outside=hi - lo)
+        local.append(lw.relayout(where, where.shape, TileMapping.on_tiles(counts, tiles[k])))
+        spread = TileMapping.on_tiles([n * inner for n in counts], tiles[k])
+        kept.append(lw.relayout(updates, updates.shape, spread))
     # The user's indices are checked on tiles of their own: beside a slice's chunks they would double them.
     checkers = [_spread_tile(lw, salt, 1 + len(slices) * len(chunks) + c) for c in range(len(chunks))]
     user = lw.relayout(check[0], check[0].shape, TileMapping.on_tiles(counts, checkers))
@@ -662,15 +704,15 @@ def _scatter_add_tiled(lw, x, flat, updates, check, salt, slices, chunks):
     for c, (c0, c1) in enumerate(chunks):
         steps = []
         for k, (lo, hi) in enumerate(slices):
-            src = np.arange(lo, hi) if c == 0 else np.arange(hi - lo)
-            place = TileMapping.on_tiles([hi - lo], [tiles[k][c]])
-            steps.append(lw.gather((hi - lo,), x.dtype, [sums[k]], src, place, name="scatter-init"))
+            src = np.arange(lo * inner, hi * inner) if c == 0 else np.arange((hi - lo) * inner)
+            place = TileMapping.on_tiles([(hi - lo) * inner], [tiles[k][c]])
+            steps.append(lw.gather(((hi - lo) * inner,), x.dtype, [sums[k]], src, place, name="scatter-init"))
         cs = lw.dg.add_compute_set("scatter_add")  # after the copies it reads, in program order
         for k, (lo, hi) in enumerate(slices):
             out, tile = steps[k], tiles[k][c]
             fields = {"table": out.region(0, out.size), "indices": local[k].region(c0, c1)}
-            fields.update(updates=kept[k].region(c0, c1), out=out.region(0, out.size))
-            cycles = cost.gather_cycles(lw.target, 1, c1 - c0, 1, x.itemsize)
+            fields.update(updates=kept[k].region(c0 * inner, c1 * inner), out=out.region(0, out.size))
+            cycles = cost.gather_cycles(lw.target, 1, c1 - c0, inner, x.itemsize)
             oc.scatter_add(
                 lw.dg.add_vertex,
                 cs,
@@ -679,7 +721,7 @@ def _scatter_add_tiled(lw, x, flat, updates, check, salt, slices, chunks):
                 cycles,
                 **fields,
                 rows=1,
-                inner=1,
+                inner=inner,
                 size=hi - lo,
                 checked_elsewhere=True,
             )

@@ -65,8 +65,10 @@ class Lowerer:
     def __init__(self, dg, partials_type=DType.float32, available_memory=None, conv_dithering=False):
         self.dg = dg
         self.target = dg.target
-        self.partials_type = partials_type
-        self.conv_dithering = conv_dithering  # Poplar's enableConvDithering for every convolution
+        self.model_partials_type = partials_type
+        self.partials_type = partials_type  # the node being lowered's: its own, else the model's
+        self.model_conv_dithering = conv_dithering  # Poplar's enableConvDithering for every convolution
+        self.conv_dithering = conv_dithering  # the node being lowered's: its own setting, else the model's
         self.dither = None  # (start tile, step) of the dithered convolution being lowered, else None
         self.ipu_available_memory = dict(available_memory or {})  # IPU index -> proportion of a tile
         self.available_memory = DEFAULT_AVAILABLE_MEMORY  # the proportion the node being lowered may use
@@ -78,9 +80,14 @@ class Lowerer:
 
     def budget_node(self, node, ipu):
         """Plan ``node``'s matmuls within its own available-memory proportion, else its IPU's, else Poplar's
-        default."""
+        default; dither its convolution and accumulate its float16 partials as it says, else as the model
+        does."""
         own = node.available_memory
         self.available_memory = own if own is not None else self.ipu_available_memory.get(ipu, DEFAULT_AVAILABLE_MEMORY)
+        dithering = node.conv_dithering
+        self.conv_dithering = dithering if dithering is not None else self.model_conv_dithering
+        own = node.partials_type
+        self.partials_type = DType(own) if own is not None else self.model_partials_type
 
     def task_tiles(self, tasks):
         """The tiles of a plan's ``tasks`` tasks in order round the IPU: from a start tile spread by the task
@@ -254,7 +261,7 @@ class Lowerer:
         """``_scalar_on_tiles`` of a scalar variable no program updates (an optimizer hyper-parameter the host
         sets): a copy on each tile of the IPU, shared by every program and written when the executable is loaded
         and whenever the host writes the variable, as Poplar streams such values only when they change; no run
-        exchanges it."""
+        exchanges it. Once every program is lowered, the copy keeps only its readers' tiles (``loaded_copies``)."""
         first, count = self.target.first_tile, self.target.num_tiles
         if tiles.min() < first or tiles.max() >= first + count:
             return self._scalar_everywhere(x, tiles)

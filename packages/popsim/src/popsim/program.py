@@ -25,6 +25,7 @@ from popsim import _exchange, cost, remote
 from popsim import _opcodes as oc
 from popsim.device_graph import ComputeSet, Copy, Execute, HostCall, If, Repeat, StreamCopy, Sync, children
 from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
+from popsim.timeline import HOST_CALLBACK, HOST_TRANSFER, STREAMING_MEMORY
 
 NCOLS = oc.NCOLS
 COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL, RUNS = (
@@ -249,6 +250,7 @@ class _Flattener:
         origin = origin_of(getattr(step, "origin", None))
         self.steps.append(
             {"name": f"stream-{direction} {step.stream}", "kind": "host", "cycles": int(host), "origin": origin}
+            | {"transfer": HOST_TRANSFER}
         )
         return _totals(sync=sync, host=host)
 
@@ -257,10 +259,13 @@ class _Flattener:
         sent = sum((self.stream(s) for s in step.sends), _totals())
         names = {"sends": [s.stream for s in step.sends], "receives": [s.stream for s in step.receives]}
         self.host_calls.append({"callback": step.callback, **names})
-        self.phase(HOST_CALL, len(self.host_calls) - 1)
-        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": 0}
+        # The tiles sync with the host, then wait while it runs the callback (cost.host_callback_cycles).
+        host = cost.host_callback_cycles(self.target, sum(t.size for t in [*step.inputs, *step.outputs]))
+        sync = self.target.bsp_sync_cycles
+        self.phase(HOST_CALL, len(self.host_calls) - 1, cycles=host + sync)
+        entry = {"name": f"host-call {step.callback}", "kind": "host", "cycles": host, "transfer": HOST_CALLBACK}
         self.steps.append({**entry, "origin": origin_of(step.origin)})
-        return sum((self.stream(s) for s in step.receives), sent)
+        return sum((self.stream(s) for s in step.receives), sent + _totals(sync=sync, host=host))
 
     def remote_copy(self, step):
         """A streaming-memory load or store: a sync, then every byte crosses the streaming-memory link."""
@@ -276,6 +281,7 @@ class _Flattener:
         self.exchange_phases(rows, step.dst.itemsize, cycles + sync)
         self.open = None
         entry = {"name": step.name, "kind": "host", "cycles": int(cycles), "bytes": int(nbytes), **_placed(step)}
+        entry["transfer"] = STREAMING_MEMORY
         self.steps.append({**entry, "origin": origin_of(step.origin)})
         return _totals(sync=sync, host=cycles)
 

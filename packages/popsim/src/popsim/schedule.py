@@ -1,27 +1,47 @@
 """The multi-IPU schedule of a program run once per micro-batch: its stages run one after another (sharded)
-or overlapped over the IPUs (pipelined, GPipe-style with gradient accumulation).
+or overlapped over the IPUs (pipelined, as PopART pipelines a PopTorch model with gradient accumulation).
 
 Each profile step of a placed node names its (stage, IPU) and role; a stage's forward cycles per micro-batch
 are those of its forward steps with their syncs, its backward cycles those of the rest (gradients and the
-accumulation into them). Steps of no stage (host transfers, control, unplaced work) run once per micro-batch
-outside the pipeline.
+accumulation into them), each without the inter-IPU copies between stages, which are costed on their own.
+Steps of no stage (host transfers, control, unplaced work) run once per micro-batch outside the pipeline.
 
-Pipelined, ``M`` micro-batches over ``S`` stages take ``M + S - 1`` forward slots, then ``M + S - 1``
-backward slots, each as long as the busiest IPU's forward (backward) work on one micro-batch: while IPU k
-runs the forward of micro-batch i, IPU k+1 runs that of micro-batch i-1, and the backward wave runs the other
-way. The ``S - 1`` forward slots before every IPU is busy are the ramp-up, the ``S - 1`` backward slots after
-the first IPU is done the ramp-down.
+Pipelined, the step is a sequence of pipeline cycles, as PopART builds it: in each cycle every IPU runs its
+stages' work for the micro-batches at that point of the pipeline, then all IPUs sync and the activations
+(forward) and gradients (backward) cross to the next stage's IPU over the IPU-Links, ready for the next
+cycle. The backward pass of the k-th of ``S`` stages is pipeline stage ``2 S - 2 - k`` (the last stage's
+forward and backward share one), so in cycle t the k-th stage runs the forward of micro-batch ``t - k`` and
+the backward of micro-batch ``t - (2 S - 2 - k)``: ``M`` micro-batches take ``M + 2 S - 2`` cycles, each
+as long as its busiest IPU plus its copies (the IPUs run in lock-step: a cycle's copies are one exchange
+after a sync of every IPU). Ramp-up (before the last IPU starts) and ramp-down (after the first IPU is done)
+are where some IPUs wait: the bubbles fall out of the cycles.
 """
 
+import functools
 import graphlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import Timeline, compute_lane, link_lane
+from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
+PASSES = ("forward", "backward")
+COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
+
+
+@dataclass(frozen=True)
+class Copy:
+    """An inter-IPU copy of one micro-batch's tensors into ``stage``'s ``direction`` pass: ``cycles`` with
+    their sync, over the IPU-Links ``links`` (``(from IPU, to IPU)`` pairs); ``before`` when it feeds that pass
+    (it crosses at the end of the cycle before), else it sends that pass's results (at the end of its cycle)."""
+
+    stage: int
+    direction: str
+    cycles: int
+    links: tuple
+    before: bool
 
 
 @dataclass(frozen=True)
@@ -30,73 +50,117 @@ class Schedule:
 
     micro_batches: int
     pipelined: bool
-    forward_cycles: dict = field(default_factory=dict)  # stage -> forward cycles per micro-batch
-    backward_cycles: dict = field(default_factory=dict)  # stage -> backward cycles per micro-batch
+    forward_cycles: dict = field(default_factory=dict)  # stage -> forward compute cycles per micro-batch
+    backward_cycles: dict = field(default_factory=dict)  # stage -> backward compute cycles per micro-batch
     stage_ipu: dict = field(default_factory=dict)  # stage -> IPU
     outside_cycles: int = 0  # per micro-batch, in no stage
-    forward_slot: int = 0  # the busiest IPU's forward cycles per micro-batch
-    backward_slot: int = 0  # the busiest IPU's backward cycles per micro-batch
+    copies: tuple = ()  # the Copy entries of one micro-batch
+    # (stage, pass) -> ((transfer kind or None, cycles), ...): the pass's compute and its host-side transfers
+    # (streaming-memory loads and stores) in program order, adding up to its cycles
+    pieces: dict = field(default_factory=dict)
 
     @property
     def stages(self):
         return sorted(self.stage_ipu)
 
-    @property
-    def ramp_up_cycles(self):
-        """Forward slots before the last stage starts (0 when not pipelined)."""
-        return (len(self.stage_ipu) - 1) * self.forward_slot if self.pipelined else 0
+    def cycles_of(self, stage, direction):
+        """Compute cycles per micro-batch of ``stage``'s ``direction`` pass."""
+        return (self.forward_cycles if direction == "forward" else self.backward_cycles).get(stage, 0)
 
-    @property
-    def ramp_down_cycles(self):
-        """Backward slots after the last stage's backward is done (0 when not pipelined)."""
-        return (len(self.stage_ipu) - 1) * self.backward_slot if self.pipelined else 0
+    def pipeline_cycle(self, stage, direction, batch):
+        """The pipeline cycle in which ``stage`` runs its ``direction`` pass of micro-batch ``batch``."""
+        k, count = self.stages.index(stage), len(self.stage_ipu)
+        return batch + (k if direction == "forward" else 2 * count - 2 - k)
 
-    @property
-    def main_cycles(self):
-        """The slots in which every IPU works (pipelined)."""
-        return self.micro_batches * (self.forward_slot + self.backward_slot) if self.pipelined else 0
+    def has_work(self, stage, direction):
+        return self.cycles_of(stage, direction) > 0 or any(
+            (c.stage, c.direction) == (stage, direction) for c in self.copies
+        )
 
     @property
     def serial_cycles(self):
         """The step's cycles with the stages run one after another (sharded)."""
         staged = sum(self.forward_cycles.values()) + sum(self.backward_cycles.values())
-        return self.micro_batches * (staged + self.outside_cycles)
+        return self.micro_batches * (staged + sum(c.cycles for c in self.copies) + self.outside_cycles)
+
+    @functools.cached_property
+    def _placed(self):
+        """The pipelined step laid out on a Timeline of its own, from cycle 0."""
+        timeline = Timeline()
+        ipus = sorted(set(self.stage_ipu.values()) | {ipu for c in self.copies for link in c.links for ipu in link})
+        place_pipeline(timeline, self, 0, ipus)
+        return timeline
+
+    @functools.cached_property
+    def _figures(self):
+        """Ramp-up (until every IPU has started), ramp-down (once the first IPU is done), the cycles of the
+        pipeline (without the work outside the stages) and each IPU's idle cycles in it."""
+        spans, busy = {}, {}  # ipu -> [first start, last end] of its stages' work; ipu -> cycles with copies
+        for i in self._placed.intervals:
+            if "stage" in i.label and i.end > i.start:
+                busy[i.label["ipu"]] = busy.get(i.label["ipu"], 0) + i.end - i.start
+                if i.label.get("transfer") != COPY:
+                    span = spans.setdefault(i.label["ipu"], [i.start, i.end])
+                    span[:] = min(span[0], i.start), max(span[1], i.end)
+        pipeline = self.total_cycles - self.micro_batches * self.outside_cycles
+        if not spans:
+            return 0, 0, pipeline, {}
+        ramp_up = max(first for first, _ in spans.values())
+        ramp_down = pipeline - min(last for _, last in spans.values())
+        return ramp_up, ramp_down, pipeline, {ipu: pipeline - cycles for ipu, cycles in sorted(busy.items())}
+
+    @property
+    def ramp_up_cycles(self):
+        """Cycles before every IPU has started (0 when not pipelined)."""
+        return self._figures[0] if self.pipelined else 0
+
+    @property
+    def ramp_down_cycles(self):
+        """Cycles after the first IPU has finished its work (0 when not pipelined)."""
+        return self._figures[1] if self.pipelined else 0
+
+    @property
+    def main_cycles(self):
+        """The pipeline's cycles between ramp-up and ramp-down (pipelined)."""
+        if not self.pipelined:
+            return 0
+        ramp_up, ramp_down, pipeline, _ = self._figures
+        return pipeline - ramp_up - ramp_down
 
     @property
     def total_cycles(self):
         """The step's cycles under this schedule."""
-        if not self.pipelined:
-            return self.serial_cycles
-        return self.ramp_up_cycles + self.main_cycles + self.ramp_down_cycles + self.micro_batches * self.outside_cycles
+        return self._placed.makespan if self.pipelined else self.serial_cycles
 
     def timeline(self):
         """When each stage works on each micro-batch: dicts of ipu, stage, micro_batch, pass ("forward" or
-        "backward"), start and end cycles within the step (work outside the stages is not listed)."""
+        "backward"), start and end cycles within the step (copies and work outside the stages not listed)."""
         if self.pipelined:
-            return self._pipelined_timeline()
+            spans = {}  # (stage, micro-batch, pass) -> [start, end] over its pieces
+            for i in self._placed.intervals:
+                if "stage" in i.label and i.label.get("transfer") != COPY:
+                    key = (i.label["stage"], i.label["micro_batch"], i.label["pass"])
+                    span = spans.setdefault(key, [i.start, i.end])
+                    span[:] = min(span[0], i.start), max(span[1], i.end)
+            entries = [self._entry(*key, *span) for key, span in spans.items()]
+            return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
         entries, now = [], 0
         order = [(s, "forward") for s in self.stages] + [(s, "backward") for s in reversed(self.stages)]
         for batch in range(self.micro_batches):
             for stage, direction in order:
-                cycles = (self.forward_cycles if direction == "forward" else self.backward_cycles).get(stage, 0)
+                for copy in self._copies_of(stage, direction, True):
+                    now += copy.cycles
+                cycles = self.cycles_of(stage, direction)
                 if cycles:
                     entries.append(self._entry(stage, batch, direction, now, now + cycles))
                     now += cycles
+                for copy in self._copies_of(stage, direction, False):
+                    now += copy.cycles
             now += self.outside_cycles
         return entries
 
-    def _pipelined_timeline(self):
-        # Forward of micro-batch i on the k-th stage in slot i + k; the backward wave runs from the last stage.
-        entries, count = [], len(self.stages)
-        backward_start = (self.micro_batches + count - 1) * self.forward_slot
-        for k, stage in enumerate(self.stages):
-            for batch in range(self.micro_batches):
-                start = (batch + k) * self.forward_slot
-                entries.append(self._entry(stage, batch, "forward", start, start + self.forward_cycles.get(stage, 0)))
-                start = backward_start + (batch + count - 1 - k) * self.backward_slot
-                end = start + self.backward_cycles.get(stage, 0)
-                entries.append(self._entry(stage, batch, "backward", start, end))
-        return sorted(entries, key=lambda e: (e["start"], e["ipu"]))
+    def _copies_of(self, stage, direction, before):
+        return [c for c in self.copies if (c.stage, c.direction, c.before) == (stage, direction, before)]
 
     def _entry(self, stage, batch, direction, start, end):
         return {
@@ -109,8 +173,9 @@ class Schedule:
         }
 
     def as_dict(self):
-        """The schedule for a profile: per stage its IPU and cycles per micro-batch, the phases' cycles."""
-        return {
+        """The schedule for a profile: per stage its IPU, compute cycles per micro-batch and the inter-IPU
+        copies into it and out of it, the figures of the whole step and (pipelined) each IPU's idle cycles."""
+        shown = {
             "micro_batches": self.micro_batches,
             "pipelined": self.pipelined,
             "stages": {
@@ -118,6 +183,7 @@ class Schedule:
                     "ipu": self.stage_ipu[s],
                     "forward_cycles": self.forward_cycles.get(s, 0),
                     "backward_cycles": self.backward_cycles.get(s, 0),
+                    "copy_cycles": sum(c.cycles for c in self.copies if c.stage == s),
                 }
                 for s in self.stages
             },
@@ -129,6 +195,9 @@ class Schedule:
             "total_cycles": self.total_cycles,
             "timeline": self.timeline(),
         }
+        if self.pipelined:
+            shown["bubble_cycles"] = self._figures[3]
+        return shown
 
 
 def step_schedule(program, target, micro_batches, pipelined):
@@ -136,13 +205,26 @@ def step_schedule(program, target, micro_batches, pipelined):
     ``target`` (its graph target), pipelined or sharded."""
     passes = {"forward": {}, "backward": {}}
     stage_ipu = {}
+    copies = {}  # (stage, pass, links, before) -> cycles
+    pieces = {}  # (stage, pass) -> [[transfer kind or None, cycles], ...]
     for step in program["steps"]:
         if "stage" not in step:
             continue
-        cycles = passes["forward" if step.get("role") in (None, "forward") else "backward"]
-        cycles[step["stage"]] = cycles.get(step["stage"], 0) + step["cycles"] + target.bsp_sync_cycles
+        direction, cycles = _pass_of(step), step["cycles"] + target.bsp_sync_cycles
         stage_ipu[step["stage"]] = step["ipu"]
-    staged = sum(sum(c.values()) for c in passes.values())
+        links = _link_pairs(step)
+        if links:
+            # Labelled with the stage it lands on (it feeds that pass), or merged into the sender's exchange.
+            before = step["ipu"] in copy_destinations(step["name"])
+            key = (step["stage"], direction, links, before)
+            copies[key] = copies.get(key, 0) + cycles
+        else:
+            passes[direction][step["stage"]] = passes[direction].get(step["stage"], 0) + cycles
+            run = pieces.setdefault((step["stage"], direction), [])
+            if not run or run[-1][0] != step.get("transfer"):
+                run.append([step.get("transfer"), 0])
+            run[-1][1] += cycles
+    staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values())
     return Schedule(
         micro_batches,
         pipelined,
@@ -150,17 +232,12 @@ def step_schedule(program, target, micro_batches, pipelined):
         passes["backward"],
         stage_ipu,
         max(0, program["total_cycles"] - staged),
-        _busiest(passes["forward"], stage_ipu),
-        _busiest(passes["backward"], stage_ipu),
+        tuple(
+            Copy(stage, direction, cycles, links, before)
+            for (stage, direction, links, before), cycles in copies.items()
+        ),
+        {key: tuple(map(tuple, run)) for key, run in pieces.items()},
     )
-
-
-def _busiest(stage_cycles, stage_ipu):
-    """The largest total over the stages of one IPU."""
-    per_ipu = {}
-    for stage, cycles in stage_cycles.items():
-        per_ipu[stage_ipu[stage]] = per_ipu.get(stage_ipu[stage], 0) + cycles
-    return max(per_ipu.values(), default=0)
 
 
 def stash_per_tile(program, target, stage_ipu):
@@ -230,9 +307,9 @@ def place_phases(timeline, program, target, depends, replica, ipus, not_before=0
         done = {}
         for ipu in order:
             after = previous + [done[a] for a, b in edges if b == ipu]
-            for links, cycles in unit[ipu]:  # one after another on the IPU's lane
-                resources = [compute_lane(replica, ipu), *links]
-                tags = {"phase": phase, "pass": direction, "ipu": ipu}
+            for lanes, cycles, transfer in unit[ipu]:  # one after another on the IPU's lane
+                resources = [compute_lane(replica, ipu), *lanes]
+                tags = {"phase": phase, "pass": direction, "ipu": ipu} | ({"transfer": transfer} if transfer else {})
                 done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
                 placed.append(done[ipu])
         previous = list(done.values())
@@ -242,56 +319,112 @@ def place_phases(timeline, program, target, depends, replica, ipus, not_before=0
     return placed
 
 
-def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, **label):
-    """Lay one run of ``cycles`` of a sharded ``program`` on ``ipus`` of ``replica`` out on ``timeline`` in
-    program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an inter-IPU copy on
-    its IPU-Links too), each after the one before; steps of no stage, and what the run's ``cycles`` have
-    beyond the steps (control, host), on every IPU. None (nothing placed) when the steps add up to more than
-    ``cycles``. Returns the intervals."""
+def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
+    """Lay one run of ``cycles`` of a sharded or single-IPU ``program`` on ``ipus`` of ``replica`` out on
+    ``timeline`` in program order: each stretch of steps of one stage, IPU and pass on that IPU's lane (an
+    inter-IPU copy on its IPU-Links too), each after the one before; steps of no stage, and what the run's
+    ``cycles`` have beyond the steps (control, loop repeats), on every IPU. A host stream, a host callback or
+    a streaming-memory transfer is a stretch of its own that also holds its lane (``transfer_lane``), so the
+    run's intervals add up to its ``cycles``. None (nothing placed) when the steps add up to more than
+    ``cycles``; ``stretches``: ``run_stretches(program, target, replica)`` if the caller keeps them. Returns
+    the intervals."""
     label = {"replica": replica, **label}
-    stretches = []  # [key, cycles]: key (stage, pass, ipu, links), or None for steps of no stage
-    for step in program["steps"]:
-        key = (step["stage"], _pass_of(step), step["ipu"], _links(step, replica)) if "stage" in step else None
-        if not stretches or stretches[-1][0] != key:
-            stretches.append([key, 0])
-        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    stretches = run_stretches(program, target, replica) if stretches is None else stretches
     rest = cycles - sum(c for _, c in stretches)
     if rest < 0:
         return None
     everywhere = [compute_lane(replica, i) for i in ipus]
     placed = []
-    for key, span in [*stretches, [None, rest]]:
-        after = placed[-1:]
-        if key is None:
-            placed.append(timeline.add(everywhere, span, after, not_before, work=OUTSIDE_STAGES, **label))
+    for (stage, direction, ipu, lanes, transfer), span in [*stretches, [_step_key({}, replica), rest]]:
+        tags = {"transfer": transfer} if transfer else {}
+        if stage is None:
+            tags = tags or {"work": OUTSIDE_STAGES}
+            placed.append(timeline.add([*everywhere, *lanes], span, placed[-1:], not_before, **tags, **label))
         else:
-            stage, direction, ipu, links = key
-            tags = {"stage": stage, "pass": direction, "ipu": ipu}
-            placed.append(timeline.add([compute_lane(replica, ipu), *links], span, after, not_before, **tags, **label))
+            tags |= {"stage": stage, "pass": direction, "ipu": ipu}
+            resources = [compute_lane(replica, ipu), *lanes]
+            placed.append(timeline.add(resources, span, placed[-1:], not_before, **tags, **label))
     return placed
 
 
+def run_stretches(program, target, replica):
+    """The stretches ``place_steps`` lays out for a run of ``program`` on ``replica``: ``(key, cycles)`` of
+    consecutive steps with the same key (stage, pass, ipu, lanes, transfer; stage None for steps of no
+    stage), with their syncs."""
+    stretches = []
+    for step in program["steps"]:
+        key = _step_key(step, replica)
+        if not stretches or stretches[-1][0] != key:
+            stretches.append([key, 0])
+        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    return [tuple(stretch) for stretch in stretches]
+
+
+def place_shared_run(timeline, run_profile, target, replicas, ipus, cycles, not_before=0, **label):
+    """Lay a run of ``cycles`` of the program of ``run_profile`` (a ``Profile.programs`` entry) that every one
+    of ``replicas`` runs together (a training step's reduction and optimizer) out on ``timeline``: each
+    stretch of its host-side transfers (streaming-memory loads and stores of optimizer state, host streams)
+    on every replica's compute tiles and the transfer's lane of each replica, the rest of its ``cycles`` on
+    every compute lane, in program order. One interval on every compute lane when the steps add up to more
+    than ``cycles``. Returns the intervals."""
+    everywhere = [compute_lane(r, i) for r in replicas for i in ipus]
+    stretches = []  # [transfer kind or None, its IPU, cycles]
+    for step in run_profile["steps"]:
+        kind = step.get("transfer")
+        if not stretches or stretches[-1][:2] != [kind, step.get("ipu", 0)]:
+            stretches.append([kind, step.get("ipu", 0), 0])
+        stretches[-1][2] += step["cycles"] + target.bsp_sync_cycles
+    rest = cycles - sum(c for _, _, c in stretches)
+    if rest < 0:
+        return [timeline.add(everywhere, cycles, not_before=not_before, **label)]
+    placed = []
+    for kind, ipu, span in [*stretches, [None, 0, rest]]:
+        lanes = [transfer_lane(r, ipu, kind) for r in replicas] if kind else []
+        tags = {"transfer": kind} if kind else {}
+        placed.append(timeline.add([*everywhere, *lanes], span, placed[-1:], not_before, **tags, **label))
+    return placed
+
+
+def _step_key(step, replica):
+    """What a step holds beside compute tiles: ``(stage, pass, ipu, lanes, transfer)``, the first three None
+    for a step of no stage; ``lanes`` its IPU-Links or its transfer's lane, ``transfer`` its kind if any."""
+    transfer = step.get("transfer")
+    if "stage" in step:
+        lanes = _links(step, replica) + ((transfer_lane(replica, step["ipu"], transfer),) if transfer else ())
+        return step["stage"], _pass_of(step), step["ipu"], lanes, transfer
+    return None, None, None, (transfer_lane(replica, 0, transfer),) if transfer else (), transfer
+
+
+def _link_pairs(step):
+    """``(from IPU, to IPU)`` of the IPU-Links an exchange step's inter-IPU copies use: a copy merged into the
+    sender's exchange goes from the step's IPU to the one it names; a copy into the step's IPU (the one it
+    names, else the step's own) comes from each other IPU the step keeps busy."""
+    own, busy = step["ipu"], step.get("ipus", ())
+    destinations = copy_destinations(step.get("name", "")) or [own]
+    return tuple((a, b) for b in destinations for a in ([own] if b != own else busy) if a != b)
+
+
 def _links(step, replica):
-    """The IPU-Link lanes an inter-IPU copy into the step's IPU holds (from each other IPU it keeps busy)."""
-    return tuple(link_lane(replica, other, step["ipu"]) for other in step.get("ipus", ()) if other != step["ipu"])
+    """The IPU-Link lanes an inter-IPU copy in the step holds."""
+    return tuple(link_lane(replica, a, b) for a, b in _link_pairs(step))
 
 
 def _phase_work(program, target, replica):
     """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
-    in the order the steps run: consecutive steps holding the same IPU-Links merged."""
+    in the order the steps run: consecutive steps holding the same IPU-Links or transfer lane merged."""
     work = {}
     for step in program["steps"]:
         if "stage" in step:
             pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
-            links = _links(step, replica)
-            if not pieces or pieces[-1][0] != links:
-                pieces.append([links, 0])
+            _, _, _, lanes, transfer = _step_key(step, replica)
+            if not pieces or pieces[-1][0] != lanes:
+                pieces.append([lanes, 0, transfer])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 
 def _total(work):
-    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles in pieces)
+    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles, _ in pieces)
 
 
 def _run_order(cycles, edges):
@@ -308,31 +441,85 @@ def _run_order(cycles, edges):
 
 def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
-    ``timeline``, pipeline cycle by pipeline cycle: in forward cycle t the k-th stage runs micro-batch t - k,
-    in backward cycle t micro-batch t - (S - 1 - k), each after the sync that ended the cycle before (the
-    inter-IPU copies between stages happen at that sync). A cycle is a superstep of all the IPUs as long as
-    the busiest IPU's slot (ramp-up and ramp-down cycles run the same program with stages idle). The steps of
-    no stage follow on every IPU. Returns the intervals."""
+    ``timeline``, pipeline cycle by pipeline cycle (see the module's docstring): each stage's pass of a
+    micro-batch on its IPU's lane after the sync that began the cycle, the previous stage's forward (the next
+    stage's backward, or its own forward for the last stage) of that micro-batch and its IPU's work before it;
+    then the cycle's inter-IPU copies, each on its destination IPU and its IPU-Links, once every IPU's work in
+    the cycle is done; then a sync of every IPU. The steps of no stage follow on every IPU. Returns the
+    intervals."""
     label = {"replica": replica, **label}
     lanes = [compute_lane(replica, ipu) for ipu in ipus]
-    stages, count = schedule.stages, len(schedule.stage_ipu)
     sync = timeline.add(lanes, 0, not_before=not_before)
-    placed = []
-    for direction, cycles, slot in (
-        ("forward", schedule.forward_cycles, schedule.forward_slot),
-        ("backward", schedule.backward_cycles, schedule.backward_slot),
-    ):
-        for cycle in range(schedule.micro_batches + count - 1):
-            for k, stage in enumerate(stages):
-                batch = cycle - (k if direction == "forward" else count - 1 - k)
-                if 0 <= batch < schedule.micro_batches and cycles.get(stage, 0):
-                    ipu = schedule.stage_ipu[stage]
-                    tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction}
-                    placed.append(timeline.add([compute_lane(replica, ipu)], cycles[stage], [sync], **tags, **label))
-            sync = timeline.add(lanes, 0, not_before=sync.end + slot)  # the cycle's end, on every IPU
+    work, placed = {}, []  # work: (stage, pass, micro-batch) -> its interval
+    for cycle in range(-1, _last_cycle(schedule) + 1):  # cycle -1: copies feeding cycle 0, if any
+        done = []
+        for stage, direction, batch in _cycle_work(schedule, cycle):
+            ipu = schedule.stage_ipu[stage]
+            tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction, "pipeline_cycle": cycle}
+            after = [sync, *(work[d] for d in _feeds(schedule, stage, direction, batch) if d in work)]
+            for transfer, cycles in schedule.pieces.get((stage, direction), ((None, 0),)):
+                resources = [compute_lane(replica, ipu)] + ([transfer_lane(replica, ipu, transfer)] if transfer else [])
+                kind = {"transfer": transfer} if transfer else {}
+                done.append(timeline.add(resources, cycles, after, **tags, **kind, **label))
+                after = [done[-1]]
+            work[(stage, direction, batch)] = done[-1]
+        copies = [
+            _place_copy(timeline, schedule, copy, batch, cycle, [sync, *done], replica, label)
+            for copy, batch in _cycle_copies(schedule, cycle)
+        ]
+        placed += done + copies
+        sync = timeline.add(lanes, 0, [sync, *done, *copies])  # the cycle's end, on every IPU
     outside = schedule.micro_batches * schedule.outside_cycles
     placed.append(timeline.add(lanes, outside, [sync], work=OUTSIDE_STAGES, **label))
     return placed
+
+
+def _place_copy(timeline, schedule, copy, batch, cycle, after, replica, label):
+    """One micro-batch's ``copy`` at the end of pipeline ``cycle``: on the IPUs it lands on and its links."""
+    destinations = sorted({b for _, b in copy.links})
+    resources = [compute_lane(replica, b) for b in destinations] + [link_lane(replica, a, b) for a, b in copy.links]
+    tags = {"stage": copy.stage, "micro_batch": batch, "pass": copy.direction, "pipeline_cycle": cycle}
+    tags |= {"ipu": destinations[0], "transfer": COPY}
+    return timeline.add(resources, copy.cycles, after, **tags, **label)
+
+
+def _last_cycle(schedule):
+    """The last pipeline cycle with work in it."""
+    last = schedule.micro_batches - 1
+    return max(
+        (schedule.pipeline_cycle(s, d, last) for s in schedule.stages for d in PASSES if schedule.has_work(s, d)),
+        default=-1,
+    )
+
+
+def _cycle_work(schedule, cycle):
+    """``(stage, pass, micro-batch)`` of the stages' work in pipeline ``cycle``, in PopART's order of pipeline
+    stages: the forward passes by stage, then the backward passes from the last stage."""
+    order = [(s, "forward") for s in schedule.stages] + [(s, "backward") for s in reversed(schedule.stages)]
+    for stage, direction in order:
+        batch = cycle - schedule.pipeline_cycle(stage, direction, 0)
+        if 0 <= batch < schedule.micro_batches and schedule.cycles_of(stage, direction):
+            yield stage, direction, batch
+
+
+def _cycle_copies(schedule, cycle):
+    """``(Copy, micro-batch)`` of the inter-IPU copies at the end of pipeline ``cycle``: those feeding the
+    next cycle's passes and those sending this cycle's results."""
+    for copy in schedule.copies:
+        batch = cycle + (1 if copy.before else 0) - schedule.pipeline_cycle(copy.stage, copy.direction, 0)
+        if 0 <= batch < schedule.micro_batches:
+            yield copy, batch
+
+
+def _feeds(schedule, stage, direction, batch):
+    """The work ``(stage, pass, micro-batch)`` whose results ``stage``'s ``direction`` pass of ``batch`` reads:
+    the previous stage's forward, the next stage's backward, the last stage's own forward."""
+    stages, k = schedule.stages, schedule.stages.index(stage)
+    if direction == "forward":
+        return [(stages[k - 1], "forward", batch)] if k > 0 else []
+    if k + 1 < len(stages):
+        return [(stages[k + 1], "backward", batch)]
+    return [(stage, "forward", batch)]
 
 
 def _pass_of(step):

@@ -6,7 +6,12 @@ Overlap follows from the resources alone: work on different IPUs, or on the I/O 
 run, shares no resource and so runs at the same time unless a dependency orders it.
 """
 
+import re
 from dataclasses import dataclass, field
+
+# An inter-IPU copy's exchange step is named after the IPU it lands on (one per destination in a merged step).
+_INTER_IPU_COPY = "inter-ipu to {ipu}"
+_INTER_IPU_DESTINATION = re.compile(r"inter-ipu to (\d+)")
 
 
 def compute_lane(replica, ipu):
@@ -23,6 +28,30 @@ def link_lane(replica, source, destination):
     """The resource of the IPU-Links carrying data from IPU ``source`` to IPU ``destination`` of ``replica``
     (one per direction: the links are full duplex)."""
     return f"replica {replica} IPU-Link {source}->{destination}"
+
+
+# The kinds of host-side work a program step does (its profile entry's "transfer"), each with a lane of its
+# own beside the compute tiles it stops: a host stream, the host running a callback, a streaming-memory
+# load or store.
+HOST_TRANSFER, HOST_CALLBACK, STREAMING_MEMORY = "host transfer", "host callback", "streaming memory"
+
+
+def transfer_lane(replica, ipu, kind):
+    """The resource a host-side transfer of ``kind`` of ``ipu`` in ``replica`` holds: the replica's host link
+    (streams), its host (callbacks) or the IPU's streaming-memory link (remote buffers)."""
+    if kind == STREAMING_MEMORY:
+        return f"replica {replica} IPU {ipu} streaming memory"
+    return f"replica {replica} host" if kind == HOST_CALLBACK else f"replica {replica} host link"
+
+
+def inter_ipu_copy_name(ipu):
+    """The name of the exchange step copying a tensor onto IPU ``ipu``."""
+    return _INTER_IPU_COPY.format(ipu=ipu)
+
+
+def copy_destinations(step_name):
+    """The IPUs the inter-IPU copies merged into the exchange step ``step_name`` land on (none: no copy)."""
+    return [int(ipu) for ipu in _INTER_IPU_DESTINATION.findall(step_name)]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from poptorch import (
     _host_print,
     _memory,
     _overlapped_io,
+    _poptorch_ops,
 )
 from poptorch._indexing import advanced_index, index_put, wrapped_index
 from poptorch._losses import REDUCTIONS
@@ -477,6 +478,20 @@ def _recomputation_checkpoint(ctx, x):
 def _set_available_memory(ctx, x, proportion):
     # The value itself: the matmul or convolution that produced it plans within ``proportion`` of a tile.
     _memory.mark_available_memory(x, proportion)
+    return x
+
+
+@lowers(torch.ops.poptorch.set_conv_dithering.default)
+def _set_conv_dithering(ctx, x, enabled):
+    # The value itself: the convolution that produced it (and its gradients) is dithered as ``enabled`` says.
+    _poptorch_ops.mark_convolutions(x, "enableConvDithering", conv_dithering=bool(enabled))
+    return x
+
+
+@lowers(torch.ops.poptorch.set_conv_partials_type.default)
+def _set_conv_partials_type(ctx, x, dtype):
+    # The value itself: the convolution that produced it (and its gradients) accumulates in ``dtype``.
+    _poptorch_ops.mark_convolutions(x, "partialsTypes", partials_type=dtype)
     return x
 
 

@@ -309,13 +309,14 @@ def update_placements(grads, strategy):
 
 
 def order_updates(graph):
-    """Reorder ``graph``'s nodes so that each placed optimizer node runs in its phase: right after the last
-    backward node of its placement, or after its operands if they come later; an unplaced optimizer node as
-    early in the backward pass as its operands allow. A stable sort, so every node still follows its
-    operands; the update's values then live only inside the phase, as PopART runs a weight's update there."""
+    """Reorder ``graph``'s nodes so that each optimizer node runs as early in the backward pass as its operands
+    allow and once the forward and backward passes have done reading the values it reads (a weight is updated
+    in place only after its last reader): a placed update so runs in its gradient's phase, as PopART runs a
+    weight's update there, and its gradient dies at once instead of living to the end of the phase. A stable
+    sort, so every node still follows its operands."""
     nodes = graph.nodes
     start = next((i for i, n in enumerate(nodes) if n.role not in (None, "forward")), len(nodes))
-    phase_end = {n.placement: i for i, n in enumerate(nodes) if n.role == "backward"}
+    last_read = {v.id: i for i, n in enumerate(nodes) if n.role != "optimizer" for v in n.inputs}
     slot_of = {}  # value id -> slot of its producer
     slots = []
     for i, node in enumerate(nodes):
@@ -323,7 +324,7 @@ def order_updates(graph):
             slot = i
         else:
             operands = [slot_of[v.id] for v in node.inputs if v.id in slot_of]
-            slot = max([start, phase_end.get(node.placement, start) if node.placement else start, *operands])
+            slot = max([start, *operands, *(last_read[v.id] for v in node.inputs if v.id in last_read)])
         slots.append(slot)
         slot_of.update((v.id, slot) for v in node.outputs)
     graph.nodes = [node for _, _, node in sorted(zip(slots, range(len(nodes)), nodes), key=lambda t: t[:2])]

@@ -3,9 +3,10 @@
 Each replica has a resource per IPU's compute tiles and one for its I/O tiles (``popsim.Timeline``). A run of
 the micro-batch program holds its replica's compute tiles for its cycles; pipelined stages (``popsim.
 place_pipeline``) and the IPUs of one phase (``popsim.place_phases``) hold only their own IPU's, so they overlap
-where PopTorch's schedules overlap them. Host transfers of tensors marked by ``set_overlap_for_input`` /
-``_output`` hold the I/O tiles: the next run's inputs load and the previous run's outputs store while the
-compute tiles run, when both runs are in the loop the tensor's ``OverlapMode`` overlaps
+where PopTorch's schedules overlap them (a pipeline cycle by cycle, its inter-IPU copies on the IPU-Links).
+Host transfers of tensors marked by ``set_overlap_for_input`` / ``_output`` hold the I/O tiles: the next
+run's inputs load and the previous run's outputs store while the compute tiles run, when both runs are in
+the loop the tensor's ``OverlapMode`` overlaps
 (``OverlapDeviceIterationLoop``: the call's device-iteration loop; ``OverlapAccumulationLoop``: the inner
 loop, the accumulation loop with gradient accumulation); a transfer no neighbouring run can hide holds the
 compute tiles too. Replicas run in parallel, and a training step's gradient reduction and optimizer run hold
@@ -43,7 +44,8 @@ def call_cycles(exe, programs, plan, options, marks, call):
     the phases' ``phases`` and the I/O figures ``io_overlap``."""
     name = programs.micro_batch
     profile = exe.profile.programs[name]
-    plan_of = _Placement(exe, profile, programs.graphs[name], plan, options, call)
+    step = exe.profile.programs[programs.step] if programs.step else None
+    plan_of = _Placement(exe, profile, programs.graphs[name], plan, options, call, step)
     timeline = plan_of.place(marks)
     if plan_of.schedule is not None:
         profile["schedule"] = plan_of.schedule.as_dict()
@@ -60,8 +62,10 @@ class _Placement:
     """Lays a call's runs out on a Timeline: per replica its runs (a pipeline group, phased runs or whole
     runs, with their marked transfers), then each training step on every replica."""
 
-    def __init__(self, exe, profile, graph, plan, options, call):
+    def __init__(self, exe, profile, graph, plan, options, call, step_profile=None):
         self.exe, self.profile, self.graph, self.call = exe, profile, graph, call
+        self.step_profile = step_profile  # the profile of the training step's program, if it has its own
+        self.stretches = {}  # replica -> popsim.run_stretches of the micro-batch program
         self.ipus = list(range(plan.num_ipus))
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
@@ -88,8 +92,18 @@ class _Placement:
                     if self.call.runs[i][2] == replica:
                         io[replica].place_run(timeline, i, start)
             if step < len(self.call.step_cycles):
-                timeline.add(every, self.call.step_cycles[step], program="step")
+                self._place_step(timeline, self.call.step_cycles[step])
         return timeline
+
+    def _place_step(self, timeline, cycles):
+        """A training step's reduction and optimizer run on every replica's compute tiles, its streaming-memory
+        and host transfers (the optimizer state off chip) on their lanes too."""
+        if self.step_profile is None:
+            every = [popsim.compute_lane(r, ipu) for r in self.replicas for ipu in self.ipus]
+            timeline.add(every, cycles, program="step")
+            return
+        target = self.exe.target
+        popsim.place_shared_run(timeline, self.step_profile, target, self.replicas, self.ipus, cycles, program="step")
 
     def _groups(self):
         """Runs that start together once the previous group's work (and its step) is done: one training
@@ -110,11 +124,16 @@ class _Placement:
                 timeline, self.profile, target, depends, replica, self.ipus, not_before, extra_cycles, **label
             )
         cycles = self.call.run_cycles[index] + extra_cycles
-        if len(self.ipus) > 1:  # sharded: each stage on its IPU's lane, one after another
-            target = self.exe.target
-            placed = popsim.place_steps(timeline, self.profile, target, replica, self.ipus, cycles, not_before, **label)
-            if placed is not None:
-                return placed
+        # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
+        target = self.exe.target
+        if replica not in self.stretches:
+            self.stretches[replica] = popsim.run_stretches(self.profile, target, replica)
+        stretches = self.stretches[replica]
+        placed = popsim.place_steps(
+            timeline, self.profile, target, replica, self.ipus, cycles, not_before, stretches, **label
+        )
+        if placed is not None:
+            return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
         return [timeline.add(lanes, cycles, not_before=not_before, replica=replica, **label)]
 

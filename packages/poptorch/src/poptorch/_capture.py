@@ -115,7 +115,10 @@ class _TensorOutputs(torch.nn.Module):
         specs = []  # a closure, not an attribute: export restores the module's attributes after tracing
 
         def forward(*args, **kwargs):
-            leaves, spec = pytree.tree_flatten(pytree.tree_map(_returnable, model(*args, **kwargs)))
+            result = model(*args, **kwargs)
+            # A model returning nothing (it updates inputs or buffers in place) returns None, as PopTorch's.
+            result = _DROPPED if result is None else pytree.tree_map(_returnable, result)
+            leaves, spec = pytree.tree_flatten(result)
             specs[:] = [spec]
             return leaves
 

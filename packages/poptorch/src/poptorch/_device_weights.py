@@ -173,7 +173,8 @@ class DeviceWeights:
 
     # -- optimizer ------------------------------------------------------------------------------
     def set_optimizer(self, optimizer, spec):
-        """Use ``optimizer``: its state is uploaded if it has one, else the device's state carries over."""
+        """Use ``optimizer``: its state is uploaded if it has one, else the device's state carries over.
+        Returns the cycles of writing its hyper-parameters from the host."""
         previous = self.optimizer
         self.spec = spec
         if optimizer is not previous:
@@ -190,18 +191,23 @@ class DeviceWeights:
                 # or the one the device reached with the previous optimizer.
                 factor = self.initial[LOSS_SCALE_FACTOR] if previous is None else self._read_value(LOSS_SCALE_FACTOR)
                 set_loss_scale_factor(optimizer, float(factor))
-        self.write_hyper_parameters()
+        return self.write_hyper_parameters()
 
     def write_hyper_parameters(self):
-        """Write the variable hyper-parameters of every parameter group and the loss scaling."""
+        """Write the variable hyper-parameters of every parameter group and the loss scaling; returns the
+        cycles of those host writes (``popsim.Executable.write_cycles``)."""
         variables = self.exe.variables
+        written = {}
         for index, group in enumerate(self.spec.groups):
             for hyper, value in group.values.items():
                 name = hyper_name(index, hyper)
                 if name in variables:
-                    self.exe.write_variable(name, np.array(value, dtype=np.float32))
+                    written[name] = value
         if LOSS_SCALING in variables:
-            self.exe.write_variable(LOSS_SCALING, np.array(self.spec.loss_scaling, dtype=np.float32))
+            written[LOSS_SCALING] = self.spec.loss_scaling
+        for name, value in written.items():
+            self.exe.write_variable(name, np.array(value, dtype=np.float32))
+        return sum(self.exe.write_cycles(name) for name in written)
 
     def _prepare_optimizer_state(self):
         record = _weights.optimizer_record(self.optimizer)

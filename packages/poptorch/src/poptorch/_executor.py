@@ -37,6 +37,7 @@ from poptorch import (
     _host_print,
     _interrupt,
     _logging,
+    _optimizer_attributes,
     _overlapped_io,
     _recompute,
     _replication,
@@ -220,6 +221,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._attached = False
         self._compiled_inputs = None
         self._cycles = None
+        self._host_write_cycles = 0  # hyper-parameters setOptimizer wrote since the last call, costed in the next
         self._perf = None
         self._from_cache = False
         self._anchors = None
@@ -295,7 +297,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                 phase("autodiff")
                 programs = _training.build_inference(captured)
                 phase("optimise")
-            self._anchors = _anchors.Anchors.of(captured, programs, self._options)
+            optimizer = (self._spec, group_of) if self._training else ()
+            self._anchors = _anchors.Anchors.of(captured, programs, self._options, *optimizer)
             if self._options.Precision.stochastic_rounding:
                 programs.graphs = {n: _stochastic_rounding.apply(g) for n, g in programs.graphs.items()}
             if self._options.Precision.floating_point_exceptions:
@@ -337,6 +340,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         if self._training:
             optim.use(self._optimizer, self)  # again after a destroy()
             self._device.set_optimizer(self._optimizer, self._spec)
+            relax = self._options.relax_optimizer_attributes_checks
+            self._attribute_checks = _optimizer_attributes.AttributeChecks(self._optimizer, relax)
         self._from_cache = cache_hit
         self._key = key
         self._report_dir = report_dir
@@ -481,6 +486,9 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             with _executor_api.compile_hooks():
                 self._compile(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._compiled_inputs[0]:  # dict inputs whose keys arrive in another order
+            args, kwargs = _in_compiled_order((args, kwargs), self._compiled_inputs[0])
+            leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_compiled_inputs(args, kwargs, leaves, spec)
         if self._options.connection_type == ConnectionType.Never:
             raise Error(
@@ -520,7 +528,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             name: torch.from_numpy(np.array(value)) for name, value in self._anchors.read(per_output, layout).items()
         }
         if self._options.log_cycle_count:
-            logger.info("Simulated cycle count of the last call: %d", self._cycles)
+            # At DEBUG, as PopTorch documents (POPTORCH_LOG_LEVEL=DEBUG shows it).
+            logger.debug("Simulated cycle count of the last call: %d", self._cycles)
         for input_name, output_name in captured.input_mutations.items() if not synthetic else ():
             target = tensors[captured.input_names.index(input_name)]
             with torch.no_grad():
@@ -595,9 +604,10 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         call = _call_timeline.CallRuns(
             batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
         )
-        self._cycles = _call_timeline.call_cycles(
+        self._cycles = self._host_write_cycles + _call_timeline.call_cycles(
             exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
         )
+        self._host_write_cycles = 0
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
 
@@ -629,11 +639,12 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         spec = describe(optimizer)
         if self._exe is not None:
             _check_compatible(self._spec, spec)
+            self._attribute_checks.check(optimizer)
         optim.release(self._optimizer, self)
         optim.use(optimizer, self)
         self._optimizer, self._spec = optimizer, spec
         if self._device is not None:
-            self._device.set_optimizer(optimizer, spec)
+            self._host_write_cycles += self._device.set_optimizer(optimizer, spec)
 
     # -- device ---------------------------------------------------------------------------------
     def attachToDevice(self):
@@ -778,15 +789,26 @@ def _forward_parameters(model):
 
 
 def _bind_positionally(model, args, kwargs):
-    """(args, kwargs) with each argument forward takes by position moved into ``args``, so passing it by
-    keyword or by position is one and the same call, as in eager PyTorch."""
-    if not kwargs:
-        return args, kwargs
+    """(args, kwargs) with each argument forward takes by position moved into ``args`` and every argument
+    left out given its default, so passing an argument by keyword or by position, or leaving an optional one
+    at its default or passing that default (``None``), is one and the same call, as PopTorch's argument
+    parser makes it."""
     try:
         bound = inspect.Signature(list(_forward_parameters(model).values())).bind(*args, **kwargs)
     except TypeError:
         return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
+    bound.apply_defaults()
     return bound.args, bound.kwargs
+
+
+def _in_compiled_order(value, spec):
+    """``value`` with each dict's keys in the order of the same dict in the compiled input structure
+    ``spec`` (a pytree spec), when it has the same keys: PopTorch matches dict inputs by key."""
+    if spec.type is dict and isinstance(value, dict) and set(value) == set(spec.context):
+        return {key: _in_compiled_order(value[key], spec.child(i)) for i, key in enumerate(spec.context)}
+    if spec.type in (tuple, list) and isinstance(value, spec.type) and len(value) == spec.num_children:
+        return spec.type(_in_compiled_order(v, spec.child(i)) for i, v in enumerate(value))
+    return value
 
 
 class _TensorSignature(NamedTuple):

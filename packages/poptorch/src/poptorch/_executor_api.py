@@ -281,9 +281,10 @@ class ExecutorQueries:
             self.attachToDevice()
 
     def getTensorNames(self):
-        """The PopART names of the compiled model's tensors that ``Options.anchorTensor`` can anchor:
-        parameters and buffers (``model.<fqn>``) and, when training, each trained parameter's gradient
-        (``Gradient___model.<fqn>``) and updated value (``UpdatedVar___model.<fqn>``)."""
+        """The PopART names of the compiled model's tensors that ``Options.anchorTensor`` can anchor: its
+        inputs, the values of its forward pass, parameters and buffers (``model.<fqn>``) and, when training,
+        each trained parameter's gradient, updated value, optimizer state, accumulated gradient (with
+        gradient accumulation) and the optimizer's hyper-parameter tensors (see ``poptorch._anchors``)."""
         if self._anchors is None:
             raise AssertionError(_anchors.NOT_COMPILED)  # PopTorch's assertion, kept under python -O
         return list(self._anchors.names)

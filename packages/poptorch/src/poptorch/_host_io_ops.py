@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 import popir
-from poptorch import _memory, _overlapped_io
+from poptorch import _memory, _overlapped_io, _poptorch_ops
 from poptorch._executor_api import capturing_options, capturing_training, isRunningOnIpu
 from poptorch.enums import MultiConvPlanType, OverlapMode
 from poptorch.errors import Error
@@ -158,21 +158,15 @@ class CPU:
 
 
 # MultiConv settings the simulator honours as given: it plans each convolution alone over all the tiles and
-# runs them one after another (a serial plan), dithered as the model's Training.setConvolutionDithering says,
-# accumulating in the model's partials type (Precision.setPartialsType). Each convolution's available-memory
-# proportion is honoured by its own plan.
-_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions"})
+# runs them one after another (a serial plan). Each convolution's available-memory proportion, dithering and
+# partials type are honoured by its own plan (and its gradients').
+_HONOURED_AS_GIVEN = frozenset({"availableMemoryProportions", "enableConvDithering", "partialsTypes"})
 _MODELLED_SETTINGS = {
     "planType": (MultiConvPlanType.Serial,),
 }
-_PARTIALS_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _REFUSAL_REASONS = {
     "planType": "the simulator plans each convolution alone and runs them one after another; use "
     "MultiConvPlanType.Serial or leave the plan type unset",
-    "partialsTypes": "the simulated IPU accumulates every convolution in the model's partials type "
-    "(Precision.setPartialsType, here {partials}); give that type or change it with setPartialsType",
-    "enableConvDithering": "the simulated IPU dithers every convolution as Training.setConvolutionDithering "
-    "says (here {dithering}); give that value or change it with setConvolutionDithering",
     "perConvReservedTiles": "the simulator runs the convolutions one after another over all the tiles, "
     "reserving none per convolution; remove the setting",
     "cycleBackOff": "the simulator's convolution planner does no cycle-bounded search; remove the setting",
@@ -185,14 +179,6 @@ def _per_conv(name, value, accepts, what):
     if not values or not all(accepts(v) for v in values):
         raise Error(f"MultiConv.{name} takes {what} or a non-empty list of them (one per convolution), got {value!r}")
     return tuple(values)
-
-
-def _modelled_settings():
-    """The accepted values of each MultiConv setting in the model being captured."""
-    options = capturing_options()
-    partials = _PARTIALS_DTYPES[options.Precision.partials_type] if options is not None else torch.float32
-    dithering = options.Training.convolution_dithering if options is not None else False
-    return {**_MODELLED_SETTINGS, "partialsTypes": (partials,), "enableConvDithering": (dithering,)}
 
 
 def _shown(value):
@@ -211,31 +197,45 @@ _CONVOLUTIONS = frozenset(
 class _ConvolutionCount(TorchFunctionMode):
     """Counts the convolutions called while it is active (PopTorch's per-convolution settings must match).
     With ``proportions`` (one, or one per convolution), the i-th convolution's plan (and its gradients')
-    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does."""
+    takes at most its proportion of tile memory for temporary data, as ``set_available_memory`` does; with
+    ``dithering`` or ``partials`` (likewise), it is dithered or not, and accumulates its float16 partials in
+    that dtype, whatever the model's Training.setConvolutionDithering and Precision.setPartialsType say."""
 
-    def __init__(self, proportions=None):
+    def __init__(self, proportions=None, dithering=None, partials=None):
         super().__init__()
         self.count = 0
         self._proportions = proportions
+        self._dithering = dithering
+        self._partials = partials
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         if func not in _CONVOLUTIONS:
             return result
         self.count += 1
-        if self._proportions is None or self.count > len(self._proportions) > 1:
-            return result  # a count mismatch is reported when the scope ends
-        return _memory.set_available_memory(result, self._proportions[min(self.count, len(self._proportions)) - 1])
+        proportion, dithering, partials = (self._own(v) for v in (self._proportions, self._dithering, self._partials))
+        if proportion is not None:
+            result = _memory.set_available_memory(result, proportion)
+        if partials is not None:
+            result = _poptorch_ops.set_conv_partials_type(result, partials)
+        return result if dithering is None else _poptorch_ops.set_conv_dithering(result, dithering)
+
+    def _own(self, values):
+        """The current convolution's value of a setting (None if unset or the count does not match: a count
+        mismatch is reported when the scope ends)."""
+        if values is None or self.count > len(values) > 1:
+            return None
+        return values[min(self.count, len(values)) - 1]
 
 
 class MultiConv:
     """PopTorch plans the convolutions created inside ``with poptorch.MultiConv():`` together, to run in
     parallel. On the CPU the scope changes nothing. On the simulated IPU the convolutions run as ordinary
     convolutions (forward and backward), planned one by one: each plans within its
-    ``availableMemoryProportions`` share of tile memory, the settings matching that plan are accepted
-    (``MultiConvPlanType.Serial``, the model's partials type from ``Precision.setPartialsType``, dithering as
-    ``Training.setConvolutionDithering`` sets it) and any other is refused as not modelled when the model is
-    captured."""
+    ``availableMemoryProportions`` share of tile memory, is dithered as its ``enableConvDithering`` value
+    says and accumulates its float16 partials in its ``partialsTypes`` dtype; ``MultiConvPlanType.Serial``
+    (the plan the simulator makes) is accepted and any other setting is refused as not modelled when the
+    model is captured."""
 
     def __init__(self):
         self._settings = {}
@@ -290,16 +290,18 @@ class MultiConv:
 
     def __enter__(self):
         if isRunningOnIpu():
-            modelled = _modelled_settings()
             for name, values in self._settings.items():
-                if name not in _HONOURED_AS_GIVEN and not all(v in modelled.get(name, ()) for v in values):
+                if name not in _HONOURED_AS_GIVEN and not all(v in _MODELLED_SETTINGS.get(name, ()) for v in values):
                     shown = ", ".join(_shown(v) for v in values)
                     shown = shown if len(values) == 1 else f"[{shown}]"
-                    reason = _REFUSAL_REASONS[name].format(
-                        partials=_shown(modelled["partialsTypes"][0]), dithering=modelled["enableConvDithering"][0]
-                    )
+                    reason = _REFUSAL_REASONS[name]
                     raise not_modelled(f"poptorch.MultiConv().{name}({shown})", reason)
-        self._counting = _ConvolutionCount(self._settings.get("availableMemoryProportions")).__enter__()
+        settings = self._settings
+        self._counting = _ConvolutionCount(
+            settings.get("availableMemoryProportions"),
+            settings.get("enableConvDithering"),
+            settings.get("partialsTypes"),
+        ).__enter__()
         return self
 
     def __exit__(self, *exc):

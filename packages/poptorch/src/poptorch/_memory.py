@@ -78,25 +78,32 @@ def set_available_memory(tensor, available_memory_proportion):
     return tensor
 
 
-def mark_available_memory(value, proportion):
-    """Annotate the planned ops (matmul, convolution) that produced popir ``value`` with ``proportion``:
-    those of the ATen op that produced it (through its bias add), or of the op before a reshape (a linear
-    layer on a 3-D input is a matmul between two views)."""
+def planned_nodes(value):
+    """The planned ops (matmul, convolution) that produced popir ``value``: those of the ATen op that produced
+    it (through its bias add), or of the op before a reshape (a linear layer on a 3-D input is a matmul
+    between two views)."""
     pending = [(value.producer, value.producer.aten)] if value.producer is not None else []
-    seen, marked = set(), 0
+    seen, planned = set(), []
     while pending:
         node, aten = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         if node.op in PLANNED_OPS:
-            node.available_memory = proportion
-            marked += 1
+            planned.append(node)
             continue
         for v in node.inputs:
             if v.producer is not None and (v.producer.aten == aten or node.op == "reshape"):
                 pending.append((v.producer, v.producer.aten))
-    if not marked:
+    return planned
+
+
+def mark_available_memory(value, proportion):
+    """Annotate the planned ops that produced popir ``value`` (``planned_nodes``) with ``proportion``."""
+    planned = planned_nodes(value)
+    for node in planned:
+        node.available_memory = proportion
+    if not planned:
         _logging.logger.warning(
             "set_available_memory(%s) at %s: the tensor is not the output of a matmul or convolution, so it has "
             "no effect (apply it to the op's output)",

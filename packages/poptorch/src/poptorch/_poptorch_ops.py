@@ -1,4 +1,5 @@
-"""PopTorch's graph ops: ``for_loop``, ``cond``, ``dynamic_slice``, ``dynamic_update``, ``nop``, ``NameScope``.
+"""PopTorch's graph ops: ``for_loop``, ``cond``, ``dynamic_slice``, ``dynamic_update``, ``nop``, ``NameScope``,
+and the per-convolution settings a ``MultiConv`` marks its convolutions with (dithering, partials type).
 
 They are written with ordinary torch ops, so the model runs the same on the CPU and torch.export captures
 them into ATen ops that lower to popir. ``for_loop`` unrolls its body (the device program repeats the body's
@@ -11,6 +12,7 @@ import contextlib
 import torch
 import torch.fx.traceback as fx_traceback
 
+from poptorch import _memory
 from poptorch._executor_api import capturing_training, isRunningOnIpu
 from poptorch.errors import Error
 
@@ -113,3 +115,58 @@ def NameScope(name):  # noqa: N802 - PopTorch's name
     outer = (fx_traceback.current_meta.get("custom") or {}).get(NAME_SCOPE_META)
     with fx_traceback.annotate({NAME_SCOPE_META: f"{outer}/{name}" if outer else name}):
         yield
+
+
+# popir ops of a convolution's passes (forward, input and weight gradients), which per-convolution settings mark.
+_CONVOLUTION_OPS = frozenset({"conv2d", "conv2d_grad_input", "conv2d_grad_weight"})
+_PARTIALS = {torch.float32: "float32", torch.float16: "float16"}
+
+
+@torch.library.custom_op("poptorch::set_conv_dithering", mutates_args=())
+def _set_conv_dithering(x: torch.Tensor, enabled: bool) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::set_conv_partials_type", mutates_args=())
+def _set_conv_partials_type(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    return x.clone()
+
+
+@_set_conv_dithering.register_fake
+def _set_conv_dithering_fake(x, enabled):
+    return torch.empty_like(x)
+
+
+@_set_conv_partials_type.register_fake
+def _set_conv_partials_type_fake(x, dtype):
+    return torch.empty_like(x)
+
+
+_set_conv_dithering.register_autograd(lambda ctx, grad: (grad, None))
+_set_conv_partials_type.register_autograd(lambda ctx, grad: (grad, None))
+
+
+def set_conv_dithering(tensor, enabled):
+    """Dither (or not) the tile placement of the convolution producing ``tensor`` and of its gradients,
+    whatever ``Training.setConvolutionDithering`` says for the model's other convolutions."""
+    return _set_conv_dithering(tensor, bool(enabled)) if isRunningOnIpu() else tensor
+
+
+def set_conv_partials_type(tensor, dtype):
+    """Accumulate the float16 partial sums of the convolution producing ``tensor`` (and of its gradients) in
+    ``dtype`` (``torch.float`` or ``torch.half``), whatever ``Precision.setPartialsType`` says."""
+    return _set_conv_partials_type(tensor, _PARTIALS[dtype]) if isRunningOnIpu() else tensor
+
+
+def mark_convolutions(value, setting, **annotations):
+    """Lowering of the ``poptorch::set_conv_*`` ops: give the convolution that produced popir ``value`` the
+    ``annotations`` (its gradients inherit them)."""
+    convolutions = [node for node in _memory.planned_nodes(value) if node.op in _CONVOLUTION_OPS]
+    if not convolutions:
+        raise Error(
+            f"poptorch.MultiConv().{setting} at {value.producer.source if value.producer else 'an input'}: "
+            "the tensor is not the output of a convolution the simulator plans (conv2d)"
+        )
+    for node in convolutions:
+        for name, annotation in annotations.items():
+            setattr(node, name, annotation)

@@ -155,22 +155,25 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     with graph.annotate(role="optimizer"), apply.annotate(role="optimizer"):
         for name in trained:
             p, g = params[name], grads[name]
-            acc = graph.add_input(accumulator_name(name), p.shape, g.dtype.value, kind="optimizer_state")
-            initial[acc.name] = np.zeros(p.shape, dtype=g.dtype.numpy)
+            # The optimizer's accum_type, when given, is the accumulator's dtype (PopART's accumType).
+            acc_dtype = popir.as_dtype(spec.accumulator_dtype) if spec.accumulator_dtype else g.dtype
+            acc = graph.add_input(accumulator_name(name), p.shape, acc_dtype.value, kind="optimizer_state")
+            initial[acc.name] = np.zeros(p.shape, dtype=acc_dtype.numpy)
             # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
             # gradients' range; Post: it holds the sum, divided once by the step.
             count = shared_count
             if running and name in own_counts:
                 count = _running_count(graph, apply, initial, running_count_name(name))
             with graph.placed(placements.get(name)):  # accumulated in its gradient's phase
+                g = _cast(g, acc_dtype)
                 graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
-            step_acc = apply.add_input(acc.name, p.shape, g.dtype.value, kind="optimizer_state")
+            step_acc = apply.add_input(acc.name, p.shape, acc_dtype.value, kind="optimizer_state")
             reduced[name] = step_gradient(step_acc)
             gradients[name] = ("apply", reduced[name])
             if name in sharded:  # the replica updates its shard of the weight from its shard of the gradient
                 reduced[name] = step_gradient(replica_shard(step_acc, sharded[name]))
-            apply.update(step_acc, _zeros(apply, p.shape, g.dtype))
+            apply.update(step_acc, _zeros(apply, p.shape, acc_dtype))
         large_counts = None
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)

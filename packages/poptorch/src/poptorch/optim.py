@@ -494,6 +494,8 @@ class OptimizerSpec:
     bias_correction: bool = True
     use_tf_variant: bool = False
     state_dtypes: dict = field(default_factory=dict)
+    # The gradient accumulators' dtype when the optimizer's accum_type is given, else None (the gradients').
+    accumulator_dtype: str | None = None
 
     def structure_key(self):
         """Everything compiled in: kind, options, structural and constant hyper-parameter values."""
@@ -517,6 +519,7 @@ class OptimizerSpec:
                 self.bias_correction,
                 self.use_tf_variant,
                 sorted(self.state_dtypes.items()),
+                self.accumulator_dtype,
             )
         )
 
@@ -591,4 +594,5 @@ def describe(optimizer):
         bias_correction=getattr(optimizer, "bias_correction", True),
         use_tf_variant=getattr(optimizer, "use_tf_variant", False),
         state_dtypes=dtypes,
+        accumulator_dtype=None if getattr(optimizer, "accum_type", None) is None else dtypes["accum_type"],
     )

@@ -863,7 +863,8 @@ class Options(_NoAssignment):
         return self._set("profileDir", "." if profile_dir is None else _path("enableProfiling", profile_dir))
 
     def disableModuleNamescope(self):
-        """Do not prefix op names with module names (the simulator names ops by source line anyway)."""
+        """Do not prefix the names of the forward pass's values (``getTensorNames()``) with their modules'
+        names: ``MatMul:0`` rather than ``fc1/MatMul:0``."""
         return self._set("moduleNamescope", False)
 
     def updatableNamedBuffers(self, buffers):
@@ -873,7 +874,8 @@ class Options(_NoAssignment):
         return self._set("updatableNamedBuffers", tuple(buffers))
 
     def relaxOptimizerAttributesChecks(self, relax=True):
-        """Report unexpected optimizer attributes in setOptimizer() at DEBUG instead of as warnings."""
+        """Report the attributes an optimizer given to setOptimizer() gained after compilation (which the
+        compiled update ignores) at DEBUG instead of as warnings."""
         return self._set("relaxOptimizerAttributesChecks", _bool("relaxOptimizerAttributesChecks", relax))
 
     def sourceLocationExcludes(self, excludes):
@@ -916,10 +918,12 @@ class Options(_NoAssignment):
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
         """Stream the graph tensor PopART names ``long_name`` to the host after each run, to read it with
-        ``getAnchoredTensor(short_name)``: a parameter ``model.<fqn>``, its gradient
-        ``Gradient___model.<fqn>`` or its value after the optimizer step ``UpdatedVar___model.<fqn>``
-        (``getTensorNames()`` lists them). ``output_mode`` (default: the model's output mode) selects which
-        of a call's values are returned; ``output_return_period`` is used only with ``OutputMode.EveryN``."""
+        ``getAnchoredTensor(short_name)``: an input (``input``, ``input/1``...), a value of the forward pass
+        (``fc1/MatMul:0``), a parameter ``model.<fqn>``, its gradient ``Gradient___model.<fqn>``, its value
+        after the optimizer step ``UpdatedVar___model.<fqn>``, its optimizer state, accumulated gradient or
+        hyper-parameters (``getTensorNames()`` lists them all). ``output_mode`` (default: the model's output
+        mode) selects which of a call's values are returned; ``output_return_period`` is used only with
+        ``OutputMode.EveryN``."""
         for name, value in (("short_name", short_name), ("long_name", long_name)):
             if not isinstance(value, str) or not value:
                 raise Error(f"anchorTensor's {name} must be a non-empty string, got {value!r}")
@@ -1016,6 +1020,14 @@ class Options(_NoAssignment):
     @property
     def log_cycle_count(self):
         return self._values["logCycleCount"]
+
+    @property
+    def module_namescope(self):
+        return self._values["moduleNamescope"]
+
+    @property
+    def relax_optimizer_attributes_checks(self):
+        return self._values["relaxOptimizerAttributesChecks"]
 
     @property
     def show_compilation_progress_bar(self):
