@@ -1,10 +1,13 @@
 """A Copy's exchange rows and per-tile load come from one pass over its index map (``_exchange.copy_plan``);
 they equal a NumPy reference working element by element: the coalesced rows of the per-element addresses,
 bytes received and copied locally per tile, a broadcast source element sent once from its tile, and each
-element crossing to another IPU once per IPU it reaches."""
+element crossing to another IPU once per IPU it reaches. The coalesced rows equal a plain Python statement
+of the greedy rule on structured random copies."""
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from popsim import _exchange
 
@@ -65,3 +68,54 @@ def test_copy_plan_refuses_an_index_outside_its_sources():
     src = np.array([0, 4], np.int64)
     with pytest.raises(IndexError, match="reads element 5 of sources holding 2"):
         _exchange.copy_plan(index, index, src, src, src[:1], src[:1], np.array([2]), 4, 4, 4, 1)
+
+
+def _greedy_rows(src, dst, isz):
+    """copy_runs' rule element by element: a run grows while its destination stays contiguous and its source
+    keeps its first step; a run of the last row's shape whose source is that row's next step on is one
+    more repetition of it. Rows are (src, dst, count, stride, itemsize, reps, outer)."""
+    rows, i, n = [], 0, len(src)
+    while i < n:
+        j, stride = i + 1, isz
+        if j < n and dst[j] == dst[i] + isz:
+            stride = src[j] - src[i]
+            while j < n and dst[j] == dst[j - 1] + isz and src[j] - src[j - 1] == stride:
+                j += 1
+        count, last = j - i, rows[-1] if rows else None
+        if last and last[2:4] == [count, stride] and dst[i] == last[1] + last[5] * count * isz:
+            outer = src[i] - last[0]
+            if last[5] == 1 or outer == last[5] * last[6]:
+                last[5], last[6] = last[5] + 1, outer if last[5] == 1 else last[6]
+                i = j
+                continue
+        rows.append([src[i], dst[i], count, stride, isz, 1, 0])
+        i = j
+    return rows
+
+
+_SEGMENT = st.tuples(
+    st.integers(0, 50), st.sampled_from([0, 1, -1, 2, 7]), st.integers(1, 6), st.integers(1, 4), st.integers(-9, 9)
+)
+
+
+@given(st.lists(_SEGMENT, max_size=10), st.sampled_from([1, 2, 4]), st.booleans())
+def test_copy_runs_and_copy_plan_rows_follow_the_greedy_rule(segments, isz, gaps):
+    # Segments of repeated strided runs (windows, transposes, broadcasts) with destinations that are
+    # sometimes contiguous from one segment to the next: every merge the rule allows, and the near misses.
+    src, dst, at = [], [], 0
+    for start, step, count, reps, outer in segments:
+        for k in range(reps):
+            src += [(1000 + start + k * outer + step * j) * isz for j in range(count)]
+            dst += [(at + j) * isz for j in range(count)]
+            at += count
+        at += gaps and start % 2
+    want = _greedy_rows(src, dst, isz)
+    src, dst = np.array(src, np.int64), np.array(dst, np.int64)
+    assert _exchange.copy_runs(src, dst, isz).tolist() == want
+    # copy_plan over one source block that holds every element once, read in this order.
+    order = np.argsort(src, kind="stable")
+    index = np.empty(len(src), np.int64)
+    index[order] = np.arange(len(src))
+    tiles, sizes = np.zeros(len(dst), np.int64), np.ones(len(dst), np.int64)
+    rows = _exchange.copy_plan(index, index, src[order], tiles, dst, tiles, sizes, isz, 1, 1, 1)[0]
+    assert rows.tolist() == want

@@ -39,24 +39,31 @@ def test_copy_runs_move_exactly_the_given_elements(segments):
     assert len(rows) <= max(len(segments), 0) + sum(c for _, _, c in segments) // 2 + 1
 
 
-def _run_exchange(memory, rows):
-    """``memory`` (any dtype) after one EXCHANGE phase of ``rows`` runs in the engine."""
+def _run_exchange(memory, rows, compact=False):
+    """``memory`` (any dtype) after one EXCHANGE phase of ``rows`` runs in the engine; with ``compact``, the
+    rows split as a Copy's are (an EXCHANGE phase, then a RUNS phase of the compact rows)."""
     arena = TileArena(1, memory.nbytes)
     view = np.frombuffer(arena.buffer, memory.dtype)
     view[:] = memory
     phases = np.array([[oc.PHASES["EXCHANGE"], 0, len(rows), 0]], np.int64)
+    runs = None
+    if compact:
+        rows, runs = _exchange.split_rows(rows)
+        isz = memory.itemsize
+        phases = np.array([[oc.PHASES["EXCHANGE"], 0, len(rows), 0], [oc.PHASES["RUNS"], 0, len(runs), isz]])
     no_rows = np.zeros((0, oc.NCOLS), np.int64)
     streams = (np.zeros((0, len(oc.STREAM_ROW_COLUMNS)), np.int64), np.zeros((0, len(oc.STREAM_COLUMNS)), np.int64))
     _kernels.run_program(
         arena,
         phases,
-        np.zeros(1, np.int64),
+        np.zeros(len(phases), np.int64),
         no_rows,
         np.zeros(0),
         np.ascontiguousarray(rows),
         np.zeros(0, np.int64),
         *streams,
         np.zeros(0, np.uint8),
+        runs=runs,
     )
     return view.copy()
 
@@ -110,6 +117,32 @@ def test_broadcast_and_strided_rows_move_every_dtype_s_bits_as_element_copies(dt
     expected = memory.copy()
     expected[dst] = memory[src]
     assert _run_exchange(memory, rows).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from([0, 1, -1, 3, 17]), st.integers(1, 40), st.integers(1, 3)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_compact_rows_move_the_same_bytes_as_the_rows_they_replace(dtype, segments):
+    # Random exchanges (broadcast, strided, contiguous runs, some repeated) run once as copy rows only and
+    # once split as a Copy's are: the rows of one repetition as compact rows of a RUNS phase.
+    src, dst, at = [], [], 0
+    for start, step, count, reps in segments:
+        for k in range(reps):
+            src += [start + 5 * k + step * j + WIDE_SOURCES for j in range(count)]
+            dst += [at + j for j in range(count)]
+            at += count + (start % 4 == 0)  # sometimes a gap
+    rng = np.random.default_rng(len(src))
+    memory = rng.integers(0, 256, 2 * WIDE_SOURCES * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+    isz = np.dtype(dtype).itemsize
+    rows = _exchange.copy_runs(np.array(src, np.int64) * isz, np.array(dst, np.int64) * isz, isz)
+    general, runs = _exchange.split_rows(rows)
+    assert len(general) + len(runs) == len(rows) and (general[:, oc.COPY_COLUMNS.index("reps")] > 1).all()
+    assert _run_exchange(memory, rows, compact=True).tobytes() == _run_exchange(memory, rows).tobytes()
 
 
 def test_copy_runs_move_a_window_in_one_two_dimensional_row():

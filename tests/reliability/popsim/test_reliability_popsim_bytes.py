@@ -13,6 +13,7 @@ import popir
 import popsim
 from popir import ops
 from popsim import _executable_format as fmt
+from popsim import _opcodes as oc
 
 FEEDS = {"x": np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)}
 
@@ -96,12 +97,22 @@ def _table(header, arrays, name):
     return arrays[header["programs"]["g"]["flat"][name]["array"]]
 
 
+def _runs_phase(header, arrays):
+    """The first RUNS phase's row (a Copy's compact rows)."""
+    phases = _table(header, arrays, "phases")
+    return phases[np.flatnonzero(phases[:, 0] == oc.PHASES["RUNS"])[0]]
+
+
 CRAFTED = {
     "operand beyond the arena": lambda h, a: _table(h, a, "instructions").__setitem__((0, 6), 1 << 40),
     "negative operand": lambda h, a: _table(h, a, "instructions").__setitem__((0, 3), -8),
     "unknown vertex kind": lambda h, a: _table(h, a, "instructions").__setitem__((0, 0), 99),
     "exchange row writes outside": lambda h, a: _table(h, a, "copies").__setitem__((0, 1), 2**31 - 10),
     "exchange row reads outside": lambda h, a: _table(h, a, "copies").__setitem__((0, 3), 2**20),
+    "compact row writes outside": lambda h, a: _table(h, a, "runs").__setitem__((0, 1), 2**31 - 10),
+    "compact row reads outside": lambda h, a: _table(h, a, "runs").__setitem__((0, 3), 2**20),
+    "compact rows of an unknown element size": lambda h, a: _runs_phase(h, a).__setitem__(3, 3),
+    "compact rows beyond their table": lambda h, a: _runs_phase(h, a).__setitem__(2, 10**6),
     "phase beyond its rows": lambda h, a: _table(h, a, "phases").__setitem__((0, 2), 10**6),
     "unknown phase kind": lambda h, a: _table(h, a, "phases").__setitem__((0, 0), 42),
     "table of the wrong dtype": lambda h, a: a.__setitem__(

@@ -65,34 +65,47 @@ cdef inline void broadcast(byte_t* d, const byte_t* s, offset_t count, offset_t 
             memcpy(d + j * isz, s, isz)
 
 
+cdef inline void copy_once(byte_t* d, const byte_t* s, offset_t count, offset_t stride, offset_t isz) noexcept nogil:
+    """``count`` elements of ``isz`` bytes from ``s`` (advancing by ``stride`` bytes, 0 for a broadcast element)
+    to contiguous ``d``."""
+    cdef offset_t j
+    if stride == isz:
+        small_copy(d, s, count * isz)
+    elif stride == 0:
+        broadcast(d, s, count, isz)
+    elif isz == 4:
+        for j in range(count):
+            (<int32_t*> d)[j] = (<const int32_t*> (s + j * stride))[0]
+    elif isz == 2:
+        for j in range(count):
+            (<unsigned short*> d)[j] = (<const unsigned short*> (s + j * stride))[0]
+    else:
+        for j in range(count):
+            memcpy(d + j * isz, s + j * stride, isz)
+
+
 cdef inline void copy_run(byte_t* base, const copy_t* row) noexcept nogil:
     """One exchange row: ``reps`` repetitions, the source advancing by ``outer`` bytes each, of ``count``
-    elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes, 0 for a broadcast element) to
-    contiguous dst (the columns _opcodes.COPY_COLUMNS names)."""
-    cdef offset_t src = row[CP_SRC], dst = row[CP_DST], count = row[CP_COUNT], stride = row[CP_STRIDE]
-    cdef offset_t isz = row[CP_ITEMSIZE], reps = row[CP_REPS], outer = row[CP_OUTER], nbytes = count * isz, j, k
-    cdef byte_t* d = base + dst
-    cdef const byte_t* s = base + src
-    if stride == isz:
-        for k in range(reps):
-            small_copy(d + k * nbytes, s + k * outer, nbytes)
-        return
-    if stride == 0:
-        for k in range(reps):
-            broadcast(d + k * nbytes, s + k * outer, count, isz)
-        return
-    for k in range(reps):
-        if isz == 4:
-            for j in range(count):
-                (<int32_t*> d)[j] = (<const int32_t*> (s + j * stride))[0]
-        elif isz == 2:
-            for j in range(count):
-                (<unsigned short*> d)[j] = (<const unsigned short*> (s + j * stride))[0]
-        else:
-            for j in range(count):
-                memcpy(d + j * isz, s + j * stride, isz)
-        d += nbytes
-        s += outer
+    elements of ``itemsize`` bytes from src (advancing by ``stride`` bytes) to contiguous dst (the columns
+    _opcodes.COPY_COLUMNS names)."""
+    cdef offset_t count = row[CP_COUNT], stride = row[CP_STRIDE], isz = row[CP_ITEMSIZE], outer = row[CP_OUTER]
+    cdef offset_t nbytes = count * isz, k
+    cdef byte_t* d = base + row[CP_DST]
+    cdef const byte_t* s = base + row[CP_SRC]
+    for k in range(row[CP_REPS]):
+        copy_once(d + k * nbytes, s + k * outer, count, stride, isz)
+
+
+cdef inline void copy_single(byte_t* base, const copy_t* run, offset_t isz) noexcept nogil:
+    """One compact exchange row (the columns _opcodes.RUN_COLUMNS names): a copy row of one repetition
+    whose element size, ``isz``, its RUNS phase holds."""
+    copy_once(base + run[RN_DST], base + run[RN_SRC], run[RN_COUNT], run[RN_STRIDE], isz)
+
+
+cdef inline void prefetch_single(byte_t* base, const copy_t* run) noexcept nogil:
+    """prefetch_run for a compact row."""
+    ps_prefetch_read(base + run[RN_SRC])
+    ps_prefetch_write(base + run[RN_DST])
 
 
 cdef bint stream_copy(byte_t* base, byte_t* host, offset_t* stream, const offset_t* rows,

@@ -39,52 +39,79 @@ def copy_runs(const offset_t[::1] src, const offset_t[::1] dst, offset_t itemsiz
     consecutive runs of one shape whose sources advance by one fixed step become the repetitions of a
     two-dimensional row (a block of a matrix, a window of an image), so one row moves a whole block.
     """
-    cdef Py_ssize_t n = src.shape[0]
+    cdef Py_ssize_t n = src.shape[0], i
     if n and max(np.max(src), np.max(dst)) > np.iinfo(np.int32).max:
         raise OverflowError(_BEYOND_ROWS)
     rows = np.empty((n, COPY_COLS), np.int32)
-    cdef Py_ssize_t count = _coalesce(&src[0], &dst[0], n, itemsize, rows) if n else 0
-    return rows[:count].copy()
+    cdef copy_t[:, ::1] table = rows
+    cdef Runs runs
+    if n:
+        runs_open(&runs, &table[0, 0], itemsize)
+        with nogil:
+            for i in range(n):
+                runs_push(&runs, src[i], dst[i])
+            runs_close(&runs)
+    return rows[:runs.count if n else 0].copy()
 
 
 _BEYOND_ROWS = "exchange offsets beyond 2 GiB do not fit an exchange row"
 
 
-cdef Py_ssize_t _coalesce(const offset_t* src, const offset_t* dst, Py_ssize_t n, offset_t itemsize,
-                          copy_t[:, ::1] r) noexcept nogil:
-    """``copy_runs``'s rows written into ``r``; returns their count."""
-    cdef Py_ssize_t i = 0, j, count = 0, c
-    cdef offset_t stride, outer
-    while i < n:
-        j = i + 1
-        stride = itemsize
-        if j < n and dst[j] == dst[i] + itemsize:
-            stride = src[j] - src[i]
-            while j < n and dst[j] == dst[j - 1] + itemsize and src[j] - src[j - 1] == stride:
-                j += 1
-        c = j - i
-        if count > 0 and r[count - 1, CP_COUNT] == c and r[count - 1, CP_STRIDE] == stride \
-                and dst[i] == r[count - 1, CP_DST] + r[count - 1, CP_REPS] * c * itemsize:
-            outer = src[i] - r[count - 1, CP_SRC]
-            if r[count - 1, CP_REPS] == 1:
-                r[count - 1, CP_OUTER] = outer
-                r[count - 1, CP_REPS] = 2
-                i = j
-                continue
-            if outer == <offset_t> r[count - 1, CP_REPS] * r[count - 1, CP_OUTER]:
-                r[count - 1, CP_REPS] += 1
-                i = j
-                continue
-        r[count, CP_SRC] = src[i]
-        r[count, CP_DST] = dst[i]
-        r[count, CP_COUNT] = c
-        r[count, CP_STRIDE] = stride
-        r[count, CP_ITEMSIZE] = itemsize
-        r[count, CP_REPS] = 1
-        r[count, CP_OUTER] = 0
-        count += 1
-        i = j
-    return count
+cdef struct Runs:
+    # copy_runs' rows as they are found: the rows written so far and the run still growing.
+    copy_t* rows
+    Py_ssize_t count
+    offset_t itemsize
+    offset_t src, dst, stride  # the growing run's first source and destination, and its source stride
+    Py_ssize_t size  # its elements (0: none yet)
+
+
+cdef inline void runs_open(Runs* r, copy_t* rows, offset_t itemsize) noexcept nogil:
+    r.rows, r.count, r.itemsize, r.size = rows, 0, itemsize, 0
+
+
+cdef inline void runs_push(Runs* r, offset_t src, offset_t dst) noexcept nogil:
+    """The next element copy: it extends the growing run (its second element sets the stride) or ends it."""
+    if r.size == 1 and dst == r.dst + r.itemsize:
+        r.stride = src - r.src
+        r.size = 2
+        return
+    if r.size > 1 and dst == r.dst + r.size * r.itemsize and src == r.src + r.size * r.stride:
+        r.size += 1
+        return
+    runs_close(r)
+    r.src, r.dst, r.stride, r.size = src, dst, r.itemsize, 1
+
+
+cdef inline void runs_close(Runs* r) noexcept nogil:
+    """Write the growing run: one more repetition of the last row when it has that row's shape and its
+    source is the next step on, else a row of its own."""
+    cdef copy_t* last = r.rows + (r.count - 1) * COPY_COLS
+    cdef offset_t outer
+    if r.size == 0:
+        return
+    if r.count > 0 and last[CP_COUNT] == r.size and last[CP_STRIDE] == r.stride \
+            and r.dst == last[CP_DST] + last[CP_REPS] * r.size * r.itemsize:
+        outer = r.src - last[CP_SRC]
+        if last[CP_REPS] == 1:
+            last[CP_OUTER] = outer
+            last[CP_REPS] = 2
+            return
+        if outer == <offset_t> last[CP_REPS] * last[CP_OUTER]:
+            last[CP_REPS] += 1
+            return
+    last += COPY_COLS
+    last[CP_SRC], last[CP_DST], last[CP_COUNT], last[CP_STRIDE] = r.src, r.dst, r.size, r.stride
+    last[CP_ITEMSIZE], last[CP_REPS], last[CP_OUTER] = r.itemsize, 1, 0
+    r.count += 1
+
+
+def split_rows(rows):
+    """(rows of several repetitions, the others as compact rows) of one Copy's exchange rows, each part in
+    its order. A compact row (_opcodes.RUN_COLUMNS) drops a single repetition's outer step and count, and
+    the element size its RUNS phase holds for the whole Copy: 16 bytes a row instead of 28."""
+    single = rows[:, CP_REPS] == 1
+    return rows[~single], np.ascontiguousarray(rows[single][:, [CP_SRC, CP_DST, CP_COUNT, CP_STRIDE]])
 
 
 def block_elements(const offset_t[::1] base, const offset_t[::1] tiles, const offset_t[::1] sizes, offset_t itemsize):
@@ -116,18 +143,22 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
     elements sent or received over IPU-Links per IPU, whichever is larger)."""
     cdef Py_ssize_t n = index.shape[0], total = src_addr.shape[0], words = (num_ipus + 63) // 64
     cdef Py_ssize_t i = 0, b, k, bad = -1
-    cdef offset_t e, u, st, dt, si, di, d, top = 0
+    cdef offset_t e, u, st, dt, si, di, d, sa, da, top = 0
     cdef uint64_t bit
     if np.sum(dst_sizes) != n:
         raise ValueError(f"the destination's blocks hold {np.sum(dst_sizes)} elements, the index map {n}")
     received, sent, local = (np.zeros(num_tiles, np.int64) for _ in range(3))
     link_out, link_in = np.zeros(num_ipus, np.int64), np.zeros(num_ipus, np.int64)
-    src, dst = np.empty(n, np.int64), np.empty(n, np.int64)
+    rows = np.empty((n, COPY_COLS), np.int32)  # pages only as far as rows are written
     seen = np.zeros(total, np.uint8)
     reached = np.zeros((total if num_ipus > 1 else 0, words), np.uint64)  # per element: the IPUs it reached
-    cdef offset_t[::1] rv = received, sv = sent, lv = local, lo = link_out, li = link_in, s = src, dv = dst
+    cdef offset_t[::1] rv = received, sv = sent, lv = local, lo = link_out, li = link_in
     cdef uint8_t[::1] seen_v = seen
     cdef uint64_t[:, ::1] reach = reached
+    cdef copy_t[:, ::1] table = rows
+    cdef Runs runs
+    if n:
+        runs_open(&runs, &table[0, 0], itemsize)
     with nogil:
         for b in range(dst_base.shape[0]):
             dt, d = dst_tile[b], dst_base[b]
@@ -136,8 +167,9 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
                 if not (0 <= e < total and 0 <= u < total):
                     bad = i
                     break
-                s[i], dv[i] = src_addr[e], d + k * itemsize
-                top = max(top, s[i], dv[i])
+                sa, da = src_addr[e], d + k * itemsize
+                runs_push(&runs, sa, da)  # rows beyond 2 GiB are refused below, before anyone sees them
+                top = max(top, sa, da)
                 st = src_tile[e]
                 i += 1
                 if st == dt:
@@ -160,9 +192,9 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
         raise IndexError(f"copy element {bad} reads element {index[bad]} of sources holding {total}")
     if top > np.iinfo(np.int32).max:
         raise OverflowError(_BEYOND_ROWS)
-    rows = np.empty((n, COPY_COLS), np.int32)
-    cdef Py_ssize_t count = _coalesce(&s[0], &dv[0], n, itemsize, rows) if n else 0
-    return rows[:count].copy(), received, sent, local, np.maximum(link_out, link_in)
+    if n:
+        runs_close(&runs)
+    return rows[:runs.count if n else 0].copy(), received, sent, local, np.maximum(link_out, link_in)
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,

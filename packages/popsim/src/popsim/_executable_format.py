@@ -28,7 +28,7 @@ from popsim.target import Target
 from popsim.validate import check_program
 
 MAGIC = b"POPSIM-EXECUTABLE-1\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compact exchange rows (RUNS phases)
 _DIGEST_HEX = 64
 HEADER = "header"
 # The engine's tables: name -> (dtype, columns or None for one dimension).
@@ -38,6 +38,7 @@ _TABLES = {
     "instructions": (np.int64, oc.NCOLS),
     "fparams": (np.float64, None),
     "copies": (np.int32, len(oc.COPY_COLUMNS)),
+    "runs": (np.int32, len(oc.RUN_COLUMNS)),
     "stream_rows": (np.int64, len(oc.STREAM_ROW_COLUMNS)),
 }
 

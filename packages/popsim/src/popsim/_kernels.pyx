@@ -1,5 +1,5 @@
 """The BSP engine loop: one call walks a program's phases with the GIL released, running compute phases'
-instruction rows (see _codelets) and exchange phases' copy rows (see _exchange), shared by a thread team
+instruction rows (see _codelets) and exchange phases' copy rows and compact rows (see _exchange), shared by a thread team
 (see _team.pxd). Phase kinds and row layouts are the names _opcodes.py declares."""
 
 from libc.stdlib cimport free, malloc
@@ -7,7 +7,7 @@ from libc.string cimport memset
 
 from popsim._arena cimport TileArena
 from popsim._codelets cimport TRAPPED, run_instruction
-from popsim._exchange cimport copy_run, prefetch_run, ps_prefetch_read, stream_copy
+from popsim._exchange cimport copy_run, copy_single, prefetch_run, prefetch_single, ps_prefetch_read, stream_copy
 from popsim._opcodes_enums cimport *
 from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_release,
                            ps_set_once, ps_store, ps_team, pthread_create, pthread_detach, pthread_t)
@@ -20,7 +20,7 @@ MAX_THREADS = 64
 
 
 # One run's arrays as raw pointers, shared by the team's threads. Rows are NCOLS wide (instructions),
-# COPY_COLS (copies), PHASE_COLS (phases), SR_COLS (stream rows) and ST_COLS (streams).
+# COPY_COLS (copies), RUN_COLS (runs), PHASE_COLS (phases), SR_COLS (stream rows) and ST_COLS (streams).
 cdef struct Engine:
     byte_t* base
     byte_t* host
@@ -30,6 +30,7 @@ cdef struct Engine:
     const offset_t* instructions
     const double* fparams
     const copy_t* copies
+    const copy_t* runs
     offset_t* counters
     const offset_t* stream_rows
     offset_t* streams
@@ -62,7 +63,10 @@ cdef inline void prefetch_operands(byte_t* base, const offset_t* row) noexcept n
         ps_prefetch_read(base + row[C_B] + k * LINE_BYTES)
 
 
-cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py_ssize_t stop,
+                                offset_t itemsize) noexcept nogil:
+    """Rows start..stop-1 of a COMPUTE, EXCHANGE or RUNS phase (``itemsize``: a RUNS phase's element size);
+    returns the compute rows' out-of-range dynamic indices."""
     cdef Py_ssize_t i, r, bad = 0
     if kind == PH_COMPUTE:
         for i in range(start, stop):
@@ -73,11 +77,16 @@ cdef inline Py_ssize_t run_rows(Engine* e, Py_ssize_t kind, Py_ssize_t start, Py
                 ps_set_once(&e.trap, i)
             else:
                 bad += r
-    else:
+    elif kind == PH_EXCHANGE:
         for i in range(start, stop):
             if i + PREFETCH_ROWS < stop:
                 prefetch_run(e.base, e.copies + (i + PREFETCH_ROWS) * COPY_COLS)
             copy_run(e.base, e.copies + i * COPY_COLS)
+    else:
+        for i in range(start, stop):
+            if i + PREFETCH_ROWS < stop:
+                prefetch_single(e.base, e.runs + (i + PREFETCH_ROWS) * RUN_COLS)
+            copy_single(e.base, e.runs + i * RUN_COLS, itemsize)
     return bad
 
 
@@ -89,7 +98,7 @@ cdef void work_on(Engine* e, ps_team* team, long long gen) noexcept nogil:
         n = ps_claim(team, gen, &first)
         if n == 0:
             return
-        ps_add(&team.helper_bad, run_rows(e, team.kind, first, first + n))
+        ps_add(&team.helper_bad, run_rows(e, team.kind, first, first + n, team.itemsize))
         ps_add(&team.done, n)
 
 
@@ -158,7 +167,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
         elif shared and stop - start > 1:
             gen += 1
             ps_close(team, gen)
-            team.kind, team.start, team.stop = kind, start, stop
+            team.kind, team.start, team.stop, team.itemsize = kind, start, stop, ph[PC_C]
             team.chunk = COMPUTE_CHUNK if kind == PH_COMPUTE else EXCHANGE_CHUNK
             team.done = 0
             ps_store(&team.ticket, gen << 32)
@@ -167,7 +176,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
             while ps_load(&team.done) < stop - start:
                 ps_pause()
         else:
-            bad += run_rows(e, kind, start, stop)
+            bad += run_rows(e, kind, start, stop, ph[PC_C])
     if shared:
         ps_quit(team)
     result[0], result[1], result[2], result[3] = bad, cycles, dry, paused
@@ -181,7 +190,7 @@ cdef bint worth_sharing(Engine* e) noexcept nogil:
         ph = e.phases + PHASE_COLS * p
         if ph[PC_KIND] == PH_COMPUTE and ph[PC_B] - ph[PC_A] > COMPUTE_CHUNK:
             return True
-        if ph[PC_KIND] == PH_EXCHANGE and ph[PC_B] - ph[PC_A] > EXCHANGE_CHUNK:
+        if (ph[PC_KIND] == PH_EXCHANGE or ph[PC_KIND] == PH_RUNS) and ph[PC_B] - ph[PC_A] > EXCHANGE_CHUNK:
             return True
     return False
 
@@ -206,10 +215,11 @@ cdef void run_team(Engine* e, int num_threads, offset_t* result) noexcept nogil:
 def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[::1] phase_cycles,
                 const offset_t[:, ::1] instructions, const double[::1] fparams, const copy_t[:, ::1] copies,
                 offset_t[::1] counters, const offset_t[:, ::1] stream_rows, offset_t[:, ::1] streams,
-                byte_t[::1] host, int num_threads=1, Py_ssize_t start=0):
+                byte_t[::1] host, int num_threads=1, Py_ssize_t start=0, const copy_t[:, ::1] runs=None):
     """Run a program's phases (see popsim/program.py for the phase kinds): a COMPUTE phase runs instruction
     rows start..stop-1 (one compute set), an EXCHANGE phase performs copy rows start..stop-1 (one exchange,
-    see copy_run), control phases branch on a tile-memory condition, jump or step loop counters in
+    see copy_run), a RUNS phase (RUNS, start, stop, itemsize) performs compact rows start..stop-1 of ``runs``
+    (see copy_single; a Copy's rows of one repetition, beside its EXCHANGE phase), control phases branch on a tile-memory condition, jump or step loop counters in
     ``counters``, and a STREAM phase moves one slice of a host stream (see stream_copy). A HOST_CALL phase
     pauses the run so the host can run a callback; the caller resumes it from the phase returned (``start``),
     with the same ``counters`` and ``streams``.
@@ -241,6 +251,7 @@ def run_program(TileArena arena, const offset_t[:, ::1] phases, const offset_t[:
     e.instructions = &instructions[0, 0] if instructions.shape[0] else NULL
     e.fparams = &fparams[0] if fparams.shape[0] else NULL
     e.copies = &copies[0, 0] if copies.shape[0] else NULL
+    e.runs = &runs[0, 0] if runs is not None and runs.shape[0] else NULL
     e.counters = &counters[0] if counters.shape[0] else NULL
     e.stream_rows = &stream_rows[0, 0] if stream_rows.shape[0] else NULL
     e.streams = &streams[0, 0] if streams.shape[0] else NULL

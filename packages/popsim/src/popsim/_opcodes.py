@@ -281,7 +281,9 @@ CONV_GEOMETRY = (
 CONV_GEOM = {name: i for i, name in enumerate(CONV_GEOMETRY)}
 
 # Phase kinds (a phase row is (kind, a, b, c); see program.py).
-PHASE_NAMES = ("COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM", "HOST_CALL")
+PHASE_NAMES = (
+    "COMPUTE", "EXCHANGE", "BRANCH_IF_ZERO", "JUMP", "LOOP_INIT", "LOOP_BACK", "SYNC", "STREAM", "HOST_CALL", "RUNS"
+)  # fmt: skip
 PHASES = {name: code for code, name in enumerate(PHASE_NAMES)}
 PHASE_COLUMNS = ("kind", "a", "b", "c")
 PHASE_COL = {name: i for i, name in enumerate(PHASE_COLUMNS)}
@@ -289,6 +291,8 @@ PHASE_COLS = len(PHASE_COLUMNS)
 
 # Columns of an exchange row (see copy_run), of a host stream's table row and of a stream row.
 COPY_COLUMNS = ("src", "dst", "count", "stride", "itemsize", "reps", "outer")
+# A compact exchange row (see copy_single): one repetition of a copy row, its element size the RUNS phase's.
+RUN_COLUMNS = ("src", "dst", "count", "stride")
 STREAM_COLUMNS = ("to_device", "host", "capacity", "cursor", "slice")
 STREAM_ROW_COLUMNS = ("offset", "arena", "nbytes")
 
@@ -307,6 +311,7 @@ def enums():
         ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
         ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),
         ("copy_columns", _columns("CP", COPY_COLUMNS, "COPY_COLS")),
+        ("run_columns", _columns("RN", RUN_COLUMNS, "RUN_COLS")),
         ("stream_columns", _columns("ST", STREAM_COLUMNS, "ST_COLS")),
         ("stream_rows", _columns("SR", STREAM_ROW_COLUMNS, "SR_COLS")),
     ]

@@ -10,7 +10,7 @@ cdef extern from *:
        so a late helper can never take rows of a later phase for an earlier one. */
     typedef struct {
         long long ticket, done, gen, helper_bad;
-        long long kind, start, stop, chunk;
+        long long kind, start, stop, chunk, itemsize;
         int quit;
     } ps_team;
     static inline long long ps_load(long long* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -50,7 +50,7 @@ cdef extern from *:
     }
     """
     ctypedef struct ps_team:
-        long long ticket, done, gen, helper_bad, kind, start, stop, chunk
+        long long ticket, done, gen, helper_bad, kind, start, stop, chunk, itemsize
         int quit
     long long ps_load(long long* p) noexcept nogil
     void ps_store(long long* p, long long v) noexcept nogil

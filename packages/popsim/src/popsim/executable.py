@@ -453,6 +453,7 @@ class Executable:
                 host,
                 self.num_threads,
                 start,
+                flat.runs,
             )
             bad, cycles = bad + run[0], cycles + run[1]
             dry, trap, start = run[2:]

@@ -12,6 +12,8 @@ Each phase row is (kind, a, b, c), with a static cycle count charged every time 
 - STREAM (7, slot, start, stop): a StreamCopy; stream rows start..stop-1 move one slice between host stream
   ``slot`` and tile memory.
 - HOST_CALL (8, call): the engine stops so the host runs host call ``call`` (see ``HostCall``), then resumes.
+- RUNS (9, start, stop, itemsize): compact rows start..stop-1 (see _exchange.split_rows): the rows of one
+  repetition of the Copy whose EXCHANGE phase it follows, run as part of that exchange (no cycles of its own).
 """
 
 from types import SimpleNamespace
@@ -26,7 +28,7 @@ from popsim.provenance import busy_ipus, credit_merged, fused_origins, origin_of
 from popsim.timeline import HOST_CALLBACK, HOST_TRANSFER, STREAMING_MEMORY
 
 NCOLS = oc.NCOLS
-COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL = (
+COMPUTE, EXCHANGE, BRANCH_IF_ZERO, JUMP, LOOP_INIT, LOOP_BACK, SYNC, STREAM, HOST_CALL, RUNS = (
     oc.PHASES[n] for n in oc.PHASE_NAMES
 )
 DT = oc.DTYPE_CODES
@@ -99,6 +101,7 @@ def flatten_program(target, program, block_base, streams):
         instructions=f.instruction_table(),
         fparams=np.concatenate([*f.fparams, np.zeros(len(f.expr_rows))]),
         copies=np.concatenate(f.copies) if f.copies else np.zeros((0, len(oc.COPY_COLUMNS)), np.int32),
+        runs=np.concatenate(f.runs) if f.runs else np.zeros((0, len(oc.RUN_COLUMNS)), np.int32),
         stream_rows=np.array(f.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS)),
         host_calls=f.host_calls,
         steps=f.steps,
@@ -136,6 +139,7 @@ class _Flattener:
         self.tile_exchange = np.zeros(target.num_tiles, np.int64)
         self.flops = {}  # matmul FLOPs by operand dtype: the AMP's peak rate depends on it
         self.ncopies = 0
+        self.runs, self.nruns = [], 0  # compact exchange rows (see exchange_phases) and their count
         self.counters = 0
         # EXPR programs sit after every phase's rows (never run as vertices): their rows, each distinct
         # program's first row there, and the (first row, count) of each batch of vertex rows pointing at one.
@@ -146,9 +150,23 @@ class _Flattener:
     def phase(self, kind, a=0, b=0, c=0, cycles=0):
         self.phases.append([kind, a, b, c])
         self.cycles.append(int(cycles))
-        if kind != EXCHANGE:
+        if kind not in (EXCHANGE, RUNS):
             self.open = None
         return len(self.phases) - 1
+
+    def exchange_phases(self, rows, itemsize, cycles):
+        """One Copy's phases: an EXCHANGE phase for its rows of several repetitions, then a RUNS phase for
+        the compact form of the others (an exchange reads fewer row bytes), the cycles on the first."""
+        general, runs = _exchange.split_rows(rows)
+        if len(general) or not len(runs):
+            self.phase(EXCHANGE, self.ncopies, self.ncopies + len(general), cycles=cycles)
+            self.copies.append(general)
+            self.ncopies += len(general)
+            cycles = 0
+        if len(runs):
+            self.phase(RUNS, self.nruns, self.nruns + len(runs), itemsize, cycles=cycles)
+            self.runs.append(runs)
+            self.nruns += len(runs)
 
     def _expr_program(self, program):
         key = program.tobytes()
@@ -260,10 +278,8 @@ class _Flattener:
         nbytes = -(-step.dst.size * step.dst.itemsize // step.shards)  # a sharded storage: one replica's shard
         cycles = remote.transfer_cycles(self.target, nbytes)
         sync = self.target.bsp_sync_cycles
-        self.phase(EXCHANGE, self.ncopies, self.ncopies + len(rows), cycles=cycles + sync)
+        self.exchange_phases(rows, step.dst.itemsize, cycles + sync)
         self.open = None
-        self.copies.append(rows)
-        self.ncopies += len(rows)
         entry = {"name": step.name, "kind": "host", "cycles": int(cycles), "bytes": int(nbytes), **_placed(step)}
         entry["transfer"] = STREAMING_MEMORY
         self.steps.append({**entry, "origin": origin_of(step.origin)})
@@ -383,8 +399,6 @@ class _Flattener:
             merged["busiest_link_bytes"] = busiest_link
         # The engine runs each copy on its own: the rows of one copy are independent of each other and
         # can be shared among threads, while two merged copies may reuse each other's memory.
-        self.phase(EXCHANGE, self.ncopies, self.ncopies + len(block), cycles=merged["cycles"] - before + sync)
+        self.exchange_phases(block, isz, merged["cycles"] - before + sync)
         self.open = (open_load, dsts, merged, open_link)
-        self.copies.append(block)
-        self.ncopies += len(block)
         return _totals(exchange=merged["cycles"] - before, sync=sync)

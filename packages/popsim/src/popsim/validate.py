@@ -223,6 +223,7 @@ def check_expression(program, what="EXPR program"):
 
 
 # -- compiled tables ------------------------------------------------------------------------------------------
+_ITEMSIZES = (1, 2, 4)  # the element sizes an exchange row may move
 _MAX_ROW_VALUE = 2**40  # any count or offset beyond this is corrupt (and would overflow the extents below)
 
 
@@ -326,7 +327,7 @@ def _check_instructions(table, rows, tile_bytes, num_tiles):
 def _check_copies(copies, arena_bytes):
     c = copies.astype(np.int64)
     src, dst, count, stride, isz, reps, outer = (c[:, i] for i in range(len(oc.COPY_COLUMNS)))
-    if len(c) and (count.min() < 1 or reps.min() < 1 or not np.isin(isz, [1, 2, 4]).all()):
+    if len(c) and (count.min() < 1 or reps.min() < 1 or not np.isin(isz, _ITEMSIZES).all()):
         _fail("an exchange row has no elements or an unknown element size")
     low = src + np.minimum(0, (reps - 1) * outer) + np.minimum(0, (count - 1) * stride)
     high = src + np.maximum(0, (reps - 1) * outer) + np.maximum(0, (count - 1) * stride) + isz
@@ -334,6 +335,21 @@ def _check_copies(copies, arena_bytes):
         low.min() < 0 or high.max() > arena_bytes or dst.min() < 0 or (dst + reps * count * isz).max() > arena_bytes
     ):
         _fail("an exchange row reaches outside tile memory")
+
+
+def _runs_as_copies(flat, phases):
+    """The compact rows of ``flat`` as the copy rows they stand for, with their RUNS phases' element sizes
+    (a row no RUNS phase runs is checked with element size 1, one several run with the widest)."""
+    runs = np.asarray(flat.runs, np.int64).reshape(-1, len(oc.RUN_COLUMNS))
+    itemsize = np.ones(len(runs), np.int64)
+    for kind, a, b, c in phases.tolist():
+        if kind == oc.PHASES["RUNS"]:
+            itemsize[a:b] = np.maximum(itemsize[a:b], c)  # the widest a row is run with
+    rows = np.zeros((len(runs), len(oc.COPY_COLUMNS)), np.int64)
+    for name in oc.RUN_COLUMNS:
+        rows[:, oc.COPY_COLUMNS.index(name)] = runs[:, oc.RUN_COLUMNS.index(name)]
+    rows[:, oc.COPY_COLUMNS.index("itemsize")], rows[:, oc.COPY_COLUMNS.index("reps")] = itemsize, 1
+    return rows
 
 
 def check_program(flat, num_tiles, tile_bytes, num_streams):
@@ -358,6 +374,7 @@ def check_program(flat, num_tiles, tile_bytes, num_streams):
     if len(rows):
         _check_instructions(table, rows, tile_bytes, num_tiles)
     _check_copies(np.asarray(flat.copies), arena_bytes)
+    _check_copies(_runs_as_copies(flat, phases), arena_bytes)
     sr = np.asarray(flat.stream_rows, np.int64).reshape(-1, len(oc.STREAM_ROW_COLUMNS))
     if len(sr) and (sr.min() < 0 or (sr[:, 1] + sr[:, 2]).max() > arena_bytes):
         _fail("a stream row reaches outside tile memory")
@@ -368,6 +385,7 @@ def _check_phase(p, kind, a, b, c, flat, num_phases, num_rows, arena_bytes, num_
     within = {
         ph["COMPUTE"]: 0 <= a <= b <= num_rows,
         ph["EXCHANGE"]: 0 <= a <= b <= len(flat.copies),
+        ph["RUNS"]: 0 <= a <= b <= len(flat.runs) and c in _ITEMSIZES,
         ph["BRANCH_IF_ZERO"]: 0 <= a and 0 <= b and a + b <= arena_bytes and 0 <= c <= num_phases,
         ph["JUMP"]: 0 <= a <= num_phases,
         ph["LOOP_INIT"]: 0 <= a < flat.num_counters and b >= 0,
