@@ -95,3 +95,18 @@ def test_the_run_counts_a_plan_compares_match_a_scan_of_each_row_and_of_each_col
         )
         expected = (_reference_runs(srcs, index), _reference_runs(srcs, index.transpose(0, 2, 1)))
         assert planner._runs_both_ways(srcs, index) == expected
+
+
+def test_an_index_maps_key_tells_apart_what_a_plan_depends_on():
+    """Equal maps key alike however they are laid out in memory; another value, shape or dtype of the same
+    bytes keys apart (a shared key reuses the plan)."""
+    index = np.arange(24).reshape(2, 3, 4)
+    view = np.arange(24).reshape(2, 4, 3).transpose(0, 2, 1)  # not C-contiguous
+    assert planner._index_key(view) == planner._index_key(np.ascontiguousarray(view))
+    assert planner._index_key(index) == planner._index_key(index.copy())
+    changed = index.copy()
+    changed[1, 2, 3] = -1
+    assert planner._index_key(changed) != planner._index_key(index)
+    assert planner._index_key(index.reshape(4, 3, 2)) != planner._index_key(index)
+    assert planner._index_key(index.view(np.float64)) != planner._index_key(index)
+    assert planner._index_key(np.zeros((0, 3), np.int64)) != planner._index_key(np.zeros((3, 0), np.int64))

@@ -1,6 +1,7 @@
 """capture()'s cached set of composite operators and decomposition table give the graph torch.export's own
 rebuild-every-time path gives, and a newly registered operator is seen."""
 
+import pytest
 import torch
 import torch._export.utils as export_utils
 import torch.export.exported_program as exported_program
@@ -26,6 +27,29 @@ class Mixed(nn.Module):
         return out, F.cross_entropy(out, labels)
 
 
+class Composites(nn.Module):
+    """Composite operators the retrace meets: attention (decomposed by its C++ kernel), matmul and upsampling
+    (preserved), an LSTM and a custom composite operator that calls another composite (linear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.lstm, self.fc = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lstm(self.layer(x))[0] @ self.fc.weight
+        y = torch.ops.poptorch_decomp_test.linear_twice(y, self.fc.weight)
+        return F.interpolate(y[:, None], scale_factor=2.0, mode="nearest")
+
+
+def _define_linear_twice():
+    if not hasattr(torch.ops.poptorch_decomp_test, "linear_twice"):
+        lib = torch.library.Library("poptorch_decomp_test", "FRAGMENT")
+        lib.define("linear_twice(Tensor x, Tensor w) -> Tensor")
+        lib.impl("linear_twice", lambda x, w: F.linear(x, w) * 2, "CompositeImplicitAutograd")
+        _define_linear_twice.lib = lib  # the registration lives as long as the library object
+
+
 def _ops(program):
     return [(n.op, str(n.target)) for n in program.graph_module.graph.nodes]
 
@@ -38,12 +62,34 @@ def _torch_rebuilt_table(model, args):
     return torch.export.export(_TensorOutputs(model), args, strict=False).run_decompositions(table)
 
 
-def test_cached_tables_give_torchs_graph_on_every_capture():
+@pytest.mark.parametrize(
+    "model, args",
+    [
+        (Mixed, lambda: (torch.randn(2, 1, 4, 4), torch.tensor([1, 3]))),
+        (Composites, lambda: (torch.randn(2, 3, 8),)),
+    ],
+    ids=["mixed", "composites"],
+)
+def test_cached_tables_give_torchs_graph_on_every_capture(model, args, monkeypatch):
+    """Same operators as torch's own path; and the same nodes and source lines as a capture whose retrace
+    overrides every composite."""
+    _define_linear_twice()
     torch.manual_seed(0)
-    model, args = Mixed(), (torch.randn(2, 1, 4, 4), torch.tensor([1, 3]))
+    model, args = model(), args()
     expected = _ops(_torch_rebuilt_table(model, args))
-    for _ in range(2):  # the second capture reads the cache the first one filled
-        assert _ops(_export(_TensorOutputs(model), args, {})) == expected
+    captures = [_export(_TensorOutputs(model), args, {}) for _ in range(2)]  # the second reads the cache
+    assert [_ops(p) for p in captures] == [expected] * 2
+    monkeypatch.setattr(_decompositions, "_split_overriding_only_what_changes", _decompositions._split_table)
+    every = _export(_TensorOutputs(model), args, {})
+    assert [_nodes(p) for p in captures] == [_nodes(every)] * 2
+
+
+def _nodes(program):
+    """Each node's operator, arguments and innermost source frame (the outer ones are this test's)."""
+    return [
+        (n.op, str(n.target), str(n.args), (n.meta.get("stack_trace") or "").strip().splitlines()[-2:])
+        for n in program.graph_module.graph.nodes
+    ]
 
 
 def test_an_operator_registered_after_a_capture_is_seen():
@@ -84,3 +130,28 @@ def test_the_second_capture_reuses_the_composite_set_the_first_one_worked_out(mo
         with _decompositions.composite_ops_cached():
             pass
     assert walks == [1]
+
+
+def test_the_retrace_overrides_only_the_composites_whose_override_can_change_the_graph(monkeypatch):
+    """Kept: the graph's own composites (linear), preserved ones (matmul, upsampling) and those torch gives a
+    Python decomposition. Dropped: composites absent from the graph that would only run their own C++
+    kernel (attention). A run_decompositions outside ``decompose`` keeps every override."""
+    seen = []
+    original = exported_program._decompose_exported_program
+
+    def recording(program, **kwargs):
+        seen.append(kwargs["cia_to_decomp"])
+        return original(program, **kwargs)
+
+    monkeypatch.setattr(exported_program, "_decompose_exported_program", recording)
+    program = torch.export.export(nn.Linear(2, 2), (torch.randn(1, 2),), strict=False)
+    with _decompositions.composite_ops_cached() as table_without:
+        _decompositions.decompose(program, table_without([torch.ops.aten.matmul.default]))
+        program.run_decompositions(table_without([torch.ops.aten.matmul.default]))
+    kept, every = seen
+    aten = torch.ops.aten
+    assert {aten.linear.default, aten.matmul.default, aten.upsample_nearest2d.vec} <= kept.keys()
+    assert aten.scaled_dot_product_attention.default in every.keys() - kept.keys()
+    assert all(kept[op] is every[op] for op in kept)
+    assert all(_decompositions._runs_own_composite_kernel(op, fn) for op, fn in every.items() if op not in kept)
+    assert exported_program._split_decomp_table_to_cia_and_python_decomp is _decompositions._split_table

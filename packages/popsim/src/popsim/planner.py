@@ -482,4 +482,8 @@ def _sources_key(srcs):
 
 
 def _index_key(index):
-    return index.shape, hashlib.blake2b(np.ascontiguousarray(index).tobytes(), digest_size=16).digest()
+    """An index map's part of a plan's key: its shape, dtype and a digest of its values. SHA-256 reads the
+    array's memory in place (hashlib takes any C-contiguous buffer), about twice as fast here as a copy
+    through ``tobytes`` into BLAKE2b, for the same exactness (a collision would reuse a wrong plan)."""
+    index = np.ascontiguousarray(index)
+    return index.shape, index.dtype.str, hashlib.sha256(index).digest()

@@ -174,7 +174,7 @@ def _export(model, args, kwargs):
             with registered_once(model), _full_stack_traces(), poptorch._losses.CaptureCtcLoss(), preserve_node_meta():
                 program = torch.export.export(model, args, kwargs, strict=False)
             _detach_grad_disabled_regions(program)
-            return program.run_decompositions(table_without(LOSS_OPS + UNDECOMPOSED_OPS))
+            return _decompositions.decompose(program, table_without(LOSS_OPS + UNDECOMPOSED_OPS))
     except Error:
         raise
     except Exception as exc:
