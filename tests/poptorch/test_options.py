@@ -63,6 +63,25 @@ def test_load_from_file(tmp_path):
         poptorch.Options().loadFromFile(str(path))
 
 
+def test_load_from_file_takes_poptorch_objects(tmp_path):
+    # A setter's argument may construct a poptorch object or name an enum member, as the user guide's file does.
+    path = tmp_path / "opts.conf"
+    path.write_text(
+        "setExecutionStrategy(poptorch.ShardedExecution())\n"
+        "outputMode(poptorch.OutputMode.All)\n"
+        "enableSyntheticData(True)\n"
+    )
+    opts = poptorch.Options().loadFromFile(str(path))
+    assert isinstance(opts._values["executionStrategy"], poptorch.ShardedExecution)
+    assert opts.output_mode == poptorch.OutputMode.All
+    assert opts._values["enableSyntheticData"] is True
+    # Names resolve in the poptorch package only: a file cannot reach other modules or private names.
+    for line in ("setExecutionStrategy(os.system('true'))", "modelName(poptorch._executor.__name__)"):
+        path.write_text(line + "\n")
+        with pytest.raises(poptorch.Error, match="cannot parse option"):
+            poptorch.Options().loadFromFile(str(path))
+
+
 def test_invalid_values():
     with pytest.raises(poptorch.Error):
         poptorch.Options().deviceIterations(0)

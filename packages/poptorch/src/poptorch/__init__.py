@@ -28,6 +28,8 @@ from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
 from poptorch._executor_api import (
     ICustomArgParser,
+    hasMLIRSupportOnPlatform,
+    hasMlirSupportOnPlatform,
     ipuHardwareIsAvailable,
     ipuHardwareVersion,
     isRunningOnIpu,
@@ -203,6 +205,8 @@ __all__ = [
     "for_loop",
     "identity_loss",
     "inferenceModel",
+    "hasMLIRSupportOnPlatform",
+    "hasMlirSupportOnPlatform",
     "ipuHardwareIsAvailable",
     "ipuHardwareVersion",
     "isRunningOnIpu",

@@ -83,10 +83,11 @@ class _OutputTensor(torch.Tensor):
 
 
 class _SharedWeights:
-    """Per user model: its live wrappers, by kind."""
+    """Per user model: its live wrappers (at most one training wrapper; any number of inference ones, as
+    PopTorch's ``inferenceModel`` may wrap a model again)."""
 
     def __init__(self):
-        self.executors = {}
+        self.executors = []
 
 
 _SHARED = weakref.WeakKeyDictionary()
@@ -130,7 +131,7 @@ def _reduce_as(original):
 def _destroy_wrappers(self):
     """Destroy every PopTorch wrapper of this model (syncing weights to it first) and unwrap it."""
     shared = _SHARED.get(self)
-    for executor in list(shared.executors.values()) if shared else ():
+    for executor in list(shared.executors) if shared else ():
         executor.destroy()
 
 
@@ -186,15 +187,14 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             )
         self._layout = Layout(self._options, training)
         shared = _SHARED.get(model)
-        previous = shared.executors.get(_kind(training)) if shared else None
-        if previous is not None:
+        if training and shared and any(e._training for e in shared.executors):
             raise RuntimeError(
                 f"Model has already been wrapped in 'poptorch.{_kind(training)}'. Call model.destroy() on the "
                 "model to unwrap it before wrapping it again. (destroy() is a method of both the wrapped model "
                 "and the PoplarExecutor the first wrapping returned.)"
             )
         self._shared = _hook_model(model)
-        self._shared.executors[_kind(training)] = self
+        self._shared.executors.append(self)
         if training and optimizer is None:
             from poptorch.optim import SGD
 
@@ -675,8 +675,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         if self._training:
             optim.release(self._optimizer, self)
         shared = self._shared
-        if shared.executors.get(_kind(self._training)) is self:
-            del shared.executors[_kind(self._training)]
+        shared.executors[:] = [e for e in shared.executors if e is not self]
         if not shared.executors and _SHARED.get(self._model) is shared:
             _unhook_model(self._model)
 

@@ -73,6 +73,17 @@ def ipuHardwareVersion():
     raise Error(NO_HARDWARE)
 
 
+def hasMlirSupportOnPlatform():
+    """Whether PopTorch's MLIR compiler (``poptorch.experimental.IPUScope``, ``enums.Compiler.MLIR``) can run
+    here: never, the simulator compiles through its own IR only. Scripts that gate MLIR-only code on this
+    skip it, as they do on platforms PopTorch built without MLIR."""
+    return False
+
+
+# PopTorch's releases spell the query both ways.
+hasMLIRSupportOnPlatform = hasMlirSupportOnPlatform
+
+
 def registerPreCompileHook(hook):
     """Call ``hook()`` before every model compilation; returns a handle whose ``remove()`` unregisters it."""
     return _register(_PRE_COMPILE_HOOKS, hook)

@@ -606,6 +606,26 @@ class _PopartOptions(_Group):
         raise not_modelled("_Popart.setPatterns", "the simulator optimises graphs with its own passes; remove the call")
 
 
+def _config_value(node):
+    """An option file's argument: a literal, a ``poptorch.<name>`` attribute (an enum member) or a call of
+    one with literal arguments (an execution strategy such as ``poptorch.ShardedExecution()``). Names are
+    looked up in the poptorch package only, so a file cannot run arbitrary code."""
+    if isinstance(node, ast.Call) and not node.keywords:
+        return _config_value(node.func)(*[_config_value(a) for a in node.args])
+    if isinstance(node, ast.Attribute):
+        parts = ast.unparse(node).split(".")
+        if parts[0] == "poptorch":
+            import poptorch  # the package is fully imported by the time a file is loaded
+
+            value = poptorch
+            for part in parts[1:]:
+                if part.startswith("_"):
+                    raise ValueError(f"{part!r} is private")
+                value = getattr(value, part)
+            return value
+    return ast.literal_eval(node)
+
+
 class Options(_NoAssignment):
     """Options of a wrapped model (the PopTorch 3.x API)."""
 
@@ -709,8 +729,8 @@ class Options(_NoAssignment):
                     call = ast.parse(line, mode="eval").body
                     if not isinstance(call, ast.Call) or call.keywords:
                         raise ValueError("expected a setter call")
-                    self._call(ast.unparse(call.func), [ast.literal_eval(a) for a in call.args])
-                except (SyntaxError, ValueError) as exc:
+                    self._call(ast.unparse(call.func), [_config_value(a) for a in call.args])
+                except (SyntaxError, ValueError, AttributeError) as exc:
                     raise Error(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
         return self
 
