@@ -142,9 +142,9 @@ def test_unknown_names_raise_poptorchs_errors():
         poptorch_model.getAnchoredTensor("other")
 
     opts = poptorch.Options()
-    opts.anchorTensor("grad_bias", "Gradient___fc2.bias")  # the long name lacks PopTorch's "model." prefix
+    opts.anchorTensor("grad_bias", "Gradient___fc3.bias")  # the model has no fc3
     poptorch_model = poptorch.trainingModel(Model(), opts)
-    with pytest.raises(poptorch.Error, match="no tensor named 'Gradient___fc2.bias'.*Gradient___model.fc2.bias"):
+    with pytest.raises(poptorch.Error, match="no tensor named 'Gradient___fc3.bias'.*Gradient___model.fc2.bias"):
         poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
 
 
@@ -378,3 +378,24 @@ def test_a_float16_velocity_accum_type_keeps_the_momentum_buffer_in_float16():
     assert velocity.dtype == torch.float16
     expected = eager.state[reference.fc1.weight]["momentum_buffer"]
     torch.testing.assert_close(velocity.float(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_names_without_the_model_scope_anchor_the_same_tensors():
+    # PopTorch 3.x's guide anchors "Gradient___fc2.bias"; older releases wrote "Gradient___model.fc2.bias".
+    torch.manual_seed(9)
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.anchorTensor("grad_bias", "Gradient___fc2.bias")
+    opts.anchorTensor("update_weight", "UpdatedVar___fc2.weight")
+    opts.anchorTensor("momentum", "Accl___fc1.weight")
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 3)
+    poptorch_model(x, y)
+    eager_optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+    reference(x, y).backward()
+    eager_optimizer.step()
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), reference.fc2.bias.grad)
+    _close(poptorch_model.getAnchoredTensor("update_weight"), reference.fc2.weight.detach())
+    _close(poptorch_model.getAnchoredTensor("momentum"), eager_optimizer.state[reference.fc1.weight]["momentum_buffer"])

@@ -20,7 +20,7 @@ An anchored value becomes an extra output of the program computing it, so the de
 from those runs.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -257,6 +257,16 @@ def resolve(requests, options):
     return anchors
 
 
+def _known_name(long_name, named):
+    """``long_name`` as ``named`` spells it: PopTorch 3.x names a parameter's tensors without the ``model.``
+    scope (``Gradient___fc2.bias``) where older releases wrote ``Gradient___model.fc2.bias``; both are taken."""
+    if long_name in named:
+        return long_name
+    head, sep, fqn = long_name.rpartition("___")
+    scoped = head + sep + MODEL_PREFIX + fqn
+    return scoped if scoped in named else long_name
+
+
 class Anchors:
     """A compiled model's anchorable tensor names and its anchors, each an output of its program."""
 
@@ -273,7 +283,9 @@ class Anchors:
         an unknown long name is an error. ``spec`` and ``group_of``: a training model's optimizer and the
         parameter group of each trained parameter."""
         named = named_values(captured, programs, options, spec, group_of)
-        anchors = resolve(options.anchored_tensors, options)
+        anchors = [
+            replace(a, long_name=_known_name(a.long_name, named)) for a in resolve(options.anchored_tensors, options)
+        ]
         for anchor in anchors:
             if anchor.long_name not in named:
                 raise Error(
