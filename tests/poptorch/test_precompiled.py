@@ -107,3 +107,17 @@ def test_save_exports_a_compiled_model_that_loads_without_compiling(tmp_path, mo
 
     monkeypatch.setattr(_device, "compile_programs", refuse)
     torch.testing.assert_close(poptorch.load(str(path))(x), expected)
+
+
+def test_a_model_exported_for_an_offline_target_runs_once_loaded(tmp_path, monkeypatch):
+    # As PopTorch's precompilation guide: compile without a device, then load and run on one.
+    net, x = _net(), torch.randn(3, 4)
+    path = tmp_path / "offline.poptorch"
+    offline = poptorch.inferenceModel(net, _opts().useOfflineIpuTarget(2))
+    offline.compileAndExport(str(path), x)
+    with pytest.raises(poptorch.Error, match="ConnectionType.Never"):
+        offline(x)
+    monkeypatch.setattr(_device, "compile_programs", lambda *a, **k: pytest.fail("compiled instead of loading"))
+    loaded = poptorch.load(str(path))
+    assert loaded.options.connection_type == poptorch.ConnectionType.Always
+    torch.testing.assert_close(loaded(x), net(x), rtol=1e-5, atol=1e-5)

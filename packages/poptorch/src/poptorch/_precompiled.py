@@ -131,6 +131,9 @@ def load(filename, edit_opts_fn=None):
     state = exported.model_state()
     options = poptorch.Options()
     options._values = dict(state["options"])
+    if options.connection_type == poptorch.ConnectionType.Never:
+        # As PopTorch: an executable compiled for an offline target runs once loaded.
+        options.connectionType(poptorch.ConnectionType.Always)
     if edit_opts_fn is not None:
         edit_opts_fn(options)
     if exported.header["training"]:
