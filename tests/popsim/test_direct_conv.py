@@ -66,8 +66,12 @@ GRAD_CASES = CASES + [
 ]
 
 
+@pytest.mark.parametrize("wrt", ["x", "w"])
 @pytest.mark.parametrize("x_shape, w_shape, window", GRAD_CASES)
-def test_the_input_gradient_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window):
+def test_a_gradient_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window, wrt):
+    """The input gradient, and the weight gradient (each input channel's image convolved with the output
+    gradient as its kernel, each input element sent to a tile once: no im2col windows on the exchange), run as
+    CONV vertices and equal the interpreter's."""
     rng = np.random.default_rng(3)
     g = popir.Graph("conv_grad")
     x = g.add_input("x", x_shape, "float32")
@@ -75,34 +79,13 @@ def test_the_input_gradient_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w
     y = ops.conv2d(x, w, **window)
     r = g.add_input("r", y.shape, "float32")
     loss = ops.reduce_sum(y * r, axes=(0, 1, 2, 3), keepdims=False)
-    (gx,) = popir.autodiff.grad(g, loss, [x])
-    g.output("y", gx)
+    (grad,) = popir.autodiff.grad(g, loss, [x if wrt == "x" else w])
+    g.output("y", grad)
     feeds = {name: rng.integers(-3, 4, v.shape).astype(np.float32) for name, v in (("x", x), ("r", r))}
     wv = rng.integers(-3, 4, w_shape).astype(np.float32)
     got, profile = _run(g, feeds, wv)
-    grad_convs = [s for s in profile["steps"] if s["name"] == "conv" and s["origin"]["op"] == "conv2d_grad_input"]
-    assert grad_convs, "the input gradient did not run as CONV vertices"
-    np.testing.assert_array_equal(got, popir.interpreter.run(g, {**feeds, "w": wv})["y"])
-
-
-@pytest.mark.parametrize("x_shape, w_shape, window", GRAD_CASES)
-def test_the_weight_gradient_runs_as_conv_vertices_bit_for_bit(direct, x_shape, w_shape, window):
-    """Each input channel's image convolved with the output gradient as its kernel: the interpreter's
-    weight gradient, with each input element sent to a tile once (no im2col windows on the exchange)."""
-    rng = np.random.default_rng(4)
-    g = popir.Graph("conv_grad_weight")
-    x = g.add_input("x", x_shape, "float32")
-    w = g.add_input("w", w_shape, "float32", kind="parameter")
-    y = ops.conv2d(x, w, **window)
-    r = g.add_input("r", y.shape, "float32")
-    loss = ops.reduce_sum(y * r, axes=(0, 1, 2, 3), keepdims=False)
-    (gw,) = popir.autodiff.grad(g, loss, [w])
-    g.output("y", gw)
-    feeds = {name: rng.integers(-3, 4, v.shape).astype(np.float32) for name, v in (("x", x), ("r", r))}
-    wv = rng.integers(-3, 4, w_shape).astype(np.float32)
-    got, profile = _run(g, feeds, wv)
-    grad_convs = [s for s in profile["steps"] if s["name"] == "conv" and s["origin"]["op"] == "conv2d_grad_weight"]
-    assert grad_convs, "the weight gradient did not run as CONV vertices"
+    op = "conv2d_grad_input" if wrt == "x" else "conv2d_grad_weight"
+    assert [s for s in profile["steps"] if s["name"] == "conv" and s["origin"]["op"] == op], f"{op} ran no CONV vertex"
     np.testing.assert_array_equal(got, popir.interpreter.run(g, {**feeds, "w": wv})["y"])
 
 
