@@ -8,10 +8,11 @@ call (capture, compile and one step): the first in a fresh process, then the med
 more, each of a fresh model (CPU time is the steadier figure on a shared machine).
 ``--compile-only`` prints just that table; ``--compile-model NAME`` one row of it, in this process.
 
-For every zoo model: compile time of the training model (first call), its step time, the ratio to eager's
-training step (SGD) measured interleaved in one process (median of the per-round ratios), and the peak RSS
-of the process that ran both. Eager torch gets as many threads as the simulator (POPSIM_NUM_THREADS, default
-every core): on a busy machine torch's spinning worker threads otherwise slow eager's small ops 50-fold.
+For the compile table's models and every zoo model: compile time of the training model (first call), its step
+time, the ratio to eager's training step (SGD) measured interleaved in one process (median of the per-round
+ratios), and the peak RSS of the process that ran both. Eager torch gets as many threads as the simulator
+(POPSIM_NUM_THREADS, default every core): on a busy machine torch's spinning worker threads otherwise slow
+eager's small ops 50-fold.
 ``--model NAME`` runs one model and prints its row; without it every model
 runs in a fresh process of its own, so each peak RSS is that model's.
 """
@@ -35,14 +36,14 @@ sys.path[:0] = [str(_HERE.parent / "tests" / "models"), str(_HERE.parent / "exam
 from compile_scaling import Encoder  # noqa: E402
 from conv_direct import SmallResNet  # noqa: E402
 from train_digits import ClassificationModel, ModelWithLoss  # noqa: E402
-from zoo import ZOO, build  # noqa: E402
+from zoo import ZOO, Case, build  # noqa: E402
 
 ROUNDS = 7
 STEPS_PER_ROUND = 3
 LR = 0.01
 COMPILE_ROUNDS = 3
 COMPILE_HEADER = f"{'model':<13} {'first CPU s':>11} {'first wall s':>12} {'CPU s':>7} {'wall s':>7}"
-HEADER = f"{'model':<10} {'compile s':>9} {'step ms':>9} {'eager ms':>9} {'ratio':>7} {'peak RSS MiB':>12}"
+HEADER = f"{'model':<13} {'compile s':>9} {'step ms':>9} {'eager ms':>9} {'ratio':>7} {'peak RSS MiB':>12}"
 
 
 class BertTiny(torch.nn.Module):
@@ -114,9 +115,18 @@ def _timed(fn):
     return (time.perf_counter() - start) / STEPS_PER_ROUND
 
 
+def _case(name):
+    """The zoo's case ``name``, or a compile-table model as one (its output's second item is the loss)."""
+    if name in ZOO:
+        return build(name)
+    model, args = COMPILE_MODELS[name]()
+    return Case(model, args, loss_of=lambda out: out[1])
+
+
 def row(name):
-    """Compile and time zoo model ``name``; its table row."""
-    case = build(name)
+    """Compile and time model ``name`` (of the zoo or the compile table); its table row."""
+    torch.manual_seed(0)
+    case = _case(name)
     model = case.model.train()
     eager = copy.deepcopy(model)
     eager_optimizer = torch.optim.SGD(eager.parameters(), lr=LR)
@@ -141,7 +151,7 @@ def row(name):
     ratio = statistics.median(s / e for s, e in zip(sim, eager_times))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return (
-        f"{name:<10} {compile_s:9.2f} {statistics.median(sim) * 1e3:9.2f} "
+        f"{name:<13} {compile_s:9.2f} {statistics.median(sim) * 1e3:9.2f} "
         f"{statistics.median(eager_times) * 1e3:9.2f} {ratio:7.2f} {rss:12.0f}"
     )
 
@@ -149,7 +159,7 @@ def row(name):
 def main():
     torch.set_num_threads(int(os.environ.get("POPSIM_NUM_THREADS", os.cpu_count())))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(ZOO), help="run this model only, in this process")
+    parser.add_argument("--model", choices=sorted({*ZOO, *COMPILE_MODELS}), help="run this model only, here")
     parser.add_argument("--compile-model", choices=sorted(COMPILE_MODELS), help="one compile-table row, here")
     parser.add_argument("--compile-only", action="store_true", help="print the compile table only")
     args, _ = parser.parse_known_args()
@@ -160,7 +170,7 @@ def main():
     failed = _each_in_a_process("--compile-model", COMPILE_MODELS)
     if not args.compile_only:
         print(HEADER, flush=True)
-        failed += _each_in_a_process("--model", ZOO)
+        failed += _each_in_a_process("--model", [*COMPILE_MODELS, *ZOO])
     return f"failed: {', '.join(failed)}" if failed else 0
 
 
