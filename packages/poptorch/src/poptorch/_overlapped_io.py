@@ -4,9 +4,7 @@ Captured for the simulated IPU, a marked tensor becomes a ``poptorch::set_overla
 value itself and records, on the popir graph, which model input or output it marks. As in PopTorch, the
 marks need I/O tiles (``TensorLocations.numIOTiles``) and a sharded or phased execution strategy, an input
 mark must be the only op applied to a model input and an output mark must be a model output returned once.
-The simulator holds the marked tensors on the I/O tiles of IPU 0 only, so a mark whose tensor is read or
-produced on another IPU (a block placed there) is refused rather than mis-modelled. ``resolve`` gives the
-executor ``{input or output name: (direction, mode)}`` for the call timeline (``_call_timeline``).
+``resolve`` gives the executor ``{input or output name: (direction, mode)}`` for the call timeline (``_call_timeline``).
 """
 
 import weakref
@@ -81,29 +79,4 @@ def resolve(captured):
                 "all returned tensors including those nested in tuples/lists."
             )
         resolved[names[0]] = (OUTPUT, OverlapMode(mode))
-    _check_first_ipu(graph, resolved)
     return resolved
-
-
-def _ipus(nodes):
-    return {node.placement[1] for node in nodes if node.placement is not None}
-
-
-def _check_first_ipu(graph, resolved):
-    """Refuse a marked input read, or a marked output produced, on an IPU other than the first."""
-    for name, (direction, _) in resolved.items():
-        if direction == INPUT:
-            value = graph.input(name)
-            ipus = _ipus(node for node in graph.nodes if any(v is value for v in node.inputs))
-        else:
-            producer = graph.outputs[name].producer
-            ipus = _ipus([producer] if producer is not None else [])
-        others = sorted(ipu for ipu in ipus if ipu != 0)
-        if others:
-            what = "read" if direction == INPUT else "produced"
-            raise Error(
-                f"poptorch.set_overlap_for_{direction}: the model {direction} {name!r} is {what} on IPU {others[0]}, "
-                "but the simulator models the I/O tiles holding overlapped transfers on IPU 0 only (each IPU's "
-                "TensorLocations.numIOTiles are reserved, but only IPU 0's hold marked tensors). Place the blocks "
-                f"that read marked inputs and produce marked outputs on IPU 0, or leave this {direction} unmarked."
-            )
