@@ -159,3 +159,37 @@ class _NotAnOutput(torch.nn.Module):
 def test_misplaced_marks_are_refused_with_poptorchs_errors(model, message):
     with pytest.raises(poptorch.Error, match=message):
         poptorch.inferenceModel(model, _options())(torch.randn(DEVICE_ITERATIONS, 3))
+
+
+class _OutputOnIpu(torch.nn.Module):
+    """``h`` made on IPU 0, ``y`` (same shape) on IPU 1; the one named by ``marked`` streams through the I/O tiles."""
+
+    def __init__(self, marked):
+        super().__init__()
+        self.marked = marked
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with poptorch.Block("a", ipu_id=0):
+            h = self.a(x)
+            if self.marked == "h":
+                h = poptorch.set_overlap_for_output(h, ACCUMULATION)
+        with poptorch.Block("b", ipu_id=1):
+            y = self.b(h)
+            return h, poptorch.set_overlap_for_output(y, ACCUMULATION) if self.marked == "y" else y
+
+
+def test_a_marked_output_made_on_another_ipu_pays_the_link_to_the_io_tiles():
+    opts = poptorch.Options().showCompilationProgressBar(False).deviceIterations(DEVICE_ITERATIONS)
+    opts.TensorLocations.numIOTiles(32)
+    opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.AutoStage.SameAsIpu))
+    x = torch.randn(DEVICE_ITERATIONS, 8)
+    exchange = {}
+    for marked in ("h", "y"):
+        torch.manual_seed(0)
+        model = _OutputOnIpu(marked)
+        executor = poptorch.inferenceModel(model, opts)
+        for ours, eager in zip(executor(x), model(x)):
+            torch.testing.assert_close(ours, eager)
+        exchange[marked] = executor.profile.programs["inference"]["io_overlap"]["io_exchange_cycles_per_run"]
+    assert exchange["y"] > exchange["h"]

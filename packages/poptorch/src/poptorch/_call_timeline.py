@@ -158,6 +158,14 @@ class _Placement:
         }
 
 
+def _produced_away(graph, name, direction):
+    """Whether marked output ``name`` is produced on an IPU other than the I/O tiles' one."""
+    if direction == INPUT:
+        return False
+    producer = graph.outputs[name].producer
+    return producer is not None and producer.placement is not None and producer.placement[1] != IO_IPU
+
+
 class _MarkedTransfers:
     """One replica's marked host transfers: each run's compute tiles lose the transfers and gain the exchange
     between the I/O tiles and them; a transfer runs on the I/O tiles during a neighbouring run of its loop
@@ -174,6 +182,11 @@ class _MarkedTransfers:
         self.cycles = {name: popsim.cost.host_cycles(target, n) for name, n in self.nbytes.items()}
         io_tiles = max(placement.io_tiles, 1)
         self.exchange = popsim.cost.exchange_cycles(target, -(-sum(self.nbytes.values()) // io_tiles))
+        # A marked output produced on another IPU crosses the IPU-Links to the I/O tiles (a marked input read
+        # there crosses them in the program itself, as an inter-IPU copy).
+        remote = sum(n for name, n in self.nbytes.items() if _produced_away(graph, name, marks[name][0]))
+        if remote:
+            self.exchange += popsim.cost.link_cycles(target, remote)
         self.own = [i for i, run in enumerate(placement.call.runs) if run[2] == replica]
         self.position = {index: position for position, index in enumerate(self.own)}
         self.loaded = {}  # run index -> the intervals that loaded its inputs ahead
