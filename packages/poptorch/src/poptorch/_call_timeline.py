@@ -16,6 +16,7 @@ every replica's compute tiles once all their micro-batches are done.
 from dataclasses import dataclass
 
 import popsim
+from popsim.timeline import HOST_TRANSFER
 from poptorch import _blocks
 from poptorch._overlapped_io import INPUT
 from poptorch.enums import OverlapMode
@@ -28,13 +29,15 @@ class CallRuns:
     """What one call ran: ``runs`` ``(device iteration, accumulation step, replica)`` of the micro-batch
     program with their ``run_cycles``, ``runs_per_step`` of them before each of ``step_cycles`` (the gradient
     reduction and optimizer run of each training step, empty for inference), and whether the inner loop is
-    the accumulation loop (``accumulating``)."""
+    the accumulation loop (``accumulating``); ``host_write_cycles`` of the host writes made since the previous
+    call (setOptimizer's hyper-parameters), which go before its runs."""
 
     runs: list
     run_cycles: list
     runs_per_step: int
     step_cycles: list
     accumulating: bool
+    host_write_cycles: int = 0
 
 
 def call_cycles(exe, programs, plan, options, marks, call):
@@ -82,6 +85,7 @@ class _Placement:
         timeline = popsim.Timeline()
         io = {r: _MarkedTransfers(self, marks, r) for r in self.replicas}
         every = [popsim.compute_lane(r, ipu) for r in self.replicas for ipu in self.ipus]
+        self._place_host_writes(timeline, every)
         for step, group in enumerate(self._groups()):
             start = timeline.free_at(every)  # replicas start each group together
             for replica in self.replicas:
@@ -94,6 +98,13 @@ class _Placement:
             if step < len(self.call.step_cycles):
                 self._place_step(timeline, self.call.step_cycles[step])
         return timeline
+
+    def _place_host_writes(self, timeline, every):
+        """The host writes made since the previous call, on each replica's host link before any run: the
+        device's tiles wait for the values they read (each replica gets its own copy, over its own link)."""
+        if self.call.host_write_cycles:
+            links = [popsim.transfer_lane(r, 0, HOST_TRANSFER) for r in self.replicas or [0]]
+            timeline.add([*links, *every], self.call.host_write_cycles, program="host write", transfer=HOST_TRANSFER)
 
     def _place_step(self, timeline, cycles):
         """A training step's reduction and optimizer run on every replica's compute tiles, its streaming-memory

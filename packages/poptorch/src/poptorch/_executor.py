@@ -602,9 +602,14 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             raise
         self._device.after_run(self._training)
         call = _call_timeline.CallRuns(
-            batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
+            batches[:done],
+            micro_batch_cycles[:done],
+            runs_per_step,
+            step_runs,
+            self._training and layout.ga > 1,
+            self._host_write_cycles,
         )
-        self._cycles = self._host_write_cycles + _call_timeline.call_cycles(
+        self._cycles = _call_timeline.call_cycles(
             exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
         )
         self._host_write_cycles = 0
