@@ -169,12 +169,14 @@ class _Placement:
         }
 
 
-def _produced_away(graph, name, direction):
-    """Whether marked output ``name`` is produced on an IPU other than the I/O tiles' one."""
+def _producing_ipu(graph, name, direction):
+    """The IPU other than the I/O tiles' one that produces marked output ``name``, else None."""
     if direction == INPUT:
-        return False
+        return None
     producer = graph.outputs[name].producer
-    return producer is not None and producer.placement is not None and producer.placement[1] != IO_IPU
+    if producer is None or producer.placement is None or producer.placement[1] == IO_IPU:
+        return None
+    return producer.placement[1]
 
 
 class _MarkedTransfers:
@@ -193,11 +195,13 @@ class _MarkedTransfers:
         self.cycles = {name: popsim.cost.host_cycles(target, n) for name, n in self.nbytes.items()}
         io_tiles = max(placement.io_tiles, 1)
         self.exchange = popsim.cost.exchange_cycles(target, -(-sum(self.nbytes.values()) // io_tiles))
-        # A marked output produced on another IPU crosses the IPU-Links to the I/O tiles (a marked input read
-        # there crosses them in the program itself, as an inter-IPU copy).
-        remote = sum(n for name, n in self.nbytes.items() if _produced_away(graph, name, marks[name][0]))
-        if remote:
-            self.exchange += popsim.cost.link_cycles(target, remote)
+        # A marked output produced on another IPU crosses the IPU-Link to the I/O tiles after its run: {name:
+        # (that IPU, link cycles)} (a marked input read there crosses it in the program, an inter-IPU copy).
+        self.away = {}
+        for name, (direction, _) in marks.items():
+            ipu = _producing_ipu(graph, name, direction)
+            if ipu is not None:
+                self.away[name] = ipu, popsim.cost.link_cycles(target, self.nbytes[name])
         self.own = [i for i, run in enumerate(placement.call.runs) if run[2] == replica]
         self.position = {index: position for position, index in enumerate(self.own)}
         self.loaded = {}  # run index -> the intervals that loaded its inputs ahead
@@ -239,9 +243,19 @@ class _MarkedTransfers:
                     self.loaded.setdefault(other, []).append(hidden)
         extra = self.exchange - sum(self.cycles.values())
         body = self.placement.place_body(timeline, index, start, extra)
+        crossed = {name: [self._cross(timeline, name, body)] for name in self.away}
         for name, (direction, mode) in self.marks.items():
             if direction != INPUT and self._neighbour(position, 1, mode) is None:
-                timeline.add(both, self.cycles[name], after=body, tensor=name, transfer="store")
+                after = body + crossed.get(name, [])
+                timeline.add(both, self.cycles[name], after=after, tensor=name, transfer="store")
+
+    def _cross(self, timeline, name, body):
+        """Marked output ``name``, made on another IPU by the run ``body``, over the IPU-Link to the I/O tiles:
+        the producing IPU's tiles send it, the I/O tiles receive it (its store waits for it)."""
+        ipu, cycles = self.away[name]
+        lanes = [popsim.link_lane(self.replica, ipu, IO_IPU), popsim.io_lane(self.replica, IO_IPU)]
+        lanes.append(popsim.compute_lane(self.replica, ipu))
+        return timeline.add(lanes, cycles, after=body, tensor=name, transfer="IPU-Link")
 
 
 def _phase_reads(graph):
