@@ -4,7 +4,10 @@ or overlapped over the IPUs (pipelined, as PopART pipelines a PopTorch model wit
 Each profile step of a placed node names its (stage, IPU) and role; a stage's forward cycles per micro-batch
 are those of its forward steps with their syncs, its backward cycles those of the rest (gradients and the
 accumulation into them), each without the inter-IPU copies between stages, which are costed on their own.
-Steps of no stage (host transfers, control, unplaced work) run once per micro-batch outside the pipeline.
+Each micro-batch's host streams (``Stream``) belong to the pass that reads or produces their tensor: an input
+streams in on that stage's IPU just before the pass, an output streams out just after it, each holding the
+replica's host link, inside the pipeline cycle of that pass, as PopART streams them. The steps of no stage
+(control, unplaced work) and the streams of no pass run once per micro-batch outside the pipeline.
 
 Pipelined, the step is a sequence of pipeline cycles, as PopART builds it: in each cycle every IPU runs its
 stages' work for the micro-batches at that point of the pipeline, then all IPUs sync and the activations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
+from popsim.timeline import HOST_TRANSFER, Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
@@ -45,6 +48,18 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Stream:
+    """A host stream of one micro-batch's tensor ``name`` (``to_device``: an input), ``cycles`` on the host link:
+    into the tiles of ``stage``'s ``direction`` pass before the pass reads it, or out after it produces it."""
+
+    name: str
+    to_device: bool
+    cycles: int
+    stage: int
+    direction: str
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Cycles of one step of ``micro_batches`` runs of a program over its stages."""
 
@@ -58,6 +73,11 @@ class Schedule:
     # (stage, pass) -> ((transfer kind or None, cycles), ...): the pass's compute and its host-side transfers
     # (streaming-memory loads and stores) in program order, adding up to its cycles
     pieces: dict = field(default_factory=dict)
+    streams: tuple = ()  # the Stream entries of one micro-batch
+
+    def streams_of(self, stage, direction, to_device):
+        """The host streams into (``to_device``) or out of ``stage``'s ``direction`` pass."""
+        return [s for s in self.streams if (s.stage, s.direction, s.to_device) == (stage, direction, to_device)]
 
     @property
     def stages(self):
@@ -74,14 +94,15 @@ class Schedule:
 
     def has_work(self, stage, direction):
         return self.cycles_of(stage, direction) > 0 or any(
-            (c.stage, c.direction) == (stage, direction) for c in self.copies
+            (c.stage, c.direction) == (stage, direction) for c in (*self.copies, *self.streams)
         )
 
     @property
     def serial_cycles(self):
         """The step's cycles with the stages run one after another (sharded)."""
         staged = sum(self.forward_cycles.values()) + sum(self.backward_cycles.values())
-        return self.micro_batches * (staged + sum(c.cycles for c in self.copies) + self.outside_cycles)
+        moved = sum(c.cycles for c in self.copies) + sum(s.cycles for s in self.streams)
+        return self.micro_batches * (staged + moved + self.outside_cycles)
 
     @functools.cached_property
     def _placed(self):
@@ -150,10 +171,12 @@ class Schedule:
             for stage, direction in order:
                 for copy in self._copies_of(stage, direction, True):
                     now += copy.cycles
+                now += sum(s.cycles for s in self.streams_of(stage, direction, True))
                 cycles = self.cycles_of(stage, direction)
                 if cycles:
                     entries.append(self._entry(stage, batch, direction, now, now + cycles))
                     now += cycles
+                now += sum(s.cycles for s in self.streams_of(stage, direction, False))
                 for copy in self._copies_of(stage, direction, False):
                     now += copy.cycles
             now += self.outside_cycles
@@ -200,9 +223,12 @@ class Schedule:
         return shown
 
 
-def step_schedule(program, target, micro_batches, pipelined):
+def step_schedule(program, target, micro_batches, pipelined, streams=()):
     """The Schedule of ``micro_batches`` runs of ``program`` (a ``Profile.programs`` entry) compiled for
-    ``target`` (its graph target), pipelined or sharded."""
+    ``target`` (its graph target), pipelined or sharded. ``streams``: ``(name, to_device, cycles, passes)`` of
+    each tensor the program streams from or to the host per run, ``passes`` the ``(stage, pass)`` reading it
+    (an input) or producing it (an output): an input streams into the first of them in pipeline order, an
+    output out of the last; one with none of the program's stages stays outside the stages."""
     passes = {"forward": {}, "backward": {}}
     stage_ipu = {}
     copies = {}  # (stage, pass, links, before) -> cycles
@@ -224,7 +250,8 @@ def step_schedule(program, target, micro_batches, pipelined):
             if not run or run[-1][0] != step.get("transfer"):
                 run.append([step.get("transfer"), 0])
             run[-1][1] += cycles
-    staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values())
+    placed = _placed_streams(streams, sorted(stage_ipu))
+    staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values()) + sum(s.cycles for s in placed)
     return Schedule(
         micro_batches,
         pipelined,
@@ -237,7 +264,25 @@ def step_schedule(program, target, micro_batches, pipelined):
             for (stage, direction, links, before), cycles in copies.items()
         ),
         {key: tuple(map(tuple, run)) for key, run in pieces.items()},
+        placed,
     )
+
+
+def _placed_streams(streams, stages):
+    """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages``."""
+    placed = []
+    for name, to_device, cycles, passes in streams:
+        # A pass's position in the pipeline: the k-th of S stages runs forward in cycle k, backward in 2S-2-k.
+        order = [
+            (k if direction == "forward" else 2 * len(stages) - 2 - k, stage, direction)
+            for stage, direction in passes
+            if stage in stages
+            for k in [stages.index(stage)]
+        ]
+        if order:
+            _, stage, direction = min(order) if to_device else max(order)
+            placed.append(Stream(name, to_device, int(cycles), stage, direction))
+    return tuple(placed)
 
 
 def stash_per_tile(program, target, stage_ipu):
@@ -442,8 +487,9 @@ def _run_order(cycles, edges):
 def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
     ``timeline``, pipeline cycle by pipeline cycle (see the module's docstring): each stage's pass of a
-    micro-batch on its IPU's lane after the sync that began the cycle, the previous stage's forward (the next
-    stage's backward, or its own forward for the last stage) of that micro-batch and its IPU's work before it;
+    micro-batch on its IPU's lane (its host streams in before it and out after it, on the host link too) after
+    the sync that began the cycle, the previous stage's forward (the next stage's backward, or its own forward
+    for the last stage) of that micro-batch and its IPU's work before it;
     then the cycle's inter-IPU copies, each on its destination IPU and its IPU-Links, once every IPU's work in
     the cycle is done; then a sync of every IPU. The steps of no stage follow on every IPU. Returns the
     intervals."""
@@ -457,9 +503,9 @@ def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
             ipu = schedule.stage_ipu[stage]
             tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction, "pipeline_cycle": cycle}
             after = [sync, *(work[d] for d in _feeds(schedule, stage, direction, batch) if d in work)]
-            for transfer, cycles in schedule.pieces.get((stage, direction), ((None, 0),)):
+            for transfer, cycles, names in _pass_pieces(schedule, stage, direction):
                 resources = [compute_lane(replica, ipu)] + ([transfer_lane(replica, ipu, transfer)] if transfer else [])
-                kind = {"transfer": transfer} if transfer else {}
+                kind = ({"transfer": transfer} if transfer else {}) | names
                 done.append(timeline.add(resources, cycles, after, **tags, **kind, **label))
                 after = [done[-1]]
             work[(stage, direction, batch)] = done[-1]
@@ -472,6 +518,19 @@ def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     outside = schedule.micro_batches * schedule.outside_cycles
     placed.append(timeline.add(lanes, outside, [sync], work=OUTSIDE_STAGES, **label))
     return placed
+
+
+def _pass_pieces(schedule, stage, direction):
+    """``(transfer kind or None, cycles, extra label)`` of one micro-batch's ``stage`` ``direction`` pass in
+    order: the host streams of its inputs, its compute and host-side transfers, the streams of its outputs."""
+    pieces = [(None, 0, {})]
+    if (stage, direction) in schedule.pieces:
+        pieces = [(kind, cycles, {}) for kind, cycles in schedule.pieces[(stage, direction)]]
+    return [
+        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, True)),
+        *pieces,
+        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, False)),
+    ]
 
 
 def _place_copy(timeline, schedule, copy, batch, cycle, after, replica, label):
@@ -498,7 +557,8 @@ def _cycle_work(schedule, cycle):
     order = [(s, "forward") for s in schedule.stages] + [(s, "backward") for s in reversed(schedule.stages)]
     for stage, direction in order:
         batch = cycle - schedule.pipeline_cycle(stage, direction, 0)
-        if 0 <= batch < schedule.micro_batches and schedule.cycles_of(stage, direction):
+        streamed = schedule.streams_of(stage, direction, True) + schedule.streams_of(stage, direction, False)
+        if 0 <= batch < schedule.micro_batches and (schedule.cycles_of(stage, direction) or streamed):
             yield stage, direction, batch
 
 

@@ -308,6 +308,12 @@ def update_placements(grads, strategy):
     return {name: g.producer.placement for name, g in grads.items() if g.producer is not None}
 
 
+def accumulation_placement(gradient):
+    """The placement of the accumulation of ``gradient`` (a Value) over micro-batches: that of the pass that
+    produced it (None: unplaced)."""
+    return gradient.producer.placement if gradient.producer is not None else None
+
+
 def order_updates(graph):
     """Reorder ``graph``'s nodes so that each optimizer node runs as early in the backward pass as its operands
     allow and once the forward and backward passes have done reading the values it reads (a weight is updated

@@ -78,7 +78,8 @@ class _Placement:
         if plan.pipelined and call.runs:
             per_group = call.runs_per_step if call.step_cycles else len(call.runs)
             micro_batches = per_group // len(self.replicas)
-            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True)
+            streams = _host_streams(graph, exe.target)
+            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True, streams)
 
     def place(self, marks):
         """The Timeline of the call with ``marks`` overlapped (``{}``: every transfer in its run)."""
@@ -258,6 +259,26 @@ class _MarkedTransfers:
         return timeline.add(lanes, cycles, after=body, tensor=name, transfer="IPU-Link")
 
 
+def _pass_of(node):
+    return "forward" if node.role in (None, "forward") else "backward"
+
+
+def _host_streams(graph, target):
+    """``(name, to device, host cycles, ((stage, pass), ...))`` of each model input of ``graph`` with the placed
+    passes that read it, and each output with the placed pass that produces it (``popsim.step_schedule``)."""
+    readers = {}  # id(input) -> (input, its readers' passes)
+    for node in graph.nodes:
+        for value in node.inputs if node.placement is not None else ():
+            if value.producer is None and value.kind == "input":
+                readers.setdefault(id(value), (value, []))[1].append((node.placement[0], _pass_of(node)))
+    streams = [(v.name, True, v.type.nbytes, tuple(passes)) for v, passes in readers.values()]
+    for name, value in graph.outputs.items():
+        producer = value.producer
+        if producer is not None and producer.placement is not None:
+            streams.append((name, False, value.type.nbytes, ((producer.placement[0], _pass_of(producer)),)))
+    return [(name, inward, popsim.cost.host_cycles(target, n), passes) for name, inward, n, passes in streams]
+
+
 def _phase_reads(graph):
     """``(phase, pass, from_ipu, to_ipu)`` for each value a node of one phase and pass reads from another IPU
     of the same phase and pass."""
@@ -265,7 +286,7 @@ def _phase_reads(graph):
     for node in graph.nodes:
         if node.placement is None:
             continue
-        direction = "forward" if node.role in (None, "forward") else "backward"
+        direction = _pass_of(node)
         for value in node.inputs:
             producer = value.producer
             if producer is None or producer.placement is None or producer.placement[0] != node.placement[0]:
