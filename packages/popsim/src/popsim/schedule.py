@@ -26,12 +26,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import HOST_TRANSFER, Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
+from popsim.timeline import (
+    HOST_TRANSFER,
+    STREAMING_MEMORY,
+    Timeline,
+    compute_lane,
+    copy_destinations,
+    link_lane,
+    transfer_lane,
+)
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
 PASSES = ("forward", "backward")
 COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
+REMOTE_LOAD, REMOTE_STORE = "remote load ", "remote store "  # how streaming-memory transfers are named
 
 
 @dataclass(frozen=True)
@@ -314,14 +323,14 @@ def stash_per_tile(program, target, stage_ipu):
     return stash
 
 
-def phase_schedule(program, target, depends):
+def phase_schedule(program, target, depends, overlap=False):
     """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
     ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
     (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
     timeline = Timeline()
     work = _phase_work(program, target, 0)
     ipus = {ipu for unit in work.values() for ipu in unit} | {0}
-    place_phases(timeline, program, target, depends, 0, sorted(ipus))
+    place_phases(timeline, program, target, depends, 0, sorted(ipus), overlap=overlap)
     spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces
     for i in timeline.intervals:
         if "phase" in i.label:
@@ -335,33 +344,101 @@ def phase_schedule(program, target, depends):
     }
 
 
-def place_phases(timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, **label):
+def place_phases(
+    timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, overlap=False, **label
+):
     """Lay one run of a phased ``program`` on ``ipus`` of ``replica`` out on ``timeline``. The phases run one
-    after another, forward then backward as the steps order them; within one phase and pass, each IPU's work
-    (its steps with their syncs, the inter-IPU copies into it included, which also hold their IPU-Links)
-    starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``), so a
-    phase costs its critical path; IPUs that read each other both ways run one after another. The steps of
-    no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU. Returns the intervals."""
+    after another, forward then backward as the steps order them; within one phase and pass (a unit), each
+    IPU's work (its steps with their syncs, the inter-IPU copies into it included, which also hold their
+    IPU-Links) starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``),
+    so a phase costs its critical path; IPUs that read each other both ways run one after another. The steps
+    of no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU.
+
+    Streaming-memory loads and stores hold the compute tiles, one after another with the compute, unless
+    ``overlap`` (PopTorch's ``Liveness.OffChipAfterFwd``): then they hold only the streaming-memory lane, a
+    unit's loads running while the unit before computes (once the one before that is done) and its stores
+    while the next computes (the unit after that waits for them), within one pass: PopTorch leaves a gap of
+    phases between the forward and backward passes, where the last forward unit's stores and the first
+    backward unit's loads overlap no compute. ``streaming_overlap_bytes`` is the tile memory this costs.
+    Returns the intervals."""
     label = {"replica": replica, **label}
     work = _phase_work(program, target, replica)
     outside = max(0, program["total_cycles"] - _total(work))
-    placed, previous = [], []
+    placed, previous, last_pass = [], [], None
+    moved = [[], []]  # the streaming-memory transfers of the unit before the previous one and the previous one
     for (phase, direction), unit in work.items():
         edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
         order, edges = _run_order(unit, edges)
-        done = {}
+        if direction != last_pass:  # between the passes, a gap of phases: the transfers overlap no compute
+            moved = [previous + moved[0] + moved[1], []]
+        done, settled, moved, last_pass = {}, moved[0], [moved[1], []], direction
         for ipu in order:
-            after = previous + [done[a] for a, b in edges if b == ipu]
-            for lanes, cycles, transfer in unit[ipu]:  # one after another on the IPU's lane
-                resources = [compute_lane(replica, ipu), *lanes]
+            after = previous + settled + [done[a] for a, b in edges if b == ipu and a in done]
+            loads = []
+            for lanes, cycles, transfer, remote in unit[ipu]:
                 tags = {"phase": phase, "pass": direction, "ipu": ipu} | ({"transfer": transfer} if transfer else {})
-                done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
-                placed.append(done[ipu])
+                if overlap and remote == "load":
+                    interval = timeline.add(lanes, cycles, settled, not_before, **tags, **label)
+                    loads.append(interval)
+                    moved[1].append(interval)
+                elif overlap and remote == "store":
+                    interval = timeline.add(
+                        lanes, cycles, [done[ipu]] if ipu in done else after, not_before, **tags, **label
+                    )
+                    moved[1].append(interval)
+                else:
+                    interval = timeline.add(
+                        [compute_lane(replica, ipu), *lanes], cycles, after + loads, not_before, **tags, **label
+                    )
+                    done[ipu] = interval
+                placed.append(interval)
         previous = list(done.values())
     lanes = [compute_lane(replica, i) for i in ipus]
     rest = outside + extra_cycles
-    placed.append(timeline.add(lanes, rest, previous, not_before, work=OUTSIDE_PHASES, **label))
+    placed.append(timeline.add(lanes, rest, previous + moved[0] + moved[1], not_before, work=OUTSIDE_PHASES, **label))
     return placed
+
+
+def streaming_overlap_bytes(program, target):
+    """Bytes each tile adds when a phased ``program``'s (a ``Profile.programs`` entry) streaming-memory
+    transfers overlap the neighbouring units' compute (``place_phases`` with ``overlap``): a load's buffer is
+    live from the start of the unit before its own, while it loads, and a tensor a store reads last stays
+    live to the end of the unit after the store's, until the store is done (both within one pass). The
+    increase of each tile's peak of live bytes over the program order's; an int64 array over the tiles of
+    ``target``."""
+    liveness = program.get("liveness", {})
+    units, labels = liveness.get("units") or [], liveness.get("points") or []
+    unit_of, keys, current = [], {}, None  # each point's unit in order of first use (unplaced: the one before)
+    for unit in units:
+        if unit is not None:
+            current = keys.setdefault(tuple(unit), len(keys))
+        unit_of.append(current)
+    spans = {}  # unit -> [first point, last point]
+    for point, unit in enumerate(unit_of):
+        if unit is not None:
+            spans.setdefault(unit, [point, point])[1] = point
+    passes = [direction for _, direction in keys]  # each unit's pass, in order
+
+    def beside(unit, step):  # the unit ``step`` away from ``unit`` in the same pass, if any
+        other = unit + step
+        return other if unit is not None and 0 <= other < len(passes) and passes[other] == passes[unit] else None
+
+    count = len(units)
+    plain = np.zeros((count + 1, target.num_tiles), np.int64)
+    moved = np.zeros_like(plain)
+    for t in program.get("tensors", ()):
+        start, stop = max(t["first"], 0), count if t["last"] is None else min(t["last"], count - 1) + 1
+        later, earlier = start, stop
+        if t["name"].startswith(REMOTE_LOAD) and start < count and beside(unit_of[start], -1) is not None:
+            later = min(start, spans[beside(unit_of[start], -1)][0])
+        if 0 < stop <= len(labels) and labels[stop - 1].startswith(REMOTE_STORE):
+            after = beside(unit_of[stop - 1], 1)
+            earlier = stop if after is None else max(stop, spans[after][1] + 1)
+        for first, tiles, nbytes in t["tile_runs"]:
+            for live, (a, b) in ((plain, (start, stop)), (moved, (later, earlier))):
+                live[a, first : first + tiles] += nbytes
+                live[b, first : first + tiles] -= nbytes
+    return np.maximum(np.cumsum(moved, axis=0).max(axis=0) - np.cumsum(plain, axis=0).max(axis=0), 0)
 
 
 def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
@@ -455,21 +532,30 @@ def _links(step, replica):
 
 
 def _phase_work(program, target, replica):
-    """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
-    in the order the steps run: consecutive steps holding the same IPU-Links or transfer lane merged."""
+    """``{(phase, pass): {ipu: [[links, cycles, transfer, remote], ...]}}`` of a phased program's placed steps
+    with their syncs, in the order the steps run: consecutive steps holding the same IPU-Links or transfer
+    lane merged, a streaming-memory load (``remote`` "load") apart from a store ("store")."""
     work = {}
     for step in program["steps"]:
         if "stage" in step:
             pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
             _, _, _, lanes, transfer = _step_key(step, replica)
-            if not pieces or pieces[-1][0] != lanes:
-                pieces.append([lanes, 0, transfer])
+            remote = _remote_direction(step)
+            if not pieces or pieces[-1][0] != lanes or pieces[-1][3] != remote:
+                pieces.append([lanes, 0, transfer, remote])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 
+def _remote_direction(step):
+    """ "load" or "store" for a streaming-memory transfer step, else None."""
+    if step.get("transfer") != STREAMING_MEMORY:
+        return None
+    return "store" if step.get("name", "").startswith(REMOTE_STORE) else "load"
+
+
 def _total(work):
-    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles, _ in pieces)
+    return sum(piece[1] for unit in work.values() for pieces in unit.values() for piece in pieces)
 
 
 def _run_order(cycles, edges):

@@ -271,8 +271,8 @@ class ParallelPhasedExecution(_PhasedExecution):
 STRATEGIES = (PipelinedExecution, ShardedExecution, SerialPhasedExecution, ParallelPhasedExecution)
 
 # popsim's activation spill mode for each Liveness: AlwaysLive keeps every tensor on the chip; OffChipAfterFwd
-# (with or without overlap: the simulator never overlaps transfers with compute) parks the forward values the
-# backward pass reads in streaming memory; OffChipAfterEachPhase parks every value read outside its phase.
+# (with or without overlap, see overlaps_streaming) parks the forward values the backward pass reads in
+# streaming memory; OffChipAfterEachPhase parks every value read outside its phase.
 _SPILL = {
     Liveness.AlwaysLive: None,
     Liveness.OffChipAfterFwd: "backward",
@@ -291,6 +291,13 @@ def shares_last_phase(strategy):
         and strategy._liveness == Liveness.AlwaysLive
         and not strategy._separate_backward_phase
     )
+
+
+def overlaps_streaming(strategy):
+    """Whether phased ``strategy``'s streaming-memory loads and stores overlap the neighbouring phases' compute:
+    with ``Liveness.OffChipAfterFwd``, not ``OffChipAfterFwdNoOverlap`` ("no overlapping of load and store
+    operations between phases", more memory-efficient at the cost of delayed computation)."""
+    return isinstance(strategy, _PhasedExecution) and strategy._liveness == Liveness.OffChipAfterFwd
 
 
 def is_phased(strategy):

@@ -53,7 +53,7 @@ def call_cycles(exe, programs, plan, options, marks, call):
     if plan_of.schedule is not None:
         profile["schedule"] = plan_of.schedule.as_dict()
     if plan_of.phased and call.runs:
-        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends)
+        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends, plan_of.overlap)
     if marks and call.runs:
         serial = plan_of.place({}).makespan
         profile["io_overlap"] = plan_of.io_figures(marks, serial, timeline.makespan)
@@ -73,6 +73,7 @@ class _Placement:
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
         self.depends = _phase_reads(graph) if self.phased else set()
+        self.overlap = _blocks.overlaps_streaming(options.execution_strategy)
         self.io_tiles = options.TensorLocations.num_io_tiles
         self.schedule = None
         if plan.pipelined and call.runs:
@@ -133,7 +134,16 @@ class _Placement:
         if self.phased:
             depends, target = self.depends, self.exe.target
             return popsim.place_phases(
-                timeline, self.profile, target, depends, replica, self.ipus, not_before, extra_cycles, **label
+                timeline,
+                self.profile,
+                target,
+                depends,
+                replica,
+                self.ipus,
+                not_before,
+                extra_cycles,
+                self.overlap,
+                **label,
             )
         cycles = self.call.run_cycles[index] + extra_cycles
         # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
