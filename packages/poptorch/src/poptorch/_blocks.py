@@ -214,8 +214,8 @@ class ShardedExecution(PipelinedExecution):
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
     activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
-    same time unless one reads another's values (``popsim.place_phases``); the simulator never overlaps
-    streaming-memory transfers with compute."""
+    same time unless one reads another's values (``popsim.place_phases``); streaming-memory transfers overlap
+    the neighbouring phases' compute with ``Liveness.OffChipAfterFwd`` only (see ``overlaps_streaming``)."""
 
     def __init__(self, *phases):
         if not phases:
