@@ -98,8 +98,7 @@ class Schedule:
 
     def pipeline_cycle(self, stage, direction, batch):
         """The pipeline cycle in which ``stage`` runs its ``direction`` pass of micro-batch ``batch``."""
-        k, count = self.stages.index(stage), len(self.stage_ipu)
-        return batch + (k if direction == "forward" else 2 * count - 2 - k)
+        return batch + _pipeline_stage(self.stages, stage, direction)
 
     def has_work(self, stage, direction):
         return self.cycles_of(stage, direction) > 0 or any(
@@ -277,17 +276,18 @@ def step_schedule(program, target, micro_batches, pipelined, streams=()):
     )
 
 
+def _pipeline_stage(stages, stage, direction):
+    """PopART's pipeline stage of ``stage``'s ``direction`` pass (``stages`` in order): the k-th of S stages
+    runs its forward pass as pipeline stage k, its backward pass as 2 S - 2 - k."""
+    k = stages.index(stage)
+    return k if direction == "forward" else 2 * len(stages) - 2 - k
+
+
 def _placed_streams(streams, stages):
     """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages``."""
     placed = []
     for name, to_device, cycles, passes in streams:
-        # A pass's position in the pipeline: the k-th of S stages runs forward in cycle k, backward in 2S-2-k.
-        order = [
-            (k if direction == "forward" else 2 * len(stages) - 2 - k, stage, direction)
-            for stage, direction in passes
-            if stage in stages
-            for k in [stages.index(stage)]
-        ]
+        order = [(_pipeline_stage(stages, s, d), s, d) for s, d in passes if s in stages]
         if order:
             _, stage, direction = min(order) if to_device else max(order)
             placed.append(Stream(name, to_device, int(cycles), stage, direction))
