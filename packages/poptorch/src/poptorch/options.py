@@ -808,7 +808,8 @@ class Options(_NoAssignment):
         return self._set("executableCachePath", None if path is None else _path("enableExecutableCaching", path))
 
     def logDir(self, log_dir):
-        """Directory where the model writes its logs and profiles (default: the current directory)."""
+        """Directory of the profile the wrapper's ``profile=True`` argument writes (``<logDir>/profile.json``;
+        default: the current directory). ``enableProfiling`` names its own directory."""
         return self._set("logDir", _path("logDir", log_dir))
 
     def logCycleCount(self, log_cycle_count):
@@ -880,8 +881,8 @@ class Options(_NoAssignment):
         return self._set("enableStableNorm", _bool("enableStableNorm", enabled))
 
     def enableProfiling(self, profile_dir=None):
-        """Write the simulated profile (profile.json) after compiling, into ``profile_dir`` (default: the log dir)
-        under a sub-directory named by modelName (default: training or inference)."""
+        """Write the simulated profile (profile.json) after compiling, into ``profile_dir`` (default: the current
+        directory, as PopTorch) under a sub-directory named by modelName (default: training or inference)."""
         return self._set("profileDir", "." if profile_dir is None else _path("enableProfiling", profile_dir))
 
     def disableModuleNamescope(self):
