@@ -223,3 +223,22 @@ def test_off_chip_after_fwd_refuses_a_tile_the_overlap_takes_over_its_memory(mon
     with pytest.raises(poptorch.Error, match=r"OffChipAfterFwd .* Use Liveness\.OffChipAfterFwdNoOverlap"):
         _train(poptorch.Liveness.OffChipAfterFwd, phases=6)
     _train(poptorch.Liveness.OffChipAfterFwdNoOverlap, phases=6)
+
+
+def test_an_executable_shared_with_no_overlap_drops_the_overlap_s_memory(monkeypatch):
+    """OffChipAfterFwd and OffChipAfterFwdNoOverlap compile alike, so they may share an executable: its profile
+    counts the overlap's tile memory only under OffChipAfterFwd."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Phased(6)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.setExecutionStrategy(_strategy(poptorch.Liveness.OffChipAfterFwd, count=6))
+    trained = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    trained.compile(torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH))
+    program = trained._exe.profile.programs["train"]
+    overlapped = program["memory_max_tile_bytes"]
+    serial = poptorch.Options().setExecutionStrategy(_strategy(poptorch.Liveness.OffChipAfterFwdNoOverlap, count=6))
+    poptorch._device.account_streaming_overlap(trained._exe, "train", serial)
+    assert "streaming_overlap" not in program["memory"] and program["memory_max_tile_bytes"] < overlapped
+    poptorch._device.account_streaming_overlap(trained._exe, "train", opts)
+    assert program["memory_max_tile_bytes"] == overlapped
