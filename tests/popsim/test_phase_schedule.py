@@ -1,6 +1,8 @@
 """popsim.phase_schedule: a phase's IPUs run at the same time unless one reads another's values; IPUs that read
 each other both ways, and the phases themselves, run one after another."""
 
+import pytest
+
 import popsim
 
 TARGET = popsim.Target.small(num_tiles=4)
@@ -89,3 +91,10 @@ def test_overlapped_streaming_transfers_hold_two_phases_data_on_the_tiles():
     extra = popsim.streaming_overlap_bytes(program, TARGET)
     # Peak 200 in program order; 300 with a beside b (forward), and with load a beside load b (backward).
     assert extra.tolist() == [0, 100, 100, 0]
+
+
+def test_overlap_memory_needs_the_points_units():
+    program = _transfers_program()
+    program["liveness"] = {"points": ["a"]}
+    with pytest.raises(popsim.Error, match="no units"):
+        popsim.streaming_overlap_bytes(program, TARGET)

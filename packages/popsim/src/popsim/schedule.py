@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from popsim.errors import Error
 from popsim.timeline import (
     HOST_TRANSFER,
     STREAMING_MEMORY,
@@ -407,7 +408,11 @@ def streaming_overlap_bytes(program, target):
     increase of each tile's peak of live bytes over the program order's; an int64 array over the tiles of
     ``target``."""
     liveness = program.get("liveness", {})
-    units, labels = liveness.get("units") or [], liveness.get("points") or []
+    units, labels = liveness.get("units"), liveness.get("points") or []
+    if units is None:
+        if any(_remote_direction(step) for step in program["steps"]):
+            raise Error("this profile's liveness has no units (phase and pass of each point): recompile the program")
+        units = []
     unit_of, keys, current = [], {}, None  # each point's unit in order of first use (unplaced: the one before)
     for unit in units:
         if unit is not None:
