@@ -391,3 +391,42 @@ def test_parameter_groups_with_their_own_hyper_parameters_train_like_eager_when_
         for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     assert _levels(trained.profile)[0].startswith("reduce-scatter")
+
+
+def test_sharding_the_state_of_a_parameter_whose_replica_groups_differ_is_refused_with_the_reason(monkeypatch):
+    """PopTorch documents no sharding within a parameter's replica groups: PopART shards over every replica."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    model = Net()
+    with torch.no_grad():  # two groups: the host parameter holds one value per group
+        model.first.weight = torch.nn.Parameter(torch.stack([model.first.weight] * 2))
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.Consecutive,
+        2,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g)
+    expected = (
+        r"replicaGrouping\(CommGroupType.Consecutive, 2, VariableRetrievalMode.OnePerGroup\) of parameter "
+        r"'first.weight' gives it 2 groups of replicas holding different values.*PopART shards optimizer state and "
+        r"reduce-scatters the gradient over every replica.*"
+        r"minElementsForReplicatedTensorSharding above its 9216 elements"
+    )
+    with pytest.raises(poptorch.Error, match=expected):
+        trained(*data)
+
+
+def test_a_replica_grouping_of_one_group_keeps_its_parameters_state_sharded(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Net()
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.All,
+        0,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    trained(torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g))
+    assert _levels(trained.profile)[0].startswith("reduce-scatter")
