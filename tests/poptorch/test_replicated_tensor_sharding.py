@@ -430,3 +430,42 @@ def test_a_replica_grouping_of_one_group_keeps_its_parameters_state_sharded(monk
     g = torch.Generator().manual_seed(1)
     trained(torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g))
     assert _levels(trained.profile)[0].startswith("reduce-scatter")
+
+
+class TwoIpuNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.second = poptorch.BeginBlock(self.second, ipu_id=1)
+
+
+def test_sharded_execution_over_two_ipus_trains_like_eager_and_keeps_each_shard_on_its_ipu(monkeypatch):
+    """Each IPU updates the shards of its own layer's weights: the slices and the write-backs cross no IPU-Link,
+    and the step's peak tile memory is no higher than unsharded."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    torch.manual_seed(0)
+    reference = Net()
+    eager_optimizer = OPTIMIZERS["sgd_momentum"](reference.parameters())
+    peaks = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = TwoIpuNet()
+        opts = _options(sharded, 1, on_chip=True).setExecutionStrategy(poptorch.ShardedExecution())
+        trained = poptorch.trainingModel(model, opts, OPTIMIZERS["sgd_momentum"](model.parameters()))
+        for _ in range(STEPS):
+            loss = trained(x, y)[1].mean()
+            if sharded:
+                eager_optimizer.zero_grad()
+                expected = reference(x, y)[1]
+                expected.backward()
+                eager_optimizer.step()
+                torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+                for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+                    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+        apply = trained.profile.programs["apply"]
+        peaks.append(apply["memory_max_tile_bytes"])
+        trained.destroy()
+    shard_steps = [s for s in apply["steps"] if set(s["name"].split("+")) <= {"slice", "slice_update"}]
+    assert shard_steps and all(s["busiest_link_bytes"] == 0 for s in shard_steps)
+    assert {ipu for s in shard_steps for ipu in s["ipus"]} == {0, 1}
+    assert peaks[1] < peaks[0]
