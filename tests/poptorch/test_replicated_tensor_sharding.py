@@ -151,8 +151,13 @@ def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_shar
     locations = poptorch.Options().TensorLocations
     for on_chip in (True, False):
         sharded = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(True)
-        for setter in ("setWeightLocation", "setAccumulatorLocation"):
-            with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+        reasons = {
+            "setWeightLocation": "all-gather it before each of its readers",
+            "setAccumulatorLocation": "reduce-scatter each micro-batch's gradient into every replica's accumulator",
+            "setActivationLocation": "each replica's own values",
+        }
+        for setter, reason in reasons.items():
+            with pytest.raises(poptorch.Error, match=rf"useReplicatedTensorSharding\(True\) is not modelled.*{reason}"):
                 getattr(locations, setter)(sharded)
         assert locations.setOptimizerLocation(sharded).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
