@@ -122,7 +122,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
             lw.dg.node_outputs.add(t.storage.id)
-            if value.id in reused:
+            if value.id in reused and t.storage is t:  # a buffer of its own, not a view of another tensor
                 lw.in_place[reused[value.id]] = t
         for state, value in stores.get(index, ()):
             lw.dg.origin = node
