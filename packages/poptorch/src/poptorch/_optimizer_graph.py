@@ -189,7 +189,10 @@ class OptimizerBuilder:
             return graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name))
 
         shards = []  # the sharded parameters' weight and gradient shards
-        for name, p in params.items():
+        # The sharded parameters last, one after another: each one's write-back then shares an exchange phase
+        # with the next one's gradient slice (or the step's final copies).
+        for name in sorted(params, key=lambda name: name in self.sharded):
+            p = params[name]
             with own(name):
                 p32 = replica_shard(p, self.sharded[name]) if name in self.sharded else p
                 shards += [p32, grads[name]] if name in self.sharded else []
