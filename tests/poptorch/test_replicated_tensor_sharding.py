@@ -175,8 +175,13 @@ def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_shar
     locations = poptorch.Options().TensorLocations
     for on_chip in (True, False):
         sharded = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(True)
-        for setter in ("setWeightLocation", "setAccumulatorLocation"):
-            with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+        reasons = {
+            "setWeightLocation": "all-gather it before each of its readers",
+            "setAccumulatorLocation": "reduce-scatter each micro-batch's gradient into every replica's accumulator",
+            "setActivationLocation": "each replica's own values",
+        }
+        for setter, reason in reasons.items():
+            with pytest.raises(poptorch.Error, match=rf"useReplicatedTensorSharding\(True\) is not modelled.*{reason}"):
                 getattr(locations, setter)(sharded)
         assert locations.setOptimizerLocation(sharded).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
@@ -229,12 +234,15 @@ def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall_w
     for figure in ("compute_cycles", "total_cycles"):
         values = [run["apply"][figure] for run in runs]
         assert values[0] > values[1] > values[2], (figure, values)
-    # Both weights' updated shards are written back together: one exchange phase (one sync), on their tiles.
-    written = [step for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
-    assert len(written) == 1 and written[0]["name"].count("slice_update") == 2
-    # Its peak tile memory falls too, but for SGD over 2 replicas: the weight and gradient shards it slices out
-    # of the whole tensors (half of each) outweigh the half of the momentum it no longer holds.
-    for run in runs[1 if kind != "sgd_momentum" else 2 :]:
+    # Each weight's updated shard is written back as soon as it is computed, so it is not held beside the next
+    # weight's shards; the sharded weights are updated last, so each write-back shares an exchange phase with the
+    # next weight's gradient slice or the step's final copies (no sync of its own).
+    written = [step["name"] for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
+    assert len(written) == 2 and all(name.count("slice_update") == 1 and "+" in name for name in written)
+    # Its peak tile memory falls too, even SGD's over 2 replicas (half its momentum): the step holds one
+    # weight's shards at a time, slices a weight's shard once its gradient's is spent, and computes the updated
+    # shard in the buffer of the weight's shard.
+    for run in runs[1:]:
         assert run["apply"]["memory_max_tile_bytes"] < unsharded["apply"]["memory_max_tile_bytes"]
     # The state stays on the chip between steps, and the step takes its weight shard from the whole weight: the
     # forward and backward program holds no shard variable, only less state, and the overall peak falls.
@@ -386,3 +394,81 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     eager_optimizer.step()
     for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_sharding_the_state_of_a_parameter_whose_replica_groups_differ_is_refused_with_the_reason(monkeypatch):
+    """PopTorch documents no sharding within a parameter's replica groups: PopART shards over every replica."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    model = Net()
+    with torch.no_grad():  # two groups: the host parameter holds one value per group
+        model.first.weight = torch.nn.Parameter(torch.stack([model.first.weight] * 2))
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.Consecutive,
+        2,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g)
+    expected = (
+        r"replicaGrouping\(CommGroupType.Consecutive, 2, VariableRetrievalMode.OnePerGroup\) of parameter "
+        r"'first.weight' gives it 2 groups of replicas holding different values.*PopART shards optimizer state and "
+        r"reduce-scatters the gradient over every replica.*"
+        r"minElementsForReplicatedTensorSharding above its 9216 elements"
+    )
+    with pytest.raises(poptorch.Error, match=expected):
+        trained(*data)
+
+
+def test_a_replica_grouping_of_one_group_keeps_its_parameters_state_sharded(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Net()
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.All,
+        0,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    trained(torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g))
+    assert _levels(trained.profile)[0].startswith("reduce-scatter")
+
+
+class TwoIpuNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.second = poptorch.BeginBlock(self.second, ipu_id=1)
+
+
+def test_sharded_execution_over_two_ipus_trains_like_eager_and_keeps_each_shard_on_its_ipu(monkeypatch):
+    """Each IPU updates the shards of its own layer's weights: the slices and the write-backs cross no IPU-Link,
+    and the step's peak tile memory is no higher than unsharded."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    torch.manual_seed(0)
+    reference = Net()
+    eager_optimizer = OPTIMIZERS["sgd_momentum"](reference.parameters())
+    peaks = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = TwoIpuNet()
+        opts = _options(sharded, 1, on_chip=True).setExecutionStrategy(poptorch.ShardedExecution())
+        trained = poptorch.trainingModel(model, opts, OPTIMIZERS["sgd_momentum"](model.parameters()))
+        for _ in range(STEPS):
+            loss = trained(x, y)[1].mean()
+            if sharded:
+                eager_optimizer.zero_grad()
+                expected = reference(x, y)[1]
+                expected.backward()
+                eager_optimizer.step()
+                torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+                for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+                    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+        apply = trained.profile.programs["apply"]
+        peaks.append(apply["memory_max_tile_bytes"])
+        trained.destroy()
+    shard_steps = [s for s in apply["steps"] if set(s["name"].split("+")) <= {"slice", "slice_update"}]
+    assert shard_steps and all(s["busiest_link_bytes"] == 0 for s in shard_steps)
+    assert {ipu for s in shard_steps for ipu in s["ipus"]} == {0, 1}
+    assert peaks[1] < peaks[0]

@@ -481,6 +481,16 @@ def _non_negative(name, value):
     return value
 
 
+# Why sharding each other kind of tensor over the replicas is refused: what PopART would do that the simulated
+# replicas (run one after another on one device, each holding whole tensors outside the optimizer step) do not.
+_UNSHARDED_BECAUSE = {
+    "Weight": "PopART would keep a shard of each weight and all-gather it before each of its readers in every pass",
+    "Accumulator": "PopART would reduce-scatter each micro-batch's gradient into every replica's accumulator shard, "
+    "while each simulated replica accumulates whole gradients",
+    "Activation": "activations are each replica's own values, not copies of one tensor to shard",
+}
+
+
 class _TensorLocationOptions(_Group):
     """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
     activations in tile memory or streaming memory)."""
@@ -502,9 +512,9 @@ class _TensorLocationOptions(_Group):
         if location.sharded() and kind != "Optimizer":
             raise not_modelled(
                 f"TensorLocations.set{kind}Location with useReplicatedTensorSharding(True)",
-                "replicated tensor sharding is modelled for optimizer state only, in tile or streaming memory "
-                "(setOptimizerLocation(TensorLocationSettings().useReplicatedTensorSharding(True))); drop "
-                "useReplicatedTensorSharding here",
+                f"{_UNSHARDED_BECAUSE[kind]}. Replicated tensor sharding is modelled for optimizer state only, in "
+                "tile or streaming memory (setOptimizerLocation(TensorLocationSettings()"
+                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
