@@ -146,6 +146,20 @@ def test_cse_keeps_nodes_with_different_attributes():
     assert _ops(out).count("reduce_sum") == 2 and out.outputs["a"] is out.outputs["c"]
 
 
+def test_cse_keeps_identical_nodes_on_different_placements_apart():
+    """Merging them would make one IPU compute the value and copy it over the IPU-Links to the other."""
+    g, (x,) = _graph((3,))
+    made = {}
+    for placement in ((0, 0), (1, 1), (1, 1)):
+        with g.placed(placement):
+            made.setdefault(placement, []).append(ops.exp(x) * g.constant(np.float32(2.0)))
+    g.output("y", made[(0, 0)][0] + made[(1, 1)][0] + made[(1, 1)][1])
+    for out in (passes.eliminate_common_subexpressions(g), passes.optimize(g)):
+        kept = [(n.op, n.placement) for n in out.nodes if n.op in ("exp", "constant")]
+        assert sorted(kept) == [("constant", (0, 0)), ("constant", (1, 1)), ("exp", (0, 0)), ("exp", (1, 1))]
+    _same_results(g, passes.optimize(g), _feeds(g))
+
+
 # -- constant folding ------------------------------------------------------------------------------
 
 

@@ -213,6 +213,9 @@ def _in_place_updates(graph, at):
         if LOWERINGS.get(node.op) is _elementwise:
             if state.id not in read_at_end and last_read.get(state.id, -1) <= i:
                 found[value.id] = state.name
+        elif node.op == "broadcast_to":  # its elements move about: only once nothing reads the old value
+            if state.id not in read_at_end and last_read.get(state.id, -1) < i:
+                found[value.id] = state.name
         elif (written := _slice_written_in_place(graph, state, value, producer, aliases, at)) is not None:
             found[written] = state.name
     return found
@@ -420,6 +423,10 @@ def _reshape(lw, node, x, shape):
 
 @lowering("broadcast_to")
 def _broadcast_to(lw, node, x, shape):
+    out = lw.in_place.get(node.outputs[0].id)
+    if out is not None:  # a state reset to a broadcast value: the exchange writes the variable, no buffer
+        lw.move(out, [x], np.broadcast_to(np.arange(x.size).reshape(x.shape), tuple(shape)), name="broadcast")
+        return out
     return lw.broadcast_like(
         x, tuple(shape), TileMapping.linear(int(np.prod(shape, dtype=np.int64)), x.itemsize, lw.target)
     )

@@ -143,7 +143,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
 
     initial = {}
     apply = popir.Graph(f"{graph.name}_apply")
-    step_params, reduced, gradients = {}, {}, {}
+    step_params, reduced, gradients, resets = {}, {}, {}, []
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
     shared_count = _running_count(graph, apply, initial, ACCUM_COUNT) if running else None
@@ -174,16 +174,26 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             gradients[name] = ("apply", reduced[name])
             if name in sharded:  # the replica updates its shard of the weight from its shard of the gradient
                 reduced[name] = step_gradient(replica_shard(step_acc, sharded[name]))
-            apply.update(step_acc, _zeros(apply, p.shape, acc_dtype))
+            resets.append((step_acc, _blocks.accumulation_placement(g)))
         large_counts = None
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
         builder.apply(apply, step_params, reduced, group_of, large_counts)
+        _reset_accumulators(apply, resets)
     if placements:
         _blocks.order_updates(graph)
     initial.update(builder.initial)
     graphs = {"accumulate": graph, "apply": apply}
     return Programs(graphs, "accumulate", "apply", initial, trained, gradients, sharded, loss_output)
+
+
+def _reset_accumulators(apply, resets):
+    """Zero each accumulator of ``resets`` ([(accumulator, placement)]) after the step has read it, as PopART
+    zeroes an accumulator in place on its own IPU: the zeros are made on the accumulator's placement, at the
+    end of the step (not live through the update), and never cross an IPU-Link."""
+    for accumulator, placement in resets:
+        with apply.placed(placement):
+            apply.update(accumulator, _zeros(apply, accumulator.shape, accumulator.dtype))
 
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):

@@ -46,6 +46,11 @@ class Rebuilder:
         result = get_op(op).infer(*[v.type for v in inputs], **attrs)
         return [TensorType.of(*t) for t in ([result] if isinstance(result, TensorType) else result)]
 
+    @property
+    def placement(self):
+        """The placement the nodes emitted now take (that of the source node being replayed)."""
+        return self._origin.placement if self._origin is not None else None
+
     def emit(self, op, inputs, attrs, types=None):
         """Append the node as is, bypassing the rules; returns its output Values."""
         if types is None:

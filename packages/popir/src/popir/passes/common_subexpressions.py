@@ -1,4 +1,5 @@
-"""Common-subexpression elimination: one node per (op, inputs, attributes), constants shared by value."""
+"""Common-subexpression elimination: one node per (op, inputs, attributes, placement), constants shared by
+value on each placement."""
 
 import numpy as np
 
@@ -23,7 +24,10 @@ def attr_key(value):
 
 
 class CommonSubexpressions:
-    """A rewrite rule: answer a node already emitted with the same op, inputs and attributes.
+    """A rewrite rule: answer a node already emitted with the same op, inputs, attributes and placement.
+
+    Nodes placed on different IPUs stay apart: merging them would make one IPU compute the value and copy it
+    over the IPU-Links to the other (a constant made on each IPU costs no link traffic).
 
     Keep one instance per sweep: it remembers the nodes of the graph being built.
     """
@@ -37,7 +41,8 @@ class CommonSubexpressions:
         ids = [v.id for v in inputs]
         if op in COMMUTATIVE:
             ids.sort()
-        key = (op, tuple(ids), tuple((k, attr_key(v)) for k, v in sorted(attrs.items())))
+        attr_keys = tuple((k, attr_key(v)) for k, v in sorted(attrs.items()))
+        key = (op, tuple(ids), attr_keys, builder.placement)
         found = self.seen.get(key)
         if found is not None:
             builder.changes += 1

@@ -1,0 +1,76 @@
+"""A step with gradient accumulation over several IPUs zeroes each gradient accumulator on its own IPU after
+the update has read it, as PopART does: the zeros cross no IPU-Link and hold no buffer through the step, and
+the numbers equal eager torch step by step."""
+
+import pytest
+import torch
+
+import popsim
+import poptorch
+
+WIDTH, BATCH, ACCUMULATION, STEPS = 96, 2, 4, 3
+ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
+# One accumulator's size on each tile of its IPU: the float32 zeros of a WIDTH x WIDTH weight over 4 tiles.
+WEIGHT_BYTES_PER_TILE = WIDTH * WIDTH * 4 // ROOMY.num_tiles
+
+
+class Net(torch.nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
+        if blocks:
+            self.second = poptorch.BeginBlock(self.second, ipu_id=1)
+
+    def forward(self, x, y):
+        out = self.second(torch.tanh(self.first(x)))
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def _sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    n = BATCH * ACCUMULATION
+    return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
+
+
+def _momenta(model, optimizer):
+    return [optimizer.state[p]["momentum_buffer"].detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("strategy", [poptorch.ShardedExecution, poptorch.PipelinedExecution])
+def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_long_buffer(monkeypatch, strategy):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    torch.manual_seed(0)
+    reference = Net(blocks=False)
+    eager_optimizer = _sgd(reference)
+    torch.manual_seed(0)
+    model = Net(blocks=True)
+    optimizer = _sgd(model)
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy())
+    opts.outputMode(poptorch.OutputMode.All)  # every micro-batch's loss: their mean is eager's batch loss
+    opts.Training.gradientAccumulation(ACCUMULATION)
+    trained = poptorch.trainingModel(model, opts, optimizer)
+    for _ in range(STEPS):
+        loss = trained(x, y)[1].mean()
+        eager_optimizer.zero_grad()
+        expected = reference(x, y)[1]
+        expected.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+        for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    trained.copyWeightsToHost()
+    for got, want in zip(_momenta(model, optimizer), _momenta(reference, eager_optimizer), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    apply = trained.profile.programs["apply"]
+    # Without replicas the step moves nothing between the IPUs: each reads and updates its own weights and
+    # accumulators (the reset's zeros used to be made on IPU 0 and copied to IPU 1).
+    assert {ipu for s in apply["steps"] for ipu in s.get("ipus", ())} == {0, 1}
+    assert all(s.get("busiest_link_bytes", 0) == 0 for s in apply["steps"])
+    # The zeros are written straight into each accumulator: the step holds no temporary of a weight's size.
+    assert max(apply["memory_by_category"]["temporaries"]) < WEIGHT_BYTES_PER_TILE
+    trained.destroy()
