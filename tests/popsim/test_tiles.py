@@ -119,6 +119,30 @@ def test_elementwise_updates_write_their_variable_in_place_unless_the_old_value_
     np.testing.assert_array_equal(exe.read_variable("w"), values["w"] - np.float32(0.5) * np.float32(0.1))
 
 
+def test_a_state_reset_to_a_broadcast_is_written_in_place_unless_the_broadcast_reads_the_state():
+    # A gradient accumulator's reset: the scalar's broadcast goes straight into the variable, with no buffer.
+    g = popir.Graph("reset")
+    acc = g.add_input("acc", (8, 300), "float32", kind="optimizer_state")
+    g.output("sum", ops.reduce_sum(acc, axes=(0,), keepdims=False))
+    g.update(acc, ops.broadcast_to(g.constant(np.float32(0.0)), shape=(8, 300)))
+    exe = popsim.compile(g, "small", optimize=False)  # as given: folding would make the zeros one constant
+    assert not any(s["name"].startswith("update") for s in exe.profile.programs["reset"]["steps"])
+    assert max(exe.profile.programs["reset"]["memory_by_category"].get("temporaries", [0])) < 8 * 300 * 4
+    exe.write_variable("acc", np.ones((8, 300), np.float32))
+    np.testing.assert_array_equal(exe.run({})["sum"], np.full(300, 8.0, np.float32))
+    np.testing.assert_array_equal(exe.read_variable("acc"), np.zeros((8, 300), np.float32))
+
+    # A broadcast of the state's own first row moves its elements about: it needs a buffer of its own.
+    g2 = popir.Graph("spread")
+    state = g2.add_input("state", (8, 300), "float32", kind="optimizer_state")
+    g2.update(state, ops.broadcast_to(ops.slice(state, starts=(0, 0), stops=(1, 300)), shape=(8, 300)))
+    exe = popsim.compile(g2, "small", optimize=False)
+    start = np.arange(8 * 300, dtype=np.float32).reshape(8, 300)
+    exe.write_variable("state", start)
+    exe.run({})
+    np.testing.assert_array_equal(exe.read_variable("state"), np.broadcast_to(start[:1], (8, 300)))
+
+
 @pytest.mark.parametrize("view", ["reshape", "stop_gradient", "reduce_sum_of_one"])
 def test_a_view_of_a_state_read_after_its_update_keeps_the_old_value(view):
     # A reshape (or any lowering that hands back its input) shares the variable's memory: an output or a later
