@@ -119,7 +119,7 @@ def test_elementwise_updates_write_their_variable_in_place_unless_the_old_value_
     np.testing.assert_array_equal(exe.read_variable("w"), values["w"] - np.float32(0.5) * np.float32(0.1))
 
 
-def test_a_state_reset_to_a_broadcast_is_written_in_place_unless_the_broadcast_reads_the_state():
+def test_a_state_reset_to_one_repeated_value_is_written_in_place_unless_it_reads_the_state():
     # A gradient accumulator's reset: the scalar's broadcast goes straight into the variable, with no buffer.
     g = popir.Graph("reset")
     acc = g.add_input("acc", (8, 300), "float32", kind="optimizer_state")
@@ -131,6 +131,22 @@ def test_a_state_reset_to_a_broadcast_is_written_in_place_unless_the_broadcast_r
     exe.write_variable("acc", np.ones((8, 300), np.float32))
     np.testing.assert_array_equal(exe.run({})["sum"], np.full(300, 8.0, np.float32))
     np.testing.assert_array_equal(exe.read_variable("acc"), np.zeros((8, 300), np.float32))
+
+    # Folded into a constant of one repeated value, the reset moves that value from a scalar: no tensor of
+    # constants; a constant of several values (-0.0 is not 0.0) is still written whole.
+    for value in (np.float32(0.0), np.float32(-0.0)):
+        for fill in (np.full((8, 300), value, np.float32), np.concatenate([np.zeros(300), [value] * 2100])):
+            g3 = popir.Graph("fill")
+            acc = g3.add_input("acc", (8, 300), "float32", kind="optimizer_state")
+            g3.update(acc, g3.constant(fill.astype(np.float32).reshape(8, 300)))
+            exe = popsim.compile(g3, "small", optimize=False)
+            constants = sum(exe.profile.programs["fill"]["memory_by_category"].get("constants", [0]))
+            assert (constants < 8 * 300 * 4) == bool(np.all(np.signbit(fill) == np.signbit(value)))
+            exe.write_variable("acc", np.ones((8, 300), np.float32))
+            exe.run({})
+            got = exe.read_variable("acc")
+            np.testing.assert_array_equal(got, fill.reshape(8, 300))
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(fill.reshape(8, 300)))
 
     # A broadcast of the state's own first row moves its elements about: it needs a buffer of its own.
     g2 = popir.Graph("spread")

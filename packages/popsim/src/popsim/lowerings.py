@@ -213,7 +213,8 @@ def _in_place_updates(graph, at):
         if LOWERINGS.get(node.op) is _elementwise:
             if state.id not in read_at_end and last_read.get(state.id, -1) <= i:
                 found[value.id] = state.name
-        elif node.op == "broadcast_to":  # its elements move about: only once nothing reads the old value
+        elif node.op == "broadcast_to" or (node.op == "constant" and _repeats_one_value(node.attrs["value"])):
+            # Its elements move about (or come from nowhere): only once nothing reads the old value.
             if state.id not in read_at_end and last_read.get(state.id, -1) < i:
                 found[value.id] = state.name
         elif (written := _slice_written_in_place(graph, state, value, producer, aliases, at)) is not None:
@@ -386,7 +387,17 @@ def _leaf(leaves, tensor):
 # -- constants, elementwise ------------------------------------------------------------------------
 @lowering("constant")
 def _constant(lw, node, value):
+    out = lw.in_place.get(node.outputs[0].id)
+    if out is not None:  # a state reset to one repeated value: moved from a scalar, no constant tensor
+        lw.move(out, [lw.constant(np.asarray(value).reshape(-1)[:1], out.dtype)], np.zeros(out.size), name="fill")
+        return out
     return lw.constant(value, node.outputs[0].dtype)
+
+
+def _repeats_one_value(value):
+    """Whether constant ``value`` holds one value (bit for bit: -0.0 is not 0.0) in every element."""
+    array = np.asarray(value)
+    return array.size > 0 and array.tobytes() == array.reshape(-1)[:1].tobytes() * array.size
 
 
 UNARY = tuple(op for op in oc.UNARY_OPS if op not in ("copy", "cast", "bitwise_not"))
