@@ -121,16 +121,21 @@ def test_elementwise_updates_write_their_variable_in_place_unless_the_old_value_
 
 def test_a_state_reset_to_one_repeated_value_is_written_in_place_unless_it_reads_the_state():
     # A gradient accumulator's reset: the scalar's broadcast goes straight into the variable, with no buffer.
+    # Two accumulators of one shape share the zeros (CSE): each is filled, neither copied from the other.
     g = popir.Graph("reset")
-    acc = g.add_input("acc", (8, 300), "float32", kind="optimizer_state")
-    g.output("sum", ops.reduce_sum(acc, axes=(0,), keepdims=False))
-    g.update(acc, ops.broadcast_to(g.constant(np.float32(0.0)), shape=(8, 300)))
+    accs = [g.add_input(f"acc{i}", (8, 300), "float32", kind="optimizer_state") for i in range(2)]
+    g.output("sum", ops.reduce_sum(accs[0] + accs[1], axes=(0,), keepdims=False))
+    zeros = ops.broadcast_to(g.constant(np.float32(0.0)), shape=(8, 300))
+    for acc in accs:
+        g.update(acc, zeros)
     exe = popsim.compile(g, "small", optimize=False)  # as given: folding would make the zeros one constant
-    assert not any(s["name"].startswith("update") for s in exe.profile.programs["reset"]["steps"])
+    assert not any(s["name"].startswith(("update", "stage")) for s in exe.profile.programs["reset"]["steps"])
     assert max(exe.profile.programs["reset"]["memory_by_category"].get("temporaries", [0])) < 8 * 300 * 4
-    exe.write_variable("acc", np.ones((8, 300), np.float32))
-    np.testing.assert_array_equal(exe.run({})["sum"], np.full(300, 8.0, np.float32))
-    np.testing.assert_array_equal(exe.read_variable("acc"), np.zeros((8, 300), np.float32))
+    for i in range(2):
+        exe.write_variable(f"acc{i}", np.ones((8, 300), np.float32))
+    np.testing.assert_array_equal(exe.run({})["sum"], np.full(300, 16.0, np.float32))
+    for i in range(2):
+        np.testing.assert_array_equal(exe.read_variable(f"acc{i}"), np.zeros((8, 300), np.float32))
 
     # Folded into a constant of one repeated value, the reset moves that value from a scalar: no tensor of
     # constants; a constant of several values (-0.0 is not 0.0) is still written whole.

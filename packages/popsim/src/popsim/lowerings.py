@@ -82,6 +82,7 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
         else:
             env[v.id] = variables[v.name]
     crossings = {}
+    fills = {}  # value id -> (node, operands) of a fill written into one variable, to repeat for the others
     stores = remote.store_points(graph, {n for n, t in variables.items() if t in lw.dg.remote})
     stored = set()
     spiller = remote.Spiller(lw.dg, graph, spill)
@@ -124,6 +125,8 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
             lw.dg.node_outputs.add(t.storage.id)
             if value.id in reused and t.storage is t:  # a buffer of its own, not a view of another tensor
                 lw.in_place[reused[value.id]] = t
+            if lw.in_place.get(value.id) is t and node.op in FILL_OPS:
+                fills[value.id] = (node, args)
         for state, value in stores.get(index, ()):
             lw.dg.origin = node
             remote.store(lw.dg, variables[state.name], env[value.id])
@@ -140,10 +143,13 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
         if t.storage.category in ("variable", "input"):
             t = lw.gather(t.shape, t.dtype, [t], np.arange(t.size), _beside(lw, t), name=f"output {name}")
         outputs[name] = t
-    staged = {}
+    staged, refills = {}, {}
     for state, v in graph.updates.items():
         t = env[v.id]
         if state.name in stored or t.storage is variables[state.name].storage:
+            continue
+        if v.id in fills and variables[state.name] not in lw.dg.remote:
+            refills[state.name] = fills[v.id]  # filled like the first, once every update has read its value
             continue
         if remote.is_remote(lw.dg, t):
             t = remote.load_operands(lw.dg, [t], device_target)[0]
@@ -156,6 +162,12 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
             remote.store(lw.dg, var, t)
             continue
         lw.move(var, [t], np.arange(t.size), name=f"update {name}")
+    for name, (node, args) in refills.items():
+        lw.dg.origin = node
+        lw.target = device_target.ipu_view(_ipu_of_tensor(device_target, variables[name])) if ipus else device_target
+        _fill(lw, node, args, variables[name])  # a constant's scalar made on the variable's IPU
+        lw.dg.origin = None
+        lw.target = device_target
     return inputs, outputs
 
 
@@ -389,9 +401,20 @@ def _leaf(leaves, tensor):
 def _constant(lw, node, value):
     out = lw.in_place.get(node.outputs[0].id)
     if out is not None:  # a state reset to one repeated value: moved from a scalar, no constant tensor
-        lw.move(out, [lw.constant(np.asarray(value).reshape(-1)[:1], out.dtype)], np.zeros(out.size), name="fill")
-        return out
+        return _fill(lw, node, [], out)
     return lw.constant(value, node.outputs[0].dtype)
+
+
+def _fill(lw, node, args, variable):
+    """Write the value of ``node`` (a broadcast_to of ``args[0]``, or a constant of one repeated value)
+    straight into ``variable``: an exchange from its few source elements, with no buffer of its own."""
+    if node.op == "constant":
+        scalar = lw.constant(np.asarray(node.attrs["value"]).reshape(-1)[:1], variable.dtype)
+        lw.move(variable, [scalar], np.zeros(variable.size), name="fill")
+    else:
+        (x,) = args
+        lw.move(variable, [x], np.broadcast_to(np.arange(x.size).reshape(x.shape), variable.shape), name="broadcast")
+    return variable
 
 
 def _repeats_one_value(value):
@@ -400,6 +423,8 @@ def _repeats_one_value(value):
     return array.size > 0 and array.tobytes() == array.reshape(-1)[:1].tobytes() * array.size
 
 
+# Ops whose value a state update can take straight into its variable from a few source elements (``_fill``).
+FILL_OPS = ("constant", "broadcast_to")
 UNARY = tuple(op for op in oc.UNARY_OPS if op not in ("copy", "cast", "bitwise_not"))
 BINARY = tuple(oc.BINARY_OPS)
 
@@ -436,8 +461,7 @@ def _reshape(lw, node, x, shape):
 def _broadcast_to(lw, node, x, shape):
     out = lw.in_place.get(node.outputs[0].id)
     if out is not None:  # a state reset to a broadcast value: the exchange writes the variable, no buffer
-        lw.move(out, [x], np.broadcast_to(np.arange(x.size).reshape(x.shape), tuple(shape)), name="broadcast")
-        return out
+        return _fill(lw, node, [x], out)
     return lw.broadcast_like(
         x, tuple(shape), TileMapping.linear(int(np.prod(shape, dtype=np.int64)), x.itemsize, lw.target)
     )
