@@ -24,6 +24,10 @@ class _Classifier(torch.nn.Module):
         return out, self.loss(out, labels)
 
 
+def _run_timelines(executor):
+    return [program["run_timeline"] for program in executor.profile.programs.values() if "run_timeline" in program]
+
+
 def test_repeated_calls_give_identical_results_and_cycles():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
@@ -112,3 +116,21 @@ def test_labels_are_checked_on_every_call():
     labels = torch.tensor([4, -100, 0, 3])  # the ignore_index lies outside the class range but is allowed
     _, loss = inference(x, labels)
     torch.testing.assert_close(loss, eager(x, labels)[1], rtol=1e-5, atol=1e-5)
+
+
+def test_cycles_of_a_call_after_set_optimizer_count_its_host_writes_once():
+    model = Regressor()
+    options = _opts().logCycleCount(True)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data()
+    training(x, y)
+    plain = training.cycleCount()
+    timeline = _run_timelines(training)
+    training(x, y)
+    assert training.cycleCount() == plain
+    training.setOptimizer(poptorch.optim.SGD(model.parameters(), lr=0.05))
+    training(x, y)
+    assert training.cycleCount() > plain  # the new learning rate's host write
+    training(x, y)
+    assert training.cycleCount() == plain
+    assert _run_timelines(training) == timeline

@@ -222,6 +222,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._attached = False
         self._compiled_inputs = None
         self._cycles = None
+        self._timed_call = None  # (CallRuns, its cycles) of the latest call
         self._host_write_cycles = 0  # hyper-parameters setOptimizer wrote since the last call, costed in the next
         self._perf = None
         self._from_cache = False
@@ -603,12 +604,19 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         call = _call_timeline.CallRuns(
             batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
         )
-        self._cycles = self._host_write_cycles + _call_timeline.call_cycles(
-            exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
-        )
+        self._cycles = self._host_write_cycles + self._call_cycles(call)
         self._host_write_cycles = 0
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
+
+    def _call_cycles(self, call):
+        """The cycles of ``call`` on its timeline (``_call_timeline.call_cycles``), laid out again only when
+        its runs or their cycles differ from the previous call's: the layout and the profile entries it
+        writes depend on nothing else that can change after compiling."""
+        if self._timed_call is None or self._timed_call[0] != call:
+            args = (self._exe, self._programs, self._multi_ipu, self._options, self._overlapped_io, call)
+            self._timed_call = (call, _call_timeline.call_cycles(*args))
+        return self._timed_call[1]
 
     # -- weights --------------------------------------------------------------------------------
     def copyWeightsToDevice(self):
