@@ -134,17 +134,41 @@ def test_gradients_are_reduce_scattered_and_weights_all_gathered(runs):
     assert gather["start"] == apply["start"] + apply["cycles"]
 
 
-def test_min_elements_for_replicated_tensor_sharding_keeps_smaller_tensors_whole(monkeypatch):
+LINKS = "IPU-Links in an IPU-M2000"
+
+
+@pytest.mark.parametrize(
+    ("minimum", "count", "weight_state_bytes", "bias_state_bytes", "levels"),
+    [
+        # Above the weight's elements: every state stays whole, in streaming memory, and is all-reduced.
+        ("minElementsForReplicatedTensorSharding", WIDTH * WIDTH + 1, WIDTH * WIDTH * 4, WIDTH * 4, [LINKS]),
+        # PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
+        # still goes off chip when its whole tensor does not fall below it (the bias's state stays on chip).
+        (
+            "minElementsForOffChip",
+            WIDTH * WIDTH,
+            WIDTH * WIDTH * 4 // REPLICAS,
+            None,
+            [LINKS, f"reduce-scatter: {LINKS}", f"all-gather: {LINKS}"],
+        ),
+    ],
+)
+def test_the_minimum_element_counts_apply_to_the_whole_tensor(
+    monkeypatch, minimum, count, weight_state_bytes, bias_state_bytes, levels
+):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    opts = _options(True, min_elements=WIDTH * WIDTH + 1)
+    opts = _options(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    opts.TensorLocations.setOptimizerLocation(getattr(location, minimum)(count))
     torch.manual_seed(0)
     model = Net()
     trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
     trained(*_data())
-    levels = [level["name"] for level in trained.profile.replication["all_reduce"]["levels"]]
-    assert levels == ["IPU-Links in an IPU-M2000"]
-    loads = {s["name"]: s["bytes"] for s in trained.profile.programs["apply"]["steps"] if "remote load" in s["name"]}
-    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4
+    assert _levels(trained.profile) == levels
+    steps = trained.profile.programs["apply"]["steps"]
+    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
+    assert loads["remote load _opt.first.weight.exp_avg"] == weight_state_bytes
+    assert loads.get("remote load _opt.first.bias.exp_avg") == bias_state_bytes
 
 
 def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_sharded_on_or_off_chip():
@@ -246,25 +270,56 @@ def _state_of(optimizer, model):
     ]
 
 
-@pytest.mark.parametrize("kind", OPTIMIZERS)
-def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, kind):
+GROUPED_OPTIMIZERS = {
+    "sgd_momentum": lambda model: torch.optim.SGD(
+        [
+            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
+            {"params": model.second.parameters()},
+        ],
+        lr=0.05,
+        momentum=0.9,
+    ),
+    # Each group's trust ratios take norms over its own parameters' sharded tensors.
+    "lamb": lambda model: poptorch.optim.LAMB(
+        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
+        lr=0.01,
+    ),
+}
+
+
+# Each case's optimizer of a model and its gradient accumulation: the optimizers, then parameter groups with
+# their own hyper-parameters, each replica's two micro-batches making up the combined batch.
+PADDED_CASES = {
+    **{kind: (lambda model, make=make: make(model.parameters()), 1) for kind, make in OPTIMIZERS.items()},
+    **{f"groups_{kind}": (make, 2) for kind, make in GROUPED_OPTIMIZERS.items()},
+}
+
+
+@pytest.mark.parametrize("case", PADDED_CASES)
+def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, case):
+    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    make_optimizer, accumulation = PADDED_CASES[case]
     replicas = 4
     x, y = _odd_data(replicas)
     torch.manual_seed(0)
     reference = OddNet()
-    eager_optimizer = OPTIMIZERS[kind](reference.parameters())
+    eager_optimizer = make_optimizer(reference)
     torch.manual_seed(0)
     model = OddNet()
-    optimizer = OPTIMIZERS[kind](model.parameters())
+    optimizer = make_optimizer(model)
     # Every tensor is sharded, however small.
-    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    opts = _options(True, 1, replicas, on_chip=True)
+    opts.Training.gradientAccumulation(accumulation)
+    trained = poptorch.trainingModel(model, opts, optimizer)
     for _ in range(STEPS):
         eager_optimizer.zero_grad()
         loss = reference(x, y)[1]
         loss.backward()
         eager_optimizer.step()
-        torch.testing.assert_close(trained(x, y)[1].mean(), loss.detach(), rtol=1e-5, atol=1e-6)
+        losses = trained(x, y)[1]
+        if accumulation == 1:  # else the model returns the losses of each replica's last micro-batch
+            torch.testing.assert_close(losses.mean(), loss.detach(), rtol=1e-5, atol=1e-6)
         for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     levels = _levels(trained.profile)
@@ -310,23 +365,6 @@ def test_a_sharded_parameters_gradient_and_updated_value_are_anchored_whole(monk
     torch.testing.assert_close(sharded_new, new, rtol=1e-6, atol=1e-7)
 
 
-def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(monkeypatch):
-    """PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
-    still goes off chip when its whole tensor does not fall below it."""
-    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    opts = _options(True)
-    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
-    opts.TensorLocations.setOptimizerLocation(location.minElementsForOffChip(WIDTH * WIDTH))
-    torch.manual_seed(0)
-    model = Net()
-    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
-    trained(*_data())
-    steps = trained.profile.programs["apply"]["steps"]
-    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
-    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
-    assert "remote load _opt.first.bias.exp_avg" not in loads
-
-
 def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     replicas = 4
@@ -348,44 +386,3 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     eager_optimizer.step()
     for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
-
-
-GROUPED_OPTIMIZERS = {
-    "sgd_momentum": lambda model: torch.optim.SGD(
-        [
-            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
-            {"params": model.second.parameters()},
-        ],
-        lr=0.05,
-        momentum=0.9,
-    ),
-    # Each group's trust ratios take norms over its own parameters' sharded tensors.
-    "lamb": lambda model: poptorch.optim.LAMB(
-        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
-        lr=0.01,
-    ),
-}
-
-
-@pytest.mark.parametrize("kind", GROUPED_OPTIMIZERS)
-def test_parameter_groups_with_their_own_hyper_parameters_train_like_eager_when_sharded(monkeypatch, kind):
-    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
-    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    replicas = 4
-    x, y = _odd_data(replicas)
-    torch.manual_seed(0)
-    reference = OddNet()
-    eager_optimizer = GROUPED_OPTIMIZERS[kind](reference)
-    torch.manual_seed(0)
-    model = OddNet()
-    opts = _options(True, 1, replicas, on_chip=True)
-    opts.Training.gradientAccumulation(2)
-    trained = poptorch.trainingModel(model, opts, GROUPED_OPTIMIZERS[kind](model))
-    for _ in range(STEPS):
-        eager_optimizer.zero_grad()
-        reference(x, y)[1].backward()
-        eager_optimizer.step()
-        trained(x, y)  # each replica's two micro-batches make up the combined batch
-        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
-    assert _levels(trained.profile)[0].startswith("reduce-scatter")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx.traceback as fx_traceback
 
+from poptorch._marker_ops import define_marker
 from poptorch.errors import Error
 
 # The fx node meta key (under "custom") holding a node's (stage, IPU) placement.
@@ -547,17 +548,7 @@ def IPU(ipu_id, layer_to_call=None):
     return BeginBlock(layer_to_call, ipu_id=ipu_id)
 
 
-@torch.library.custom_op("poptorch::recomputation_checkpoint", mutates_args=())
-def _checkpoint(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
-
-
-@_checkpoint.register_fake
-def _checkpoint_fake(x):
-    return torch.empty_like(x)
-
-
-_checkpoint.register_autograd(lambda ctx, grad: grad)
+_checkpoint = define_marker("recomputation_checkpoint")
 
 
 def recomputationCheckpoint(*tensors):

@@ -30,6 +30,7 @@ from poptorch import (
     _call_timeline,
     _device,
     _device_checks,
+    _device_ids,
     _distributed,
     _executor_api,
     _fp_exceptions,
@@ -284,6 +285,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             finally:
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
+            _device_ids.check(self._options, self._multi_ipu.num_ipus)
             self._overlapped_io = _overlapped_io.resolve(captured)
             io_tiles = _device.io_tile_memory(captured.graph, self._overlapped_io, self._options)
             if self._training:
