@@ -134,3 +134,28 @@ def test_cycles_of_a_call_after_set_optimizer_count_its_host_writes_once():
     training(x, y)
     assert training.cycleCount() == plain
     assert _run_timelines(training) == timeline
+
+
+def test_arguments_by_position_keyword_or_default_are_one_call():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x, scale=None, *, shift=0.0):
+            out = self.fc(x) + shift
+            return out if scale is None else out * scale
+
+    torch.manual_seed(0)
+    model = Scaled()
+    inference = poptorch.inferenceModel(model, _opts())
+    x, scale = torch.randn(2, 4), torch.full((2, 3), 2.0)
+    expected = model(x, scale)
+    for call in (
+        lambda: inference(x, scale),
+        lambda: inference(x, scale=scale),
+        lambda: inference(x, scale, shift=0.0),
+    ):
+        torch.testing.assert_close(call(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(poptorch.Error, match="Input scale was a tensor"):
+        inference(x)

@@ -796,6 +796,7 @@ class _Forward:
         self.takes_varargs = any(p.kind == p.VAR_POSITIONAL for p in params.values())
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self.positional = [p.name for p in params.values() if p.kind in kinds]
+        self.only_positional = len(self.positional) == len(params)  # no *args, keyword-only or **kwargs
         self.required = [
             p.name for p in params.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
@@ -821,8 +822,11 @@ def _bind_positionally(model, args, kwargs):
     left out given its default, so passing an argument by keyword or by position, or leaving an optional one
     at its default or passing that default (``None``), is one and the same call, as PopTorch's argument
     parser makes it."""
+    forward = _forward_of(model)
+    if not kwargs and forward.only_positional and len(args) == len(forward.positional):
+        return args, kwargs  # already bound: every argument given by position
     try:
-        bound = _forward_of(model).signature.bind(*args, **kwargs)
+        bound = forward.signature.bind(*args, **kwargs)
     except TypeError:
         return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
     bound.apply_defaults()
