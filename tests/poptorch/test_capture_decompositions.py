@@ -103,6 +103,24 @@ def test_an_operator_registered_after_a_capture_is_seen():
     assert seen == export_utils._collect_all_valid_cia_ops()
 
 
+def test_the_composite_set_is_torchs_walk_including_python_only_composite_kernels():
+    """The set read from the dispatcher's registrations and the looked-up overloads is exactly the one torch
+    walks every operator for: C++ composites, operators whose composite kernel Python registered (aten's
+    nearest upsampling; a custom operator's), and none that may not be preserved (in-place, aliasing)."""
+    if not hasattr(torch.ops.poptorch_decomp_test, "python_composite"):
+        lib = torch.library.Library("poptorch_decomp_test", "FRAGMENT")
+        lib.define("python_composite(Tensor x) -> Tensor")
+        lib.impl("python_composite", lambda x: x * 3, "CPU")
+        test_the_composite_set_is_torchs_walk_including_python_only_composite_kernels.lib = lib
+        composite = torch._C.DispatchKey.CompositeImplicitAutograd
+        torch.ops.poptorch_decomp_test.python_composite.default.py_impl(composite)(lambda x: x * 3)
+    ours = _decompositions._collect_cia_ops()
+    assert ours == exported_program._collect_all_valid_cia_ops()
+    aten = torch.ops.aten
+    assert {aten.upsample_nearest2d.default, torch.ops.poptorch_decomp_test.python_composite.default} <= ours
+    assert aten.linear.default in ours and aten.add_.Tensor not in ours
+
+
 def test_torchs_lookup_is_restored_after_the_block_even_on_error():
     original = exported_program._collect_all_valid_cia_ops
     try:
