@@ -86,15 +86,19 @@ def composite_ops_cached():
     """Within the block torch.export reads its set of composite operators from the cache (one dispatcher query
     instead of a walk per namespace); returns a function giving the decomposition table without some ops."""
     fingerprint, ops = _cached_cia_ops()
+    aten = frozenset(op for op in ops if _export_utils._is_aten_op(op))
     saved = [module._collect_all_valid_cia_ops for module in _USERS]
+    saved_aten = _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace  # default_decompositions' walk
     for module in _USERS:
         module._collect_all_valid_cia_ops = lambda: set(ops)  # callers may change their copy
+    _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace = lambda: set(aten)
     _exported_program._split_decomp_table_to_cia_and_python_decomp = _split_overriding_only_what_changes
     try:
         yield lambda dropped: _table(fingerprint, dropped)
     finally:
         for module, original in zip(_USERS, saved):
             module._collect_all_valid_cia_ops = original
+        _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace = saved_aten
         _exported_program._split_decomp_table_to_cia_and_python_decomp = _split_table
 
 
