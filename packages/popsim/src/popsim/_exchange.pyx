@@ -169,8 +169,8 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
                     break
                 # A span: the destination block's next elements read consecutive source elements (and
                 # elements of tile memory) of one source tile at consecutive addresses; handled at once.
-                span = source_span(index, elements, src_addr, src_tile, i, min(dst_sizes[b] - k, n - i), total,
-                                   itemsize)
+                span = source_span(&index[0], &elements[0], &src_addr[0], &src_tile[0], i,
+                                   min(dst_sizes[b] - k, n - i), total, itemsize)
                 sa, da, st = src_addr[e], d + k * itemsize, src_tile[e]
                 runs_push_span(&runs, sa, da, span)  # rows beyond 2 GiB are refused below
                 top = max(top, sa + (span - 1) * itemsize, da + (span - 1) * itemsize)
@@ -205,9 +205,9 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
     return rows[:runs.count if n else 0].copy(), received, sent, local, np.maximum(link_out, link_in)
 
 
-cdef inline Py_ssize_t source_span(const offset_t[::1] index, const offset_t[::1] elements,
-                                   const offset_t[::1] src_addr, const offset_t[::1] src_tile, Py_ssize_t i,
-                                   Py_ssize_t most, Py_ssize_t total, offset_t itemsize) noexcept nogil:
+cdef inline Py_ssize_t source_span(const offset_t* index, const offset_t* elements, const offset_t* src_addr,
+                                   const offset_t* src_tile, Py_ssize_t i, Py_ssize_t most, Py_ssize_t total,
+                                   offset_t itemsize) noexcept nogil:
     """How many of the (at most ``most``) copy elements from ``i`` on read source elements e, e+1, ... (and
     elements of tile memory u, u+1, ...) at consecutive addresses of one tile, e = index[i] being valid."""
     cdef offset_t e = index[i], u = elements[i]
