@@ -24,9 +24,9 @@ cdef extern from *:
     #include <string.h>
     #include <stddef.h>
     #include <stdlib.h>
-    /* Without F16C, GCC converts _Float16 in library calls: widening reads a table of every half's value
-       (filled once by that same conversion), and narrowing a block uses the F16C instructions when the CPU
-       has them. Both round to nearest even exactly as the plain conversion does. */
+    /* Without F16C, GCC converts _Float16 in library calls: blocks convert with the F16C instructions when the
+       CPU has them, else widening reads a table of every half's value (filled once by that same conversion).
+       Both round to nearest even exactly as the plain conversion does. */
     static float ps_half_values[65536];
     static int ps_f16c;
     static void ps_fill_half_values(void) {
@@ -35,7 +35,6 @@ cdef extern from *:
         ps_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
     #endif
     }
-    static inline double ps_h2d(unsigned short h) { return ps_half_values[h]; }
     static inline unsigned short ps_d2h(double d) {
         _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
     #if defined(__GNUC__) && defined(__x86_64__)
@@ -53,11 +52,40 @@ cdef extern from *:
     #endif
         for (ptrdiff_t i = 0; i < n; i++) h[i] = ps_d2h(d[i]);
     }
+    /* A block of halves to floats (exact) and floats to halves (round to nearest even, as ps_d2h rounds the
+       float a double holds), 8 at a time with F16C: the table read per element cost more than the work. */
+    #if defined(__GNUC__) && defined(__x86_64__)
+    __attribute__((target("avx,f16c"))) static void ps_h2f_f16c(const unsigned short* h, float* f, ptrdiff_t n) {
+        ptrdiff_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+        for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+    }
+    __attribute__((target("avx,f16c"))) static void ps_f2h_f16c(const float* f, unsigned short* h, ptrdiff_t n) {
+        ptrdiff_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(f + i), 0));
+        for (; i < n; i++) h[i] = _cvtss_sh(f[i], 0);
+    }
+    #endif
+    static void ps_h2f_block(const unsigned short* h, float* f, ptrdiff_t n) {
+    #if defined(__GNUC__) && defined(__x86_64__)
+        if (ps_f16c) { ps_h2f_f16c(h, f, n); return; }
+    #endif
+        for (ptrdiff_t i = 0; i < n; i++) f[i] = ps_half_values[h[i]];
+    }
+    static void ps_f2h_block(const float* f, unsigned short* h, ptrdiff_t n) {
+    #if defined(__GNUC__) && defined(__x86_64__)
+        if (ps_f16c) { ps_f2h_f16c(f, h, n); return; }
+    #endif
+        for (ptrdiff_t i = 0; i < n; i++) h[i] = ps_d2h(f[i]);
+    }
     """
     void ps_fill_half_values() noexcept nogil
-    double ps_h2d(unsigned short h) noexcept nogil
     unsigned short ps_d2h(double d) noexcept nogil
     void ps_d2h_block(const double* d, unsigned short* h, Py_ssize_t n) noexcept nogil
+    void ps_h2f_block(const unsigned short* h, float* f, Py_ssize_t n) noexcept nogil
+    void ps_f2h_block(const float* f, unsigned short* h, Py_ssize_t n) noexcept nogil
 
 ps_fill_half_values()
 
@@ -292,13 +320,16 @@ DEF REDUCE_CHAINS = 4
 
 
 cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
+    """Elements start..start+n-1 (n at most BLOCK) of a field of dtype ``dt`` into ``buf``."""
     cdef Py_ssize_t i
+    cdef float floats[BLOCK]
     if dt == DT_FLOAT32:
         for i in range(n):
             buf[i] = (<const float*> p)[start + i]
     elif dt == DT_FLOAT16:
+        ps_h2f_block((<const unsigned short*> p) + start, floats, n)
         for i in range(n):
-            buf[i] = ps_h2d((<const unsigned short*> p)[start + i])
+            buf[i] = floats[i]
     elif dt == DT_INT32:
         for i in range(n):
             buf[i] = (<const int32_t*> p)[start + i]
@@ -647,13 +678,32 @@ cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, 
 
 
 cdef inline void widen(const byte_t* src, int dt, float* dst, Py_ssize_t count) noexcept nogil:
+    """``count`` elements of dtype ``dt`` as float32."""
     cdef double buf[BLOCK]
     cdef Py_ssize_t s = 0, i, n
+    if dt == DT_FLOAT16:
+        ps_h2f_block(<const unsigned short*> src, dst, count)
+        return
     while s < count:
         n = min(BLOCK, count - s)
         load(src, dt, s, n, buf)
         for i in range(n):
             dst[s + i] = <float> buf[i]
+        s += n
+
+
+cdef inline void narrow(const float* src, byte_t* dst, int dt, Py_ssize_t count) noexcept nogil:
+    """``count`` float32 values stored as dtype ``dt`` (each rounded once, as store rounds a double)."""
+    cdef double buf[BLOCK]
+    cdef Py_ssize_t s = 0, i, n
+    if dt == DT_FLOAT16:
+        ps_f2h_block(src, <unsigned short*> dst, count)
+        return
+    while s < count:
+        n = min(BLOCK, count - s)
+        for i in range(n):
+            buf[i] = src[s + i]
+        store(dst, dt, s, n, buf)
         s += n
 
 
@@ -1123,7 +1173,6 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     cdef float* cols
     cdef float* out
     cdef ColumnTap* column
-    cdef double v
     cdef int geo[IMPLICIT_GEOMETRY]
     cdef Py_ssize_t padded
     if not conv_geometry_ok(g, row):
@@ -1158,9 +1207,7 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
         else:
             gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
     if dto != DT_FLOAT32:
-        for i in range(row[C_N]):
-            v = out[i]
-            store(base + row[C_OUT], dto, i, 1, &v)
+        narrow(out, base + row[C_OUT], dto, row[C_N])
         free(out)
     if dta != DT_FLOAT32:
         free(patch)
@@ -1201,11 +1248,7 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
             size = row[C_P0] * n
             partial = <float*> malloc(max(size, 1) * sizeof(float))
             matmul_partial(base + row[C_A], base + row[C_B], dta, partial, <int> row[C_P0], <int> row[C_P1], <int> n)
-            for s in range(0, size, BLOCK):
-                cnt = min(BLOCK, size - s)
-                for i in range(cnt):
-                    bufa[i] = partial[s + i]
-                store(base + row[C_OUT], dto, s, cnt, bufa)
+            narrow(partial, base + row[C_OUT], dto, size)
             free(partial)
     elif op == K_RNG:
         random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)
