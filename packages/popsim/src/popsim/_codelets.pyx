@@ -40,6 +40,18 @@ cdef extern from *:
     static inline double ps_pick(int take, double a, double b) {
         unsigned long long x, y, m = -(unsigned long long)(take != 0);
         memcpy(&x, &a, 8); memcpy(&y, &b, 8); x = (x & m) | (y & ~m); memcpy(&a, &x, 8); return a; }
+    /* v > acc ? v : acc and v < acc ? v : acc as one maxsd / minsd (exactly these: acc on a tie or a NaN),
+       where GCC would otherwise branch on near random comparisons. */
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    static inline double ps_larger(double v, double acc) {
+        return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(v), _mm_set_sd(acc))); }
+    static inline double ps_smaller(double v, double acc) {
+        return _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(v), _mm_set_sd(acc))); }
+    #else
+    static inline double ps_larger(double v, double acc) { return v > acc ? v : acc; }
+    static inline double ps_smaller(double v, double acc) { return v < acc ? v : acc; }
+    #endif
     static inline unsigned short ps_d2h(double d) {
         _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
     #if defined(__GNUC__) && defined(__x86_64__)
@@ -88,6 +100,8 @@ cdef extern from *:
     """
     void ps_fill_half_values() noexcept nogil
     double ps_pick(bint take, double a, double b) noexcept nogil
+    double ps_larger(double v, double acc) noexcept nogil
+    double ps_smaller(double v, double acc) noexcept nogil
     unsigned short ps_d2h(double d) noexcept nogil
     void ps_d2h_block(const double* d, unsigned short* h, Py_ssize_t n) noexcept nogil
     void ps_h2f_block(const unsigned short* h, float* f, Py_ssize_t n) noexcept nogil
@@ -628,8 +642,9 @@ cdef inline double reduce_step(int op, double acc, double v) noexcept nogil:
         return acc + v
     if op == R_PROD:
         return acc * v
-    # (x != x: NaN, as 0 or 1, so the terms combine without branches)
-    return ps_pick((acc == acc) & ((v != v) | (v > acc if op == R_MAX else v < acc)), v, acc)
+    if acc != acc or v != v:  # NaN (rare, so this branch is well predicted): it stays, or it arrives
+        return acc if acc != acc else v
+    return ps_larger(v, acc) if op == R_MAX else ps_smaller(v, acc)
 
 
 cdef inline double reduce_start(int op) noexcept nogil:
