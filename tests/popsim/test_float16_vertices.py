@@ -1,13 +1,15 @@
 """float16 MATMUL and CONV vertices widen their operands to float32 and round their result once: each equals
 the same vertex run on float32 copies of its operands, rounded to float16 by NumPy, bit for bit (the engine
-converts whole blocks with F16C where the CPU has it, element by element elsewhere)."""
+converts whole blocks with F16C where the CPU has it, element by element elsewhere). float16 add, sub, mul
+and div run in float32 and round as NumPy's float16 arithmetic does."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import popir
 import popsim
-from popir import DType
+from popir import DType, ops
 from popsim import _opcodes as oc
 
 TARGET = popsim.Target.small(num_tiles=2)
@@ -95,3 +97,35 @@ def test_a_float16_conv_vertex_rounds_its_float32_result_once(
     with np.errstate(over="ignore"):
         want = wide.astype(np.float16)
     _same_bits(_one_vertex(add, n, DType.float16, patch=patch, weights=weights, geometry=geo), want)
+
+
+def _float16_values(rng, shape, scale):
+    """float16 values of a scale, with NaNs, infinities, signed zeros and subnormals mixed in."""
+    x = _halves(rng, max(1, int(np.prod(shape))), scale)
+    special = rng.random(x.shape) < 0.2
+    x[special] = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 6e-8, -6e-8], np.float16), int(special.sum()))
+    return x.reshape(shape)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from(["add", "sub", "mul", "div"]),
+    st.sampled_from([(), (0,), (1,)]),  # the first or second operand a scalar, or neither
+    st.integers(1, 600),
+    st.sampled_from(SCALES),
+    st.integers(0, 2**16),
+)
+def test_float16_arithmetic_in_float32_rounds_as_numpy_does(op, scalar_at, n, scale, seed):
+    rng = np.random.default_rng(seed)
+    shapes = [(n,), (n,)]
+    for i in scalar_at:
+        shapes[i] = ()
+    g = popir.Graph("arith")
+    x, y = g.add_input("x", shapes[0], "float16"), g.add_input("y", shapes[1], "float16")
+    g.output("z", getattr(ops, op)(x, y))
+    feeds = {"x": _float16_values(rng, shapes[0], scale), "y": _float16_values(rng, shapes[1], scale)}
+    got = popsim.compile(g, TARGET).run(feeds)["z"]
+    with np.errstate(all="ignore"):
+        want = popir.interpreter.run(g, feeds)["z"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    _same_bits(got[~np.isnan(want)], want[~np.isnan(want)])
