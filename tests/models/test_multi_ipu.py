@@ -1,0 +1,258 @@
+"""Zoo models split over several simulated IPUs the way PopTorch users split them: layers wrapped with
+``BeginBlock`` after construction (embeddings on IPU 0, the head on the last IPU), pipelined with gradient
+accumulation or sharded, with recomputation checkpoints at layer outputs. Each trains for 3 calls equal to
+eager PyTorch (gradients accumulated over the same micro-batches) and to the same model on one IPU, step by
+step: the loss, every parameter and every buffer; the profile shows work on every IPU.
+
+The simulated IPUs are small (16 tiles) so each case compiles and runs in seconds."""
+
+import copy
+from dataclasses import dataclass
+
+import pytest
+import torch
+from equivalence import OPTIMIZERS, STEPS, TOLERANCE
+from zoo import CLASSES, SEQ, VOCAB, build
+
+import popsim
+import poptorch
+
+pytest.importorskip("transformers")
+
+MICRO = 2  # micro-batch size
+SMALL = popsim.Target.small(num_tiles=16)
+
+
+@pytest.fixture(autouse=True)
+def small_ipus(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: SMALL)
+
+
+@dataclass
+class Run:
+    """What one training call left behind: the loss it returned and the weights after it."""
+
+    loss: torch.Tensor
+    parameters: dict
+    buffers: dict
+
+
+def _snapshot(model, loss):
+    return Run(
+        loss.detach().clone(),
+        {n: p.detach().clone() for n, p in model.named_parameters()},
+        {n: b.detach().clone() for n, b in model.named_buffers()},
+    )
+
+
+def _micro_batches(batch, count):
+    """``batch`` ({name: tensor} of count x MICRO rows) as ``count`` micro-batches, in order."""
+    return [{k: v[i * MICRO : (i + 1) * MICRO] for k, v in batch.items()} for i in range(count)]
+
+
+def train_eager(model, optimizer, loss_of, batches, accumulation, iterations):
+    """Eager torch as PopTorch trains: each call runs ``iterations`` optimizer steps, each on the mean gradient
+    of ``accumulation`` micro-batches; the call's loss is its last micro-batch's, before the last update."""
+    model.train()
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    runs = []
+    for batch in batches:
+        micro = iter(_micro_batches(batch, accumulation * iterations))
+        for _ in range(iterations):
+            opt.zero_grad()
+            for _ in range(accumulation):
+                loss = loss_of(model(**next(micro)))
+                (loss / accumulation).backward()
+            opt.step()
+        runs.append(_snapshot(model, loss))
+    return runs
+
+
+def train_on_ipus(model, optimizer, loss_of, batches, opts, inspect=None):
+    """trainingModel with ``opts`` called once per batch; its runs. ``inspect(executor)`` runs after the last
+    call, before the executor is destroyed."""
+    trained = poptorch.trainingModel(model, opts, OPTIMIZERS[optimizer](model.parameters()))
+    try:
+        runs = [_snapshot(model, loss_of(trained(**batch))) for batch in batches]
+        if inspect is not None:
+            inspect(trained)
+    finally:
+        trained.destroy()
+    return runs
+
+
+def assert_same_runs(got, expected, optimizer, what):
+    rtol, atol = TOLERANCE[optimizer]
+    for call, (run, ref) in enumerate(zip(got, expected, strict=True)):
+        assert run.parameters.keys() == ref.parameters.keys() and run.buffers.keys() == ref.buffers.keys()
+        pairs = [("loss", run.loss, ref.loss)]
+        pairs += [(f"parameter {n}", p, ref.parameters[n]) for n, p in run.parameters.items()]
+        pairs += [(f"buffer {n}", b, ref.buffers[n]) for n, b in run.buffers.items()]
+        for name, actual, expect in pairs:
+            message = f"{what}, {name} after call {call}"
+            torch.testing.assert_close(actual, expect, rtol=rtol, atol=atol, msg=lambda m, s=message: f"{s}: {m}")
+
+
+def assert_every_ipu_works(trained, ipus):
+    """The profile places steps on each of the ``ipus`` IPUs, and each IPU's tiles compute."""
+    program = trained.profile.programs["accumulate"]
+    assert {s["ipu"] for s in program["steps"] if "ipu" in s} == set(range(ipus))
+    busy = [c > 0 for c in program["tile_compute_cycles"]]
+    tiles = len(busy) // ipus
+    assert len(busy) == tiles * ipus and all(any(busy[i * tiles : (i + 1) * tiles]) for i in range(ipus))
+
+
+# -- the models' combined batches (distinct micro-batches, so a micro-batch trained twice or skipped fails) --
+def _generator(call):
+    return torch.Generator().manual_seed(100 + call)
+
+
+def _text(rows, call):
+    g = _generator(call)
+    ids = torch.randint(3, VOCAB, (rows, SEQ), generator=g)
+    mask = torch.ones(rows, SEQ, dtype=torch.long)
+    mask[1::2, SEQ - 3 :] = 0  # every other sequence is padded
+    return ids, mask, g
+
+
+def bert_batch(rows, call):
+    ids, mask, g = _text(rows, call)
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, CLASSES, (rows,), generator=g)}
+
+
+def gpt2_batch(rows, call):
+    ids, _, _ = _text(rows, call)
+    return {"input_ids": ids, "labels": ids}
+
+
+def resnet_batch(rows, call):
+    g = _generator(call)
+    return {"x": torch.randn(rows, 3, 16, 16, generator=g), "labels": torch.randint(0, CLASSES, (rows,), generator=g)}
+
+
+# -- how users split each model ---------------------------------------------------------------------------------
+def split_bert(model, ipus):
+    """Embeddings on IPU 0, the encoder layers spread over the IPUs in between, pooler and classifier last."""
+    bert = model.bert
+    bert.embeddings = poptorch.BeginBlock(bert.embeddings, "embeddings", ipu_id=0)
+    layers = bert.encoder.layer
+    for i, layer in enumerate(layers):
+        ipu = 1 + i * (ipus - 2) // len(layers) if ipus > 2 else i * ipus // len(layers)
+        layers[i] = poptorch.BeginBlock(layer, f"layer{i}", ipu_id=ipu)
+    bert.pooler = poptorch.BeginBlock(bert.pooler, "pooler", ipu_id=ipus - 1)
+
+
+def checkpoint_layer_outputs(layers):
+    """A recomputation checkpoint at each layer's output, as PopTorch users put it with a forward hook."""
+    for layer in layers:
+        layer.register_forward_hook(lambda module, inputs, output: poptorch.recomputationCheckpoint(output))
+
+
+def _options(accumulation, iterations=1, strategy=None):
+    opts = poptorch.Options().deviceIterations(iterations)
+    opts.Training.gradientAccumulation(accumulation)
+    if strategy is not None:
+        opts.setExecutionStrategy(strategy)
+    return opts
+
+
+@dataclass
+class Setup:
+    """A zoo model, its combined batch, its split over IPUs and the options of the multi-IPU run."""
+
+    name: str
+    batch: object
+    split: object
+    accumulation: int
+    iterations: int = 1
+    optimizer: str = "sgd"
+
+    def batches(self):
+        rows = MICRO * self.accumulation * self.iterations
+        return [self.batch(rows, call) for call in range(STEPS)]
+
+    def fresh(self):
+        case = build(self.name)
+        return case.model, case.loss_of
+
+    def reference(self):
+        """The eager runs and the single-IPU runs of the unsplit model."""
+        model, loss_of = self.fresh()
+        ga, di = self.accumulation, self.iterations
+        eager = train_eager(copy.deepcopy(model), self.optimizer, loss_of, self.batches(), ga, di)
+        return eager, train_on_ipus(model, self.optimizer, loss_of, self.batches(), _options(ga, di))
+
+    def check(self, ipus, opts, reference=None, inspect=None):
+        """Trains the model split over ``ipus`` IPUs with ``opts``: equal to eager and to one IPU, every IPU
+        busy; ``inspect(executor)`` checks more before it is destroyed."""
+        eager, single = reference or self.reference()
+        model, loss_of = self.fresh()
+        self.split(model, ipus)
+
+        def inspect_all(trained):
+            assert_every_ipu_works(trained, ipus)
+            if inspect is not None:
+                inspect(trained)
+
+        runs = train_on_ipus(model, self.optimizer, loss_of, self.batches(), opts, inspect_all)
+        assert_same_runs(runs, eager, self.optimizer, f"{self.name} on {ipus} IPUs against eager")
+        assert_same_runs(runs, single, self.optimizer, f"{self.name} on {ipus} IPUs against one IPU")
+
+
+BERT = Setup("bert", bert_batch, split_bert, accumulation=8)
+
+
+@pytest.fixture(scope="module")
+def bert_reference():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(poptorch._device, "target_of", lambda options: SMALL)
+        return BERT.reference()
+
+
+@pytest.mark.parametrize("ipus", [2, 4])
+def test_bert_pipelined_trains_as_eager_and_as_on_one_ipu(bert_reference, ipus):
+    def pipelined(trained):
+        stages = trained.profile.programs["accumulate"]["schedule"]["stages"]
+        assert sorted(s["ipu"] for s in stages.values()) == list(range(ipus))
+
+    BERT.check(ipus, _options(BERT.accumulation), bert_reference, pipelined)
+
+
+def split_gpt2(model, ipus):
+    """The token and position embeddings on IPU 0, the decoder layers spread over the IPUs, the LM head (its
+    weight is the token embedding's: tied) on the last IPU."""
+    transformer = model.transformer
+    transformer.wte = poptorch.BeginBlock(transformer.wte, "embeddings", ipu_id=0)
+    layers = transformer.h
+    for i, layer in enumerate(layers):
+        layers[i] = poptorch.BeginBlock(layer, f"layer{i}", ipu_id=i * ipus // len(layers))
+    model.lm_head = poptorch.BeginBlock(model.lm_head, "lm_head", ipu_id=ipus - 1)
+
+
+GPT2 = Setup("gpt2", gpt2_batch, split_gpt2, accumulation=4, iterations=2)
+
+
+def test_gpt2_with_its_tied_lm_head_on_the_last_ipu_trains_as_eager():
+    def tied(trained):  # one tensor, trained by both its readers' gradients
+        assert trained.lm_head.weight is trained.transformer.wte.weight
+
+    GPT2.check(2, _options(GPT2.accumulation, GPT2.iterations), inspect=tied)
+
+
+def split_resnet(model, ipus):
+    """The stem and the first stages on IPU 0, the later stages (their BatchNorm statistics too) and the head
+    on the last IPU."""
+    stages = model.stages
+    for i in range(1, ipus):
+        at = i * len(stages) // ipus
+        stages[at] = poptorch.BeginBlock(stages[at], f"stages{at}", ipu_id=i)
+
+
+RESNET = Setup("resnet18", resnet_batch, split_resnet, accumulation=2)
+
+
+def test_resnet_sharded_over_two_ipus_trains_as_eager_with_its_batchnorm_statistics():
+    def sharded(trained):
+        assert "schedule" not in trained.profile.programs["accumulate"]
+
+    RESNET.check(2, _options(RESNET.accumulation, strategy=poptorch.ShardedExecution()), inspect=sharded)
