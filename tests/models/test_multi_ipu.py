@@ -256,3 +256,32 @@ def test_resnet_sharded_over_two_ipus_trains_as_eager_with_its_batchnorm_statist
         assert "schedule" not in trained.profile.programs["accumulate"]
 
     RESNET.check(2, _options(RESNET.accumulation, strategy=poptorch.ShardedExecution()), inspect=sharded)
+
+
+RECOMPUTE_PIPELINE = 3  # popart.RecomputationType.Pipeline
+
+
+def _split_and_checkpoint(model, ipus):
+    split_bert(model, ipus)
+    checkpoint_layer_outputs(model.bert.encoder.layer)
+
+
+def _backward_steps(trained):
+    """(module, op) of the accumulate program's backward-pass steps, recomputed forward ops included."""
+    origins = [s.get("origin") or {} for s in trained.profile.programs["accumulate"]["steps"]]
+    return {(o.get("module") or "", o["op"]) for o in origins if o.get("role") == "backward"}
+
+
+def test_bert_pipelined_with_recomputation_checkpoints_at_layer_outputs_trains_as_eager(bert_reference):
+    setup = Setup("bert", bert_batch, _split_and_checkpoint, BERT.accumulation)
+    opts = _options(setup.accumulation).setAvailableMemoryProportion({"IPU0": 0.3, "IPU1": 0.3})
+    opts._Popart.set("autoRecomputation", RECOMPUTE_PIPELINE)
+
+    def recomputes(trained):
+        # The backward pass runs forward ops again: the embedding lookup and the attention's exponentials
+        # (their own gradients need neither).
+        backward = _backward_steps(trained)
+        assert ("bert.embeddings.word_embeddings", "gather") in backward
+        assert ("bert.encoder.layer.0.attention.self", "exp") in backward
+
+    setup.check(2, opts, bert_reference, recomputes)
