@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from equivalence import OPTIMIZERS, STEPS, TOLERANCE
-from zoo import CLASSES, SEQ, VOCAB, build
+from zoo import BERT_LIKE, CLASSES, SEQ, VOCAB, build
 
 import popsim
 import poptorch
@@ -285,3 +285,51 @@ def test_bert_pipelined_with_recomputation_checkpoints_at_layer_outputs_trains_a
         assert ("bert.encoder.layer.0.attention.self", "exp") in backward
 
     setup.check(2, opts, bert_reference, recomputes)
+
+
+def _bert_with_dropout():
+    torch.manual_seed(0)
+    transformers = pytest.importorskip("transformers")
+    config = {**BERT_LIKE, "hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.2}
+    return transformers.BertForSequenceClassification(transformers.BertConfig(**config, num_labels=CLASSES))
+
+
+def test_bert_with_dropout_draws_the_same_masks_split_and_recomputed_as_on_one_ipu():
+    """The IPU's random numbers are not torch's, but they do not depend on where an op runs: a dropout
+    recomputed in the backward pass, or run on another IPU, draws the mask its forward pass drew."""
+    batches = [bert_batch(MICRO * BERT.accumulation, call) for call in range(2)]
+
+    def train(ipus):
+        model = _bert_with_dropout()
+        opts = _options(BERT.accumulation).randomSeed(7)
+        if ipus > 1:
+            _split_and_checkpoint(model, ipus)
+            opts._Popart.set("autoRecomputation", RECOMPUTE_PIPELINE)
+        return train_on_ipus(model, "sgd", lambda out: out.loss, batches, opts)
+
+    one = train(1)
+    assert_same_runs(train(2), one, "sgd", "BERT with dropout on 2 IPUs against one IPU")
+    # Dropout did drop: the first call's loss (its last micro-batch, before the update) is not eager's
+    # without dropout.
+    model = _bert_with_dropout().eval()
+    with torch.no_grad():
+        without = model(**_micro_batches(batches[0], BERT.accumulation)[-1]).loss
+    assert not torch.allclose(one[0].loss, without, rtol=1e-3, atol=1e-4)
+
+
+def test_bert_pipelined_inference_equals_eager():
+    model, _ = BERT.fresh()
+    model.eval()
+    batch = bert_batch(MICRO * 2, 0)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    split_bert(model, 2)
+    executor = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    try:
+        logits = executor(**inputs).logits
+        stages = executor.profile.programs["inference"]["schedule"]["stages"]
+        assert sorted(s["ipu"] for s in stages.values()) == [0, 1]
+    finally:
+        executor.destroy()
+    torch.testing.assert_close(logits, expected, rtol=TOLERANCE["inference"][0], atol=TOLERANCE["inference"][1])
