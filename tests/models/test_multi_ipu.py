@@ -370,3 +370,25 @@ def test_bert_pipelined_inference_equals_eager():
     finally:
         executor.destroy()
     torch.testing.assert_close(logits, expected, rtol=TOLERANCE["inference"][0], atol=TOLERANCE["inference"][1])
+
+
+def test_bert_pipelined_over_2_ipus_and_replicated_twice_trains_as_eager():
+    """2 replicas x gradient accumulation 4 reduce the mean gradient of the same 8 micro-batches as one
+    replica accumulating 8: the weights equal eager's and the one-IPU run's (the profile shows one replica's
+    2 IPUs); each replica returns its last micro-batch's loss, the second replica's being eager's last."""
+    eager, single = BERT.reference()
+    model, loss_of = BERT.fresh()
+    split_bert(model, 2)
+    opts = _options(BERT.accumulation // 2).replicationFactor(2)
+    runs = train_on_ipus(model, BERT.optimizer, loss_of, BERT.batches(), opts, lambda t: assert_every_ipu_works(t, 2))
+    assert all(run.loss.shape == (2,) for run in runs)
+    last = [Run(run.loss[-1], run.parameters, run.buffers) for run in runs]
+    assert_same_runs(last, eager, BERT.optimizer, "replicated BERT on 2 IPUs against eager")
+    assert_same_runs(last, single, BERT.optimizer, "replicated BERT on 2 IPUs against one IPU")
+
+
+def test_bert_in_serial_phases_trains_as_eager():
+    strategy = poptorch.SerialPhasedExecution(
+        poptorch.Phase("embeddings", "layer0"), poptorch.Phase("layer1", "pooler")
+    )
+    BERT.check(2, _options(BERT.accumulation, strategy=strategy))
