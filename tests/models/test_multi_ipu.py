@@ -262,7 +262,7 @@ def split_gpt2_head_with_embeddings(model, ipus):
 
 
 def test_gpt2_with_its_lm_head_back_on_ipu_0_trains_as_eager():
-    setup = Setup("gpt2", gpt2_batch, split_gpt2_head_with_embeddings, GPT2.accumulation, iterations=2)
+    setup = Setup("gpt2", gpt2_batch, split_gpt2_head_with_embeddings, GPT2.accumulation)
     strategy = poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement)
 
     def last_stage_on_ipu_0(trained):
@@ -270,7 +270,7 @@ def test_gpt2_with_its_lm_head_back_on_ipu_0_trains_as_eager():
         ipus = [s["ipu"] for _, s in sorted(stages.items(), key=lambda item: int(item[0]))]
         assert ipus[-1] == 0 and 1 in ipus
 
-    setup.check(2, _options(setup.accumulation, setup.iterations, strategy), inspect=last_stage_on_ipu_0)
+    setup.check(2, _options(setup.accumulation, strategy=strategy), inspect=last_stage_on_ipu_0)
 
 
 def split_resnet(model, ipus):
@@ -333,12 +333,13 @@ def _bert_with_dropout():
 
 def test_bert_with_dropout_draws_the_same_masks_split_and_recomputed_as_on_one_ipu():
     """The IPU's random numbers are not torch's, but they do not depend on where an op runs: a dropout
-    recomputed in the backward pass, or run on another IPU, draws the mask its forward pass drew."""
+    recomputed in the backward pass, or run on another IPU, draws the mask its forward pass drew (two
+    optimizer steps per call: each draws fresh masks alike)."""
     batches = [bert_batch(MICRO * BERT.accumulation, call) for call in range(2)]
 
     def train(ipus):
         model = _bert_with_dropout()
-        opts = _options(BERT.accumulation).randomSeed(7)
+        opts = _options(BERT.accumulation // 2, iterations=2).randomSeed(7).outputMode(poptorch.OutputMode.All)
         if ipus > 1:
             _split_and_checkpoint(model, ipus)
             opts._Popart.set("autoRecomputation", RECOMPUTE_PIPELINE)
@@ -346,29 +347,37 @@ def test_bert_with_dropout_draws_the_same_masks_split_and_recomputed_as_on_one_i
 
     one = train(1)
     assert_same_runs(train(2), one, "sgd", "BERT with dropout on 2 IPUs against one IPU")
-    # Dropout did drop: the first call's loss (its last micro-batch, before the update) is not eager's
-    # without dropout.
+    # Dropout did drop: the first micro-batch's loss (before any update) is not eager's without dropout.
+    assert one[0].loss.shape == (BERT.accumulation,)
     model = _bert_with_dropout().eval()
     with torch.no_grad():
-        without = model(**_micro_batches(batches[0], BERT.accumulation)[-1]).loss
-    assert not torch.allclose(one[0].loss, without, rtol=1e-3, atol=1e-4)
+        without = model(**_micro_batches(batches[0], 1)[0]).loss
+    assert not torch.allclose(one[0].loss[0], without, rtol=1e-3, atol=1e-4)
 
 
-def test_bert_pipelined_inference_equals_eager():
+def test_bert_pipelined_inference_sees_the_pipelined_training_and_equals_eager():
+    """Train then validate, as users do: an inferenceModel of the split model (pipelined over device
+    iterations) shares the trainingModel's weights, so after one training call its logits are eager's with
+    eager's weights after that call."""
+    eager, _ = BERT.reference()
     model, _ = BERT.fresh()
-    model.eval()
-    batch = bert_batch(MICRO * 2, 0)
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    with torch.no_grad():
-        expected = model(**inputs).logits
     split_bert(model, 2)
-    executor = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    trained = poptorch.trainingModel(model, _options(BERT.accumulation), OPTIMIZERS["sgd"](model.parameters()))
+    validation = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    inputs = {k: v for k, v in bert_batch(MICRO * 2, STEPS).items() if k != "labels"}
     try:
-        logits = executor(**inputs).logits
-        stages = executor.profile.programs["inference"]["schedule"]["stages"]
+        trained(**BERT.batches()[0])
+        logits = validation(**inputs).logits
+        stages = validation.profile.programs["inference"]["schedule"]["stages"]
         assert sorted(s["ipu"] for s in stages.values()) == [0, 1]
     finally:
-        executor.destroy()
+        trained.destroy()
+        validation.destroy()
+    reference, _ = BERT.fresh()
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            parameter.copy_(eager[0].parameters[name])
+        expected = reference.eval()(**inputs).logits
     torch.testing.assert_close(logits, expected, rtol=TOLERANCE["inference"][0], atol=TOLERANCE["inference"][1])
 
 
