@@ -242,10 +242,13 @@ GPT2 = Setup("gpt2", gpt2_batch, split_gpt2, accumulation=10)
 
 @pytest.mark.parametrize("ipus", [2, 4])
 def test_gpt2_with_its_tied_lm_head_on_the_last_ipu_trains_as_eager(ipus):
-    """The tied weight lives on IPU 0 and crosses to the head's IPU; both readers' gradients train it."""
+    """As in PopART, the tied weight lives once, on the IPU of its first reader (the embedding's, IPU 0), and
+    crosses to the head's IPU by an inter-IPU copy; both readers' gradients train it."""
 
     def tied(trained):
         assert trained.lm_head.weight is trained.transformer.wte.weight
+        tiles = trained._exe._vars["transformer.wte.weight"].mapping.tiles
+        assert tiles.max() < SMALL.num_tiles  # IPU 0's tiles only
 
     GPT2.check(ipus, _options(GPT2.accumulation), inspect=tied)
 
