@@ -30,6 +30,7 @@ from poptorch import (
     _call_timeline,
     _device,
     _device_checks,
+    _device_ids,
     _distributed,
     _executor_api,
     _fp_exceptions,
@@ -282,6 +283,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             finally:
                 self._model.train(mode)
             self._multi_ipu = _blocks.plan(captured.graph, self._options, self._training)
+            _device_ids.check(self._options, self._multi_ipu.num_ipus)
             self._overlapped_io = _overlapped_io.resolve(captured)
             io_tiles = _device.io_tile_memory(captured.graph, self._overlapped_io, self._options)
             if self._training:
@@ -322,6 +324,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
+        _device.account_streaming_overlap(exe, programs.micro_batch, self._options)
         if io_tiles:
             exe.profile.programs[programs.micro_batch]["io_tiles"] = io_tiles
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
@@ -602,9 +605,14 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             raise
         self._device.after_run(self._training)
         call = _call_timeline.CallRuns(
-            batches[:done], micro_batch_cycles[:done], runs_per_step, step_runs, self._training and layout.ga > 1
+            batches[:done],
+            micro_batch_cycles[:done],
+            runs_per_step,
+            step_runs,
+            self._training and layout.ga > 1,
+            self._host_write_cycles,
         )
-        self._cycles = self._host_write_cycles + _call_timeline.call_cycles(
+        self._cycles = _call_timeline.call_cycles(
             exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
         )
         self._host_write_cycles = 0
