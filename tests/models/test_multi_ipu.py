@@ -131,6 +131,12 @@ def resnet_batch(rows, call):
     return {"x": torch.randn(rows, 3, 16, 16, generator=g), "labels": torch.randint(0, CLASSES, (rows,), generator=g)}
 
 
+def unet_batch(rows, call):
+    g = _generator(call)
+    target = (torch.rand(rows, 1, 8, 8, generator=g) > 0.5).float()
+    return {"x": torch.randn(rows, 3, 8, 8, generator=g), "target": target}
+
+
 # -- how users split each model ---------------------------------------------------------------------------------
 def _layer_ipu(i, count, ipus):
     """The IPU of layer ``i`` of ``count``: spread over the IPUs between the embeddings' (IPU 0) and the
@@ -296,6 +302,16 @@ def test_resnet_over_two_ipus_trains_as_eager_with_its_batchnorm_statistics(stra
         assert ("schedule" in trained.profile.programs["accumulate"]) == (strategy is poptorch.PipelinedExecution)
 
     RESNET.check(2, _options(RESNET.accumulation, strategy=strategy()), inspect=scheduled)
+
+
+def split_unet(model, ipus):
+    """The encoder on IPU 0, the bottom and the decoder on IPU 1: both skip connections cross the IPUs."""
+    model.bottom = poptorch.BeginBlock(model.bottom, "bottom", ipu_id=1)
+
+
+def test_unet_pipelined_with_its_skip_connections_across_ipus_trains_as_eager():
+    setup = Setup("unet", unet_batch, split_unet, accumulation=4)
+    setup.check(2, _options(setup.accumulation))
 
 
 RECOMPUTE_PIPELINE = 3  # popart.RecomputationType.Pipeline
