@@ -309,8 +309,8 @@ def split_unet(model, ipus):
     model.bottom = poptorch.BeginBlock(model.bottom, "bottom", ipu_id=1)
 
 
-def test_unet_pipelined_with_its_skip_connections_across_ipus_trains_as_eager():
-    setup = Setup("unet", unet_batch, split_unet, accumulation=4)
+def test_unet_pipelined_with_its_skip_connections_across_ipus_trains_as_eager_with_adamw():
+    setup = Setup("unet", unet_batch, split_unet, accumulation=4, optimizer="adamw")
     setup.check(2, _options(setup.accumulation))
 
 
