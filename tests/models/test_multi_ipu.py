@@ -420,3 +420,30 @@ def test_bert_in_serial_phases_trains_as_eager():
         poptorch.Phase("embeddings", "layer0"), poptorch.Phase("layer1", "pooler")
     )
     BERT.check(2, _options(BERT.accumulation, strategy=strategy))
+
+
+def test_bert_out_of_tile_memory_on_one_ipu_trains_split_over_two_with_recomputation(monkeypatch):
+    # IPUs of 4 tiles x 90 KiB: BERT's weights, their gradient accumulators and its activations overflow one
+    # IPU's tiles (by ~20%); split over two they fit once each stage recomputes its activations instead of
+    # stashing them for the micro-batches in flight (~10% over without, ~10% under with recomputation).
+    eager, _ = BERT.reference()  # on the 16-tile IPUs, before the small ones replace them
+    tight = popsim.Target.small(num_tiles=4, tile_bytes=90 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: tight)
+
+    def train(split, recomputation=0, inspect=None):
+        model, loss_of = BERT.fresh()
+        split(model, 2)
+        opts = _options(BERT.accumulation)
+        opts._Popart.set("autoRecomputation", recomputation)
+        return train_on_ipus(model, BERT.optimizer, loss_of, BERT.batches(), opts, inspect)
+
+    with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU: out of memory on tile"):
+        train(lambda model, ipus: None)
+    with pytest.raises(poptorch.Error, match="a pipeline of 2 stages keeps up to 3 micro-batches in flight"):
+        train(split_bert)
+
+    def fits(trained):
+        assert trained.profile.programs["accumulate"]["memory_max_tile_bytes"] <= tight.tile_bytes
+
+    runs = train(_split_and_checkpoint, RECOMPUTE_PIPELINE, fits)
+    assert_same_runs(runs, eager, BERT.optimizer, "BERT on 2 small IPUs against eager")
