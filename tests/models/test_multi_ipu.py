@@ -1,8 +1,10 @@
 """Zoo models split over several simulated IPUs the way PopTorch users split them: layers wrapped with
 ``BeginBlock`` after construction (embeddings on IPU 0, the head on the last IPU), pipelined with gradient
-accumulation or sharded, with recomputation checkpoints at layer outputs. Each trains for 3 calls equal to
-eager PyTorch (gradients accumulated over the same micro-batches) and to the same model on one IPU, step by
-step: the loss, every parameter and every buffer; the profile shows work on every IPU.
+accumulation, sharded, in phases or replicated, with recomputation checkpoints at layer outputs. Each trains
+for 3 calls equal to eager PyTorch (gradients accumulated over the same micro-batches) and to the same model
+on one IPU, call by call: the loss, every parameter and every buffer; the profile shows work on every IPU.
+Also: GPT-2's LM head tied to its token embedding on another IPU, dropout's masks wherever it runs, a split
+model's inferenceModel after training, and a model out of tile memory on one IPU that trains on two.
 
 The simulated IPUs are small (16 tiles) so each case compiles and runs in seconds."""
 
