@@ -234,6 +234,26 @@ def test_bert_pipelined_trains_as_eager_and_as_on_one_ipu(ipus):
     BERT.check(ipus, _options(BERT.accumulation), pipelined)
 
 
+def test_bert_pipelined_over_4_ipus_returns_every_micro_batchs_outputs_in_order():
+    """OutputMode.All: the last stage's logits and losses of the 8 micro-batches in flight come back in the
+    order of the batch, each from the weights before the step's update."""
+    model, loss_of = BERT.fresh()
+    eager = copy.deepcopy(model)
+    split_bert(model, 4)
+    opts = _options(BERT.accumulation).outputMode(poptorch.OutputMode.All)
+    batch = BERT.batches()[0]
+    trained = poptorch.trainingModel(model, opts, OPTIMIZERS["sgd"](model.parameters()))
+    try:
+        out = trained(**batch)
+    finally:
+        trained.destroy()
+    with torch.no_grad():
+        expected = [eager(**micro) for micro in _micro_batches(batch, BERT.accumulation)]
+    rtol, atol = TOLERANCE["sgd"]
+    torch.testing.assert_close(out.logits, torch.cat([e.logits for e in expected]), rtol=rtol, atol=atol)
+    torch.testing.assert_close(out.loss, torch.stack([loss_of(e) for e in expected]), rtol=rtol, atol=atol)
+
+
 def split_gpt2(model, ipus):
     """The token and position embeddings on IPU 0, the decoder layers spread over the IPUs, the LM head (its
     weight is the token embedding's: tied) on the last IPU."""
