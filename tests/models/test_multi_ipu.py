@@ -469,3 +469,30 @@ def test_bert_out_of_tile_memory_on_one_ipu_trains_split_over_two_with_recomputa
 
     runs = train(_split_and_checkpoint, RECOMPUTE_PIPELINE, fits)
     assert_same_runs(runs, eager, BERT.optimizer, "BERT on 2 small IPUs against eager")
+
+
+def test_bert_pipelined_clips_gradients_by_their_global_norm_over_both_ipus():
+    """poptorch.optim.SGD(max_grad_norm=...) clips by the norm of every gradient, wherever its stage runs,
+    as torch.nn.utils.clip_grad_norm_ does on the whole model."""
+    max_norm, lr = 0.05, 0.05
+    model, loss_of = BERT.fresh()
+    eager = copy.deepcopy(model)
+    split_bert(model, 2)
+    trained = poptorch.trainingModel(
+        model, _options(BERT.accumulation), poptorch.optim.SGD(model.parameters(), lr=lr, max_grad_norm=max_norm)
+    )
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=lr)
+    runs, expected = [], []
+    try:
+        for batch in BERT.batches()[:2]:
+            runs.append(_snapshot(model, loss_of(trained(**batch))))
+            eager_optimizer.zero_grad()
+            for micro in _micro_batches(batch, BERT.accumulation):
+                loss = loss_of(eager(**micro))
+                (loss / BERT.accumulation).backward()
+            assert torch.nn.utils.clip_grad_norm_(eager.parameters(), max_norm) > 2 * max_norm  # it does clip
+            eager_optimizer.step()
+            expected.append(_snapshot(eager, loss))
+    finally:
+        trained.destroy()
+    assert_same_runs(runs, expected, "sgd", "clipped BERT on 2 IPUs against eager")
