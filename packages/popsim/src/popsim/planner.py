@@ -438,7 +438,7 @@ class Lowerer:
         return self.reduce_index(op, [x], index, shape, dtype or x.dtype, x.dtype)
 
     # -- matmul -----------------------------------------------------------------------------------
-    def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype):
+    def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype, order=None):
         """R (B, M, N) = A @ B per batch, with A given as a (B, M, K) index map into ``a_srcs`` and B as a
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced.
@@ -446,14 +446,18 @@ class Lowerer:
         The plan keeps its temporary memory within ``available_memory`` (the node's proportion of a tile).
         A plan depends only on the index maps, the dtype, that proportion and the sizes and tile mappings of
         the sources, so a repeated layer (same shapes, dtypes and placements) reuses the plan of its first
-        instance."""
+        instance.
+
+        ``order`` (an index map into R, of the shape wanted) arranges the result otherwise (a convolution's
+        NCHW output of its im2col product): its elements are gathered, or reduced, from the partials straight
+        into that arrangement, with no second exchange."""
         # The IPU whose tiles the plan uses, and the share of their memory it may take.
         where = (self.target.first_tile, self.target.num_tiles, self.available_memory, self.dither)
         key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
         if key not in self._matmul_plans:
             self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
         plan = self._matmul_plans[key]
-        return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan)
+        return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan, order)
 
     def _plan_matmul(self, a_srcs, a_index, b_srcs, b_index, dtype):
         (a_rows, a_cols), (b_rows, b_cols) = _runs_both_ways(a_srcs, a_index), _runs_both_ways(b_srcs, b_index)
@@ -500,7 +504,7 @@ class Lowerer:
         q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
         return _MatmulLayout(transposed, split, tiles, sizes, a_tasks, b_tasks, q, shape, partial)
 
-    def _matmul(self, a_srcs, b_srcs, dtype, plan):
+    def _matmul(self, a_srcs, b_srcs, dtype, plan, order=None):
         tiles = plan.tiles
         mi, kk, nj = plan.sizes.T
         a_t = self._task_blocks(a_srcs, plan.a_tasks, mi * kk, tiles, dtype, "matmul-lhs")
@@ -510,9 +514,12 @@ class Lowerer:
         cycles = cost.amp_cycles(self.target, mi, kk, nj, dtype)
         lhs, rhs, out = (x.regions(x.mapping.starts, x.mapping.stops) for x in (a_t, b_t, p))
         oc.matmul(self.dg.add_vertices, cs, tiles, nj, cycles, lhs=lhs, rhs=rhs, out=out, m=mi, k=kk)
+        q, shape = plan.q, plan.shape
+        if order is not None:
+            q, shape = q[np.asarray(order, np.int64).reshape(-1)], np.shape(order)
         if plan.split.gk == 1 and dtype == plan.partial:
-            return self.gather(plan.shape, dtype, [p], plan.q)
-        return self.reduce_index("sum", [p], plan.q, plan.shape, dtype, plan.partial)
+            return self.gather(shape, dtype, [p], q)
+        return self.reduce_index("sum", [p], q, shape, dtype, plan.partial)
 
     def _task_blocks(self, srcs, index, sizes, tiles, dtype, name=None):
         """One block per matmul task (``sizes`` elements on ``tiles``): gathered from ``srcs`` by ``index``,
