@@ -470,35 +470,38 @@ class Lowerer:
     def _matmul_layout(self, a_index, b_index, dtype, transposed):
         """The tile plan of a matmul and the index maps it gathers its operands and partials by. A task at the
         edge of M, N or K runs its smaller block (the vertex's own m, k and n), so no zero padding is
-        exchanged to it."""
+        exchanged to it. Tasks are laid out (and given tiles round the IPU) by their block sizes first, so
+        that the tasks of one size sit at regular strides and their operand copies stay few exchange rows."""
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
         partial = self.partials_type if dtype == DType.float16 else DType.float32
         split = plan_matmul(self.target, nb_, m, n, k, dtype, partial, self.available_memory)
         gm, gn, gk, mb, nb, kb = split.gm, split.gn, split.gk, split.mb, split.nb, split.kb
         tasks = nb_ * gm * gn * gk
-        # Each task's own block sizes: (tasks,) arrays of its rows of M, its share of K and its columns of N.
+        # Each task's own block sizes, task (b, i, j, kk) in that order: its rows of M, columns of N, share of K.
         edge = [
             np.minimum(block, size - block * np.arange(g)) for g, block, size in ((gm, mb, m), (gn, nb, n), (gk, kb, k))
         ]
-        grid = np.meshgrid(np.arange(nb_), *edge, indexing="ij")
-        mi, nj, kk = (a.reshape(-1) for a in grid[1:])
+        mi, nj, kk = (a.reshape(-1) for a in np.meshgrid(np.arange(nb_), *edge, indexing="ij")[1:])
+        order = np.argsort((mi < mb) * 4 + (nj < nb) * 2 + (kk < kb), kind="stable")  # slot -> task
+        slot = np.argsort(order)  # task -> slot
+        mi, nj, kk = mi[order], nj[order], kk[order]
         pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)
         pa[:, :m, :k] = a_index
         pb = np.full((nb_, gk * kb, gn * nb), -1, np.int64)
         pb[:, :k, :n] = b_index
         a_blocks = pa.reshape(nb_, gm, mb, gk, kb).transpose(0, 1, 3, 2, 4)[:, :, None]
-        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(tasks, mb, kb)
+        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(tasks, mb, kb)[order]
         a_tasks = a_tasks[(np.arange(mb) < mi[:, None])[:, :, None] & (np.arange(kb) < kk[:, None])[:, None, :]]
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
-        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(tasks, kb, nb)
+        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(tasks, kb, nb)[order]
         b_tasks = b_tasks[(np.arange(kb) < kk[:, None])[:, :, None] & (np.arange(nb) < nj[:, None])[:, None, :]]
         tiles = self.task_tiles(tasks)
         sizes = np.stack([mi, kk, nj], axis=1)
         p_start = np.cumsum(mi * nj) - mi * nj
         # Partials of output (b, i, j): task (b, i // mb, j // nb, kk)'s element (i % mb, j % nb), for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
-        task = (((bi * gm + ii // mb) * gn + jj // nb) * gk)[..., None] + np.arange(gk)
+        task = slot[(((bi * gm + ii // mb) * gn + jj // nb) * gk)[..., None] + np.arange(gk)]
         q = p_start[task] + (ii % mb)[..., None] * nj[task] + (jj % nb)[..., None]
         shape = (nb_, n, m) if transposed else (nb_, m, n)
         q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
