@@ -24,7 +24,7 @@ def _pairs_sent_twice(flattener, step):
     m = step.dst.storage.mapping
     dst_tile = np.repeat(m.tiles, m.stops - m.starts)
     across = src_tile != dst_tile
-    pairs = popsim_program._storage_elements(step)[across] * TARGET.num_tiles + dst_tile[across]
+    pairs = popsim_program._storage_elements(step)[across] * flattener.target.num_tiles + dst_tile[across]
     return pairs.size - np.unique(pairs).size
 
 
@@ -111,3 +111,27 @@ def test_run_length_says_over_which_output_runs_the_source_element_is_constant_o
     index = np.broadcast_to(np.arange(int(np.prod(x_shape))).reshape(x_shape), shape).reshape(-1, g)
     step = 0 if constant else 1
     assert (np.diff(index, axis=1) == step).all()
+
+
+@pytest.mark.parametrize(("shape", "operand", "rows_pay"), [((64, 8), (64, 1), False), ((16, 64), (16, 1), True)])
+def test_rows_are_chosen_only_when_their_set_up_costs_less_than_the_exchange_they_save(shape, operand, rows_pay):
+    """On 32 tiles of 32-element blocks: an [N, 1] operand over rows of 8 would cut each block into 4 rows to
+    save 28 elements of exchange, which the estimate says costs more than it saves, so the operand is
+    exchanged whole as before; over rows of 64 each block is one row reading one element, which pays."""
+    copies = []
+    copy = popsim_program._Flattener.copy
+    target = popsim.Target.small(num_tiles=32)
+
+    def record(self, step):
+        copies.append(_pairs_sent_twice(self, step) if step.dst.size else 0)
+        return copy(self, step)
+
+    g = _graph(shape, operand, fused=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(popsim_program._Flattener, "copy", record)
+        exe = popsim.compile(g, target)
+    rng = np.random.default_rng(0)
+    x, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(operand).astype(np.float32)
+    exe.write_variable("b", b)
+    np.testing.assert_array_equal(exe.run({"x": x})["y"], x + b)
+    assert (max(copies) == 0) == rows_pay, copies
