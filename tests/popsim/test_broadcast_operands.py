@@ -13,6 +13,7 @@ import popsim
 from popir import ops
 from popsim import broadcast_rows
 from popsim import program as popsim_program
+from popsim.mapping import TileMapping
 
 # Few tiles with large blocks, so a block spans several rows of the broadcast operand.
 TARGET = popsim.Target.small(num_tiles=4)
@@ -83,16 +84,29 @@ def test_a_broadcast_operand_reaches_each_tile_once_and_results_are_exact(compil
     assert copies and all(twice == 0 for _, twice in copies), copies
 
 
+def _repeats_whole(operand, shape, mapping):
+    """Whether exchanging ``operand`` broadcast to ``shape`` element by element into ``mapping`` brings some
+    element to a tile twice."""
+    index = np.broadcast_to(np.arange(int(np.prod(operand))).reshape(operand), shape).reshape(-1)
+    keys = np.repeat(mapping.tiles, mapping.stops - mapping.starts) * index.size + index
+    return np.unique(keys).size < keys.size
+
+
 def test_the_whole_broadcast_would_repeat_elements_on_these_targets():
     """The cases above do exercise rows: exchanged element by element, each would bring some operand element
-    to a tile twice."""
-    from popsim.mapping import TileMapping
-
+    to a tile twice (and ``may_repeat`` says so)."""
     for shape, operand in CASES.values():
-        size = int(np.prod(shape))
-        index = np.broadcast_to(np.arange(int(np.prod(operand))).reshape(operand), shape).reshape(-1)
-        mapping = TileMapping.linear(size, 4, TARGET)
-        assert broadcast_rows.has_repeats(index, mapping, int(np.prod(operand)))
+        mapping = TileMapping.linear(int(np.prod(shape)), 4, TARGET)
+        assert _repeats_whole(operand, shape, mapping)
+        assert broadcast_rows.may_repeat(*broadcast_rows.run_length(operand, shape), mapping)
+
+
+@pytest.mark.parametrize("num_tiles", [4, 16, 64])
+@pytest.mark.parametrize(("shape", "operand"), [((48, 40), (40,)), ((6, 9, 16), (6, 1, 16)), ((64, 32), (32,))])
+def test_may_repeat_is_never_wrong_when_it_says_no(num_tiles, shape, operand):
+    mapping = TileMapping.linear(int(np.prod(shape)), 4, popsim.Target.small(num_tiles=num_tiles))
+    if not broadcast_rows.may_repeat(*broadcast_rows.run_length(operand, shape), mapping):
+        assert not _repeats_whole(operand, shape, mapping)
 
 
 @pytest.mark.parametrize(

@@ -57,16 +57,15 @@ def cut_rows(mapping, runs):
     return Rows(starts, stops, block, mapping.tiles[block])
 
 
-def tile_pairs(index, tiles_of_elements, size):
-    """(tile, source element) keys of the elements of an index map (source ``size`` elements), as one integer."""
-    return tiles_of_elements * size + index
-
-
-def has_repeats(index, mapping, size):
-    """Whether some tile of ``mapping`` would receive one of ``size`` source elements twice, were the broadcast
-    index map ``index`` (one source element per output element) exchanged element by element."""
-    keys = tile_pairs(index, np.repeat(mapping.tiles, mapping.stops - mapping.starts), size)
-    return np.unique(keys).size < keys.size
+def may_repeat(g, constant, mapping):
+    """Whether exchanging an operand broadcast with run length ``g`` (``run_length``) element by element into
+    ``mapping`` could bring one of its elements to a tile twice. Not when its source steps by one over runs
+    at least as long as every block and each tile holds one block: a block then reads a run's tail and the
+    next run's head, whose elements differ (runs of distinct sources are ``g`` apart in the operand)."""
+    if constant:
+        return True
+    one_block_per_tile = np.unique(mapping.tiles).size == mapping.tiles.size
+    return not one_block_per_tile or int((mapping.stops - mapping.starts).max(initial=0)) > g
 
 
 class TileCopies(NamedTuple):
@@ -79,11 +78,14 @@ class TileCopies(NamedTuple):
     at: np.ndarray
 
 
-def tile_copies(index, rows, size):
+def tile_copies(index, rows, size, constant):
     """The distinct source elements each tile's rows read from a ``size``-element operand through the flat
-    broadcast ``index`` map, once per tile."""
-    keys = tile_pairs(index, np.repeat(rows.tiles, rows.stops - rows.starts), size)
+    broadcast ``index`` map, once per tile (a ``constant`` operand's row reads one element)."""
+    first = rows.tiles * size + index[rows.starts]
+    if constant:
+        keys = first
+    else:
+        keys = np.repeat(rows.tiles, rows.stops - rows.starts) * size + index
     distinct = np.unique(keys)
     tiles, counts = np.unique(distinct // size, return_counts=True)
-    at = np.searchsorted(distinct, keys[rows.starts])
-    return TileCopies(distinct % size, TileMapping.on_tiles(counts, tiles), at)
+    return TileCopies(distinct % size, TileMapping.on_tiles(counts, tiles), np.searchsorted(distinct, first))

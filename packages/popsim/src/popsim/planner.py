@@ -243,13 +243,15 @@ class Lowerer:
             if x.shape != tuple(shape) and m.size:
                 g, constant = broadcast_rows.run_length(x.shape, shape)
                 index = np.broadcast_to(np.arange(x.size).reshape(x.shape), shape).reshape(-1)
-                if g >= broadcast_rows.MIN_ROW_ELEMENTS and broadcast_rows.has_repeats(index, m, x.size):
+                if g >= broadcast_rows.MIN_ROW_ELEMENTS and broadcast_rows.may_repeat(g, constant, m):
                     placed.append(("rows", x, index, constant))
                     runs.append(g)
                     continue
             placed.append(("block", self.broadcast_like(x, shape, m)))
         rows = broadcast_rows.cut_rows(m, runs)
-        copies = {i: broadcast_rows.tile_copies(p[2], rows, p[1].size) for i, p in enumerate(placed) if p[0] == "rows"}
+        copies = {
+            i: broadcast_rows.tile_copies(p[2], rows, p[1].size, p[3]) for i, p in enumerate(placed) if p[0] == "rows"
+        }
         if copies and not self._rows_pay(m, rows, [(placed[i][1], c) for i, c in copies.items()]):
             for i in copies:
                 placed[i] = ("block", self.broadcast_like(placed[i][1], shape, m))
@@ -490,12 +492,11 @@ class Lowerer:
         pa[:, :m, :k] = a_index
         pb = np.full((nb_, gk * kb, gn * nb), -1, np.int64)
         pb[:, :k, :n] = b_index
+        ordered = np.unravel_index(order, (nb_, gm, gn, gk))
         a_blocks = pa.reshape(nb_, gm, mb, gk, kb).transpose(0, 1, 3, 2, 4)[:, :, None]
-        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(tasks, mb, kb)[order]
-        a_tasks = a_tasks[(np.arange(mb) < mi[:, None])[:, :, None] & (np.arange(kb) < kk[:, None])[:, None, :]]
+        a_tasks = _trimmed(np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb))[ordered], mi, kk)
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
-        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(tasks, kb, nb)[order]
-        b_tasks = b_tasks[(np.arange(kb) < kk[:, None])[:, :, None] & (np.arange(nb) < nj[:, None])[:, None, :]]
+        b_tasks = _trimmed(np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))[ordered], kk, nj)
         tiles = self.task_tiles(tasks)
         sizes = np.stack([mi, kk, nj], axis=1)
         p_start = np.cumsum(mi * nj) - mi * nj
@@ -547,6 +548,14 @@ class _MatmulLayout(NamedTuple):
     q: np.ndarray
     shape: tuple
     partial: DType
+
+
+def _trimmed(blocks, rows, cols):
+    """The (tasks, R, C) ``blocks``, each cut to its task's ``rows`` x ``cols`` (equal over runs of tasks, as
+    a matmul lays its tasks out), flattened task after task."""
+    cut = np.flatnonzero((np.diff(rows) != 0) | (np.diff(cols) != 0)) + 1
+    bounds = np.r_[0, cut, len(rows)]
+    return np.concatenate([blocks[a:b, : rows[a], : cols[a]].reshape(-1) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def _sources_key(srcs):
