@@ -59,3 +59,28 @@ def test_a_slice_update_of_a_variable_copies_the_slice_into_it_and_costs_less_th
 def test_a_slice_update_whose_old_value_is_still_read_makes_a_new_tensor():
     profile = _run(_sharded_update(keep_old=True))
     assert any(step["name"].startswith("update w") for step in profile["steps"])
+
+
+def _buffers(profile):
+    """The ops whose results take tile memory of their own while the program runs (not variables, inputs or
+    constants)."""
+    return [t["op"] for t in profile["tensors"] if t["category"] in ("activations", "temporaries")]
+
+
+def test_an_elementwise_result_is_computed_in_the_buffer_of_a_slice_it_alone_reads():
+    """The shard's new value (0.5 x shard + g) overwrites the shard sliced out of w, which nothing reads after
+    it: one shard-sized buffer, not two."""
+    assert _buffers(_run(_sharded_update())) == ["slice"]
+
+
+def test_a_slice_read_by_another_node_too_keeps_its_own_buffer():
+    g = popir.Graph("step")
+    w = g.add_input("w", SHAPE, "float32", kind="parameter")
+    grad = g.add_input("g", (SIZE // STEP,), "float32")
+    flat = ops.reshape(w, shape=(SIZE,))
+    shard = ops.slice(flat, starts=(0,), stops=(SIZE,), steps=(STEP,))
+    new = ops.slice_update(flat, shard * 0.5 + grad, starts=(0,), stops=(SIZE,), steps=(STEP,))
+    g.update(w, ops.reshape(new, shape=SHAPE))
+    g.output("again", shard * 2.0)  # read after the update's vertex: its buffer must still hold the slice
+    buffers = _buffers(_run(g))
+    assert buffers.count("slice") == 1 and len(buffers) == 3  # the slice, the update's shard, the output

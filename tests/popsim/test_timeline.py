@@ -235,3 +235,75 @@ def test_a_pipeline_stage_s_streaming_memory_load_is_an_interval_of_its_own():
         (0, 170 + 2 * sync),
         (1, 60 + sync),
     ]
+
+
+def _streamed_program(target, steps, unplaced=0):
+    sync = target.bsp_sync_cycles
+    return {"steps": steps, "total_cycles": sum(s["cycles"] + sync for s in steps) + unplaced}
+
+
+def test_a_one_stage_pipeline_s_step_is_the_sum_of_its_parts():
+    """Nothing can overlap on one IPU and one host link: each micro-batch's input stream, forward, backward,
+    output stream and unplaced work follow each other."""
+    target = popsim.Target.small(num_tiles=4)
+    sync = target.bsp_sync_cycles
+    steps = [
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 100},
+        {"stage": 0, "ipu": 0, "role": "backward", "cycles": 80},
+    ]
+    streams = [
+        ("x", True, 30, ((0, "forward"),)),
+        ("loss", False, 7, ((0, "forward"),)),
+        ("y", True, 5, ((9, "forward"),)),
+    ]
+    # The streamed bytes are part of the program's cycles; "y" is read by no stage of the program.
+    program = _streamed_program(target, steps, unplaced=30 + 7 + 5 + 40)
+    schedule = popsim.step_schedule(program, target, 3, True, streams)
+    assert [(s.name, s.stage, s.direction) for s in schedule.streams] == [("x", 0, "forward"), ("loss", 0, "forward")]
+    assert schedule.outside_cycles == 5 + 40
+    assert schedule.total_cycles == schedule.serial_cycles == 3 * (30 + 100 + sync + 7 + 80 + sync + 45)
+    timeline = popsim.Timeline()
+    placed = popsim.place_pipeline(timeline, schedule, 0, [0])
+    spans = sorted((i.start, i.end) for i in placed if i.end > i.start)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert placed[-1].label["work"] == "outside stages" and placed[-1].end - placed[-1].start == 3 * 45
+
+
+def test_a_pipeline_streams_each_micro_batch_s_tensors_around_the_passes_that_use_them():
+    target = popsim.Target.small(num_tiles=4)
+    steps = [
+        {"stage": 0, "ipu": 0, "role": "forward", "cycles": 100},
+        {"stage": 1, "ipu": 1, "role": "forward", "cycles": 60},
+        {"stage": 1, "ipu": 1, "role": "backward", "cycles": 90},
+        {"stage": 0, "ipu": 0, "role": "backward", "cycles": 120},
+    ]
+    # x is read by stage 0's forward and backward (it streams in before the first), the label by stage 1's
+    # forward; the loss comes out of stage 1's forward.
+    streams = [
+        ("x", True, 30, ((0, "backward"), (0, "forward"))),
+        ("label", True, 4, ((1, "forward"),)),
+        ("loss", False, 2, ((1, "forward"),)),
+    ]
+    schedule = popsim.step_schedule(_streamed_program(target, steps, unplaced=36), target, 4, True, streams)
+    assert schedule.outside_cycles == 0
+    timeline = popsim.Timeline()
+    placed = popsim.place_pipeline(timeline, schedule, 0, [0, 1])
+    link = popsim.transfer_lane(0, 0, "host transfer")
+    work = {
+        (i.label["stage"], i.label["pass"], i.label["micro_batch"]): i
+        for i in placed
+        if "stage" in i.label and "transfer" not in i.label
+    }
+    moved = {(i.label["tensor"], i.label["micro_batch"]): i for i in placed if "tensor" in i.label}
+    assert len(moved) == 3 * 4
+    for batch in range(4):
+        x, label, loss = (moved[(name, batch)] for name in ("x", "label", "loss"))
+        assert x.resources == (A, link) and label.resources == loss.resources == (B, link)
+        assert x.end <= work[(0, "forward", batch)].start and label.end <= work[(1, "forward", batch)].start
+        assert loss.start >= work[(1, "forward", batch)].end and loss.end <= work[(1, "backward", batch)].start
+        assert x.label["pipeline_cycle"] == work[(0, "forward", batch)].label["pipeline_cycle"]
+    # One host link: the streams of all micro-batches and IPUs follow each other on it.
+    spans = sorted((i.start, i.end) for i in moved.values())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    # Streaming while the other IPU computes: the pipeline is shorter than its pieces run one after another.
+    assert schedule.total_cycles < schedule.serial_cycles

@@ -60,54 +60,54 @@ def _select(values, mode, period):
 
 
 @pytest.mark.parametrize(
-    ("mode", "period"),
+    ("mode", "period", "iterations"),
     [
-        (poptorch.OutputMode.All, 1),
-        (poptorch.OutputMode.Final, 1),
-        (poptorch.OutputMode.EveryN, 2),
-        (poptorch.OutputMode.Sum, 1),
+        (poptorch.OutputMode.All, 1, 4),
+        (poptorch.OutputMode.Final, 1, 4),
+        (poptorch.OutputMode.EveryN, 2, 4),
+        (poptorch.OutputMode.Sum, 1, 4),
+        # The default follows the model's output mode, Final for a training model: one value, no leading dimension.
+        (None, 1, 3),
     ],
 )
-def test_gradient_and_updated_weight_match_eager_step_by_step(mode, period):
+def test_gradient_and_updated_weight_match_eager_step_by_step(mode, period, iterations):
     torch.manual_seed(0)
-    model, iterations = Model(), 4
+    model = Model()
     reference = copy.deepcopy(model)
     poptorch_model = _anchored_training(model, poptorch.Options().deviceIterations(iterations), mode, period)
+    returned = mode or poptorch.OutputMode.Final
     for _ in range(2):
         x, y = torch.randn(iterations * BATCH, 4), torch.randn(iterations * BATCH, 3)
         poptorch_model(x, y)
         grads, weights = zip(*_eager_steps(reference, x, y))
-        _close(poptorch_model.getAnchoredTensor("grad_bias"), _select(list(grads), mode, period))
-        _close(poptorch_model.getAnchoredTensor("update_weight"), _select(list(weights), mode, period))
+        _close(poptorch_model.getAnchoredTensor("grad_bias"), _select(list(grads), returned, period))
+        _close(poptorch_model.getAnchoredTensor("update_weight"), _select(list(weights), returned, period))
 
 
-def test_default_mode_follows_the_models_output_mode_and_one_value_has_no_leading_dimension():
-    torch.manual_seed(1)
-    model = Model()
-    reference = copy.deepcopy(model)
-    # A training model's outputs default to Final: so do its anchors.
-    poptorch_model = _anchored_training(model, poptorch.Options().deviceIterations(3))
-    x, y = torch.randn(3 * BATCH, 4), torch.randn(3 * BATCH, 3)
-    poptorch_model(x, y)
-    grad, weight = _eager_steps(reference, x, y)[-1]
-    assert poptorch_model.getAnchoredTensor("grad_bias").shape == (3,)
-    _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
-    _close(poptorch_model.getAnchoredTensor("update_weight"), weight)
-
-
-def test_gradient_accumulation_anchors_the_gradient_the_step_applies():
+@pytest.mark.parametrize(
+    ("configure", "iterations", "mode"),
+    [
+        # Two steps of two accumulated micro-batches: each step's gradient is their mean, the one it applies.
+        (lambda opts: opts.Training.gradientAccumulation(2), 2, poptorch.OutputMode.All),
+        # One step over two replicas' micro-batches: the mean of their gradients, reduced over the replicas.
+        (lambda opts: opts.replicationFactor(2), 1, None),
+    ],
+    ids=["gradient_accumulation", "replicas"],
+)
+def test_the_anchored_gradient_is_the_mean_over_the_micro_batches_the_step_applies(configure, iterations, mode):
     torch.manual_seed(2)
-    model, iterations, accumulation = Model(), 2, 2
+    model, micro_batches = Model(), 2
     reference = copy.deepcopy(model)
     opts = poptorch.Options().deviceIterations(iterations)
-    opts.Training.gradientAccumulation(accumulation)
-    poptorch_model = _anchored_training(model, opts, poptorch.OutputMode.All)
-    rows = iterations * accumulation * BATCH
+    configure(opts)
+    poptorch_model = _anchored_training(model, opts, mode)
+    rows = iterations * micro_batches * BATCH
     x, y = torch.randn(rows, 4), torch.randn(rows, 3)
     poptorch_model(x, y)
-    grads, weights = zip(*_eager_steps(reference, x, y, micro_batches=accumulation))
-    _close(poptorch_model.getAnchoredTensor("grad_bias"), torch.stack(grads))
-    _close(poptorch_model.getAnchoredTensor("update_weight"), torch.stack(weights))
+    grads, weights = zip(*_eager_steps(reference, x, y, micro_batches=micro_batches))
+    returned = mode or poptorch.OutputMode.Final
+    _close(poptorch_model.getAnchoredTensor("grad_bias"), _select(list(grads), returned, 1))
+    _close(poptorch_model.getAnchoredTensor("update_weight"), _select(list(weights), returned, 1))
 
 
 def test_inference_anchors_a_parameter():
@@ -172,19 +172,6 @@ def test_every_n_period_must_divide_the_device_iterations_before_anything_runs()
         torch.testing.assert_close(value, before[name])
 
 
-def test_replicas_anchor_the_gradient_reduced_over_them():
-    torch.manual_seed(3)
-    model, replicas = Model(), 2
-    reference = copy.deepcopy(model)
-    poptorch_model = _anchored_training(model, poptorch.Options().replicationFactor(replicas))
-    x, y = torch.randn(replicas * BATCH, 4), torch.randn(replicas * BATCH, 3)
-    poptorch_model(x, y)
-    # One step over both replicas' micro-batches, the mean of their gradients.
-    [(grad, weight)] = _eager_steps(reference, x, y, micro_batches=replicas)
-    _close(poptorch_model.getAnchoredTensor("grad_bias"), grad)
-    _close(poptorch_model.getAnchoredTensor("update_weight"), weight)
-
-
 # (poptorch optimizer, its eager twin, keyword arguments, PopART prefix -> eager state slot)
 OPTIMIZER_STATES = [
     (
@@ -226,13 +213,6 @@ def test_optimizer_state_anchors_match_eager_state_after_each_step(poptorch_opti
             expected[prefix].append(torch.as_tensor(state[slot], dtype=torch.float32).clone())
     for prefix in slots:
         _close(poptorch_model.getAnchoredTensor(prefix), torch.stack(expected[prefix]))
-
-
-def test_plain_sgd_has_no_optimizer_state_to_name():
-    model = Model()
-    poptorch_model = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=LR))
-    poptorch_model(torch.randn(BATCH, 4), torch.randn(BATCH, 3))
-    assert not [name for name in poptorch_model.getTensorNames() if name.startswith(("Accl", "Step___"))]
 
 
 def _names_of(model, opts=None, optimizer=None, rows=BATCH):
@@ -306,8 +286,18 @@ def test_accumulators_hold_the_summed_gradients_of_the_step():
     _close(poptorch_model.getAnchoredTensor("grad"), summed / accumulation)  # the step applies their mean
 
 
-def test_no_accumulator_is_named_without_gradient_accumulation():
-    assert not [name for name in _names_of(Model()) if name.startswith("Accum___")]
+@pytest.mark.parametrize(
+    ("optimizer", "prefixes"),
+    [
+        (lambda params: poptorch.optim.SGD(params, lr=LR), ("Accl", "Step___")),  # plain SGD keeps no state
+        (None, ("Accum___",)),  # no accumulator without gradient accumulation
+    ],
+    ids=["plain_sgd_state", "accumulators"],
+)
+def test_tensors_the_step_does_not_have_are_not_named(optimizer, prefixes):
+    model = Model()
+    names = _names_of(model, optimizer=optimizer(model.parameters()) if optimizer else None)
+    assert names and not [name for name in names if name.startswith(prefixes)]
 
 
 def test_sgd_hyper_parameter_tensors_follow_the_optimizer_and_set_optimizer():

@@ -109,11 +109,19 @@ def test_set_optimizer_costs_its_host_writes_in_the_next_calls_cycles():
             exe.write_variable = lambda name, value, into=written, write=write: into.append(name) or write(name, value)
             training.setOptimizer(poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
             exe.write_variable = write
-        cycles = []
+        cycles, writes = [], []
         for _ in range(2):
             training(x, labels)
             cycles.append(training.cycleCount())
-        calls[set_between] = cycles, sum(training._exe.write_cycles(name) for name in written)
-    (plain, _), (after_set, write_cycles) = calls[False], calls[True]
+            programs = training.profile.programs
+            intervals = next(p for p in programs.values() if "run_timeline" in p)["run_timeline"]["intervals"]
+            writes.append([e for e in intervals if e.get("program") == "host write"])
+        calls[set_between] = cycles, sum(training._exe.write_cycles(name) for name in written), writes
+    (plain, _, no_writes), (after_set, write_cycles, writes) = calls[False], calls[True]
     assert write_cycles > 0
     assert after_set == [plain[0] + write_cycles, plain[1]]
+    # On the call's timeline: the writes hold the host link before the call's runs start.
+    assert no_writes == [[], []] and writes[1] == []
+    (write,) = writes[0]
+    assert (write["start"], write["end"]) == (0, write_cycles)
+    assert "replica 0 host link" in write["lanes"] and "replica 0 IPU 0 compute" in write["lanes"]

@@ -116,7 +116,6 @@ def test_ipu_model_environment(monkeypatch):
         lambda o: o.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf),
         lambda o: o.syncPattern(poptorch.SyncPattern.SinglePipeline),
         lambda o: o._Popart.setPatterns({"PadSum": True}, 0),
-        lambda o: o.useIpuId(1),
         lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
             poptorch.MeanReductionStrategy.PostAndLoss
         ),

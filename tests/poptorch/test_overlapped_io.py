@@ -184,12 +184,29 @@ def test_a_marked_output_made_on_another_ipu_pays_the_link_to_the_io_tiles():
     opts.TensorLocations.numIOTiles(32)
     opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.AutoStage.SameAsIpu))
     x = torch.randn(DEVICE_ITERATIONS, 8)
-    exchange = {}
+    exchange, crossings, stores = {}, {}, {}
     for marked in ("h", "y"):
         torch.manual_seed(0)
         model = _OutputOnIpu(marked)
         executor = poptorch.inferenceModel(model, opts)
         for ours, eager in zip(executor(x), model(x)):
             torch.testing.assert_close(ours, eager)
-        exchange[marked] = executor.profile.programs["inference"]["io_overlap"]["io_exchange_cycles_per_run"]
-    assert exchange["y"] > exchange["h"]
+        program = executor.profile.programs["inference"]
+        exchange[marked] = program["io_overlap"]["io_exchange_cycles_per_run"]
+        intervals = program["run_timeline"]["intervals"]
+        crossings[marked] = [e for e in intervals if e.get("transfer") == "IPU-Link"]
+        stores[marked] = [e for e in intervals if e.get("transfer") == "store"]
+    # The I/O tiles' exchange with the compute tiles is the same; y's crossing is an interval of each run on the
+    # IPU-Link from IPU 1 to the first IPU's I/O tiles, and each store of y waits for one.
+    assert exchange["y"] == exchange["h"] and crossings["h"] == []
+    assert len(crossings["y"]) == DEVICE_ITERATIONS
+    for crossing in crossings["y"]:
+        assert crossing["end"] > crossing["start"]
+        assert set(crossing["lanes"]) == {
+            "replica 0 IPU-Link 1->0",
+            "replica 0 IPU 0 I/O tiles",
+            "replica 0 IPU 1 compute",
+        }
+    assert len(stores["y"]) == DEVICE_ITERATIONS
+    for crossing, store in zip(crossings["y"], sorted(stores["y"], key=lambda e: e["start"])):
+        assert crossing["tensor"] == store["tensor"] and store["start"] >= crossing["end"]

@@ -16,9 +16,9 @@ ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=1024 * 1024)
 class Phased(torch.nn.Module):
     """Narrow layers on a large batch, one block (phase) per pair: activations dominate tile memory."""
 
-    def __init__(self):
+    def __init__(self, phases=PHASES):
         super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(2 * PHASES))
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(2 * phases))
 
     def forward(self, x, y):
         for i, layer in enumerate(self.layers):
@@ -28,23 +28,23 @@ class Phased(torch.nn.Module):
         return x, torch.nn.functional.mse_loss(x, y)
 
 
-def _strategy(liveness, parallel=False):
+def _strategy(liveness, parallel=False, count=PHASES):
     """Serial phases on IPU 0, or parallel ones alternating between IPUs 0 and 1."""
-    phases = [poptorch.Phase(str(p)) for p in range(PHASES)]
+    phases = [poptorch.Phase(str(p)) for p in range(count)]
     if not parallel:
         strategy = poptorch.SerialPhasedExecution(*phases).setTensorsLiveness(liveness)
     else:
         off_chip = liveness == poptorch.Liveness.OffChipAfterFwd
         strategy = poptorch.ParallelPhasedExecution(*phases).sendTensorsOffChipAfterFwd(off_chip)
-    for p in range(PHASES):
+    for p in range(count):
         strategy.phase(p).ipus(p % 2 if parallel else 0)
     return strategy
 
 
-def _train(liveness, parallel=False, accumulation=1, loss_scaling=None):
+def _train(liveness, parallel=False, accumulation=1, loss_scaling=None, phases=PHASES):
     torch.manual_seed(0)
-    model = Phased()
-    strategy = _strategy(liveness, parallel)
+    model = Phased(phases)
+    strategy = _strategy(liveness, parallel, phases)
     opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
     opts.Training.gradientAccumulation(accumulation)
     scaling = {} if loss_scaling is None else {"loss_scaling": loss_scaling}
@@ -59,12 +59,7 @@ def _train(liveness, parallel=False, accumulation=1, loss_scaling=None):
 
 
 @pytest.mark.parametrize(
-    "liveness",
-    [
-        poptorch.Liveness.OffChipAfterFwd,
-        poptorch.Liveness.OffChipAfterFwdNoOverlap,
-        poptorch.Liveness.OffChipAfterEachPhase,
-    ],
+    "liveness", [poptorch.Liveness.OffChipAfterFwdNoOverlap, poptorch.Liveness.OffChipAfterEachPhase]
 )
 def test_off_chip_liveness_trains_alike_with_less_tile_memory_and_more_cycles(monkeypatch, liveness):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
@@ -177,3 +172,73 @@ def test_a_separate_backward_phase_loads_the_last_phase_weights_again(monkeypatc
         for s in (False, True)
     }
     assert len(keys) == 2
+
+
+def _overlaps(intervals, lane):
+    """Whether a streaming-memory transfer on ``lane``'s IPU runs while that IPU's compute tiles compute."""
+    moved = [e for e in intervals if e.get("transfer") == "streaming memory" and lane not in e["lanes"]]
+    computed = [e for e in intervals if lane in e["lanes"] and "transfer" not in e]
+    return any(a["start"] < b["end"] and b["start"] < a["end"] for a in moved for b in computed)
+
+
+def test_off_chip_after_fwd_overlaps_transfers_with_compute_and_no_overlap_does_not(monkeypatch):
+    """PopTorch: OffChipAfterFwdNoOverlap is OffChipAfterFwd without overlapping the loads and stores with the
+    phases, more memory-efficient at the cost of delayed computation. Six phases, so that parking the
+    activations saves more than holding two phases' transfers at once costs."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    runs = {
+        liveness: _train(liveness, phases=6)
+        for liveness in (
+            poptorch.Liveness.AlwaysLive,
+            poptorch.Liveness.OffChipAfterFwd,
+            poptorch.Liveness.OffChipAfterFwdNoOverlap,
+        )
+    }
+    live, overlapped, serial = runs.values()
+    for losses, params, _ in (overlapped, serial):
+        torch.testing.assert_close(losses, live[0])
+        torch.testing.assert_close(params, live[1])
+    cycles = {liveness: run[2]["run_timeline"]["makespan"] for liveness, run in runs.items()}
+    assert cycles[poptorch.Liveness.AlwaysLive] < cycles[poptorch.Liveness.OffChipAfterFwd]
+    assert cycles[poptorch.Liveness.OffChipAfterFwd] < cycles[poptorch.Liveness.OffChipAfterFwdNoOverlap]
+    # The same transfers either way; only OffChipAfterFwd's run beside the compute, on the streaming lane alone.
+    assert [s["name"] for s in overlapped[2]["steps"]] == [s["name"] for s in serial[2]["steps"]]
+    lane = "replica 0 IPU 0 compute"
+    assert _overlaps(overlapped[2]["run_timeline"]["intervals"], lane)
+    assert not any(
+        e.get("transfer") == "streaming memory" and lane not in e["lanes"]
+        for e in serial[2]["run_timeline"]["intervals"]
+    )
+    # The tiles hold a phase's prefetched loads beside the phase before: the profile counts those bytes.
+    extra = overlapped[2]["memory"]["streaming_overlap"]
+    assert max(extra) > 0 and "streaming_overlap" not in serial[2]["memory"]
+    peak = {liveness: run[2]["memory_max_tile_bytes"] for liveness, run in runs.items()}
+    assert peak[poptorch.Liveness.OffChipAfterFwdNoOverlap] < peak[poptorch.Liveness.OffChipAfterFwd]
+    assert peak[poptorch.Liveness.OffChipAfterFwd] < peak[poptorch.Liveness.AlwaysLive]
+
+
+def test_off_chip_after_fwd_refuses_a_tile_the_overlap_takes_over_its_memory(monkeypatch):
+    tight = popsim.Target.small(num_tiles=4, tile_bytes=200 * 1024)
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: tight)
+    with pytest.raises(poptorch.Error, match=r"OffChipAfterFwd .* Use Liveness\.OffChipAfterFwdNoOverlap"):
+        _train(poptorch.Liveness.OffChipAfterFwd, phases=6)
+    _train(poptorch.Liveness.OffChipAfterFwdNoOverlap, phases=6)
+
+
+def test_an_executable_shared_with_no_overlap_drops_the_overlap_s_memory(monkeypatch):
+    """OffChipAfterFwd and OffChipAfterFwdNoOverlap compile alike, so they may share an executable: its profile
+    counts the overlap's tile memory only under OffChipAfterFwd."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    torch.manual_seed(0)
+    model = Phased(6)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    opts.setExecutionStrategy(_strategy(poptorch.Liveness.OffChipAfterFwd, count=6))
+    trained = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    trained.compile(torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH))
+    program = trained._exe.profile.programs["train"]
+    overlapped = program["memory_max_tile_bytes"]
+    serial = poptorch.Options().setExecutionStrategy(_strategy(poptorch.Liveness.OffChipAfterFwdNoOverlap, count=6))
+    poptorch._device.account_streaming_overlap(trained._exe, "train", serial)
+    assert "streaming_overlap" not in program["memory"] and program["memory_max_tile_bytes"] < overlapped
+    poptorch._device.account_streaming_overlap(trained._exe, "train", opts)
+    assert program["memory_max_tile_bytes"] == overlapped

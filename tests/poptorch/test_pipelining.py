@@ -126,6 +126,24 @@ def test_a_pipelined_step_takes_fewer_cycles_than_a_sharded_one(reference):
     links = {lane for e in copies for lane in e["lanes"] if "IPU-Link" in lane}
     assert links == {f"replica 0 IPU-Link {a}->{b}" for a, b in [(0, 1), (1, 2), (2, 3), (3, 2), (2, 1), (1, 0)]}
     assert {e["micro_batch"] for e in copies} == set(range(GA))
+    # Each micro-batch's host streams run in the pipeline cycles of the passes that use them, on the host link:
+    # x into IPU 0 before the first stage's forward, the target (read by the loss) into IPU 3 and the outputs
+    # out of it around the last stage's forward. Nothing is left outside the stages: the gradients accumulate
+    # in each stage's backward pass.
+    assert schedule["outside_stages_cycles"] == 0
+    passes = {
+        (e["stage"], e["pass"], e["micro_batch"]): e
+        for e in timeline["intervals"]
+        if "stage" in e and "transfer" not in e
+    }
+    streams = [e for e in timeline["intervals"] if e.get("transfer") == "host transfer"]
+    assert len(streams) == 4 * GA and all("replica 0 host link" in e["lanes"] for e in streams)
+    for e in streams:
+        computed = passes[(e["stage"], e["pass"], e["micro_batch"])]
+        assert e["pass"] == "forward" and e["ipu"] == (0 if e["tensor"] == "x" else 3)
+        assert e["pipeline_cycle"] == computed["pipeline_cycle"] == e["micro_batch"] + e["stage"]
+        inward = e["tensor"] in ("x", "target")
+        assert e["end"] <= computed["start"] if inward else e["start"] >= computed["end"]
     # Sharded: each stage on its IPU's lane, nothing overlapping.
     timeline = sharded.profile.programs["accumulate"]["run_timeline"]
     assert sharded.cycleCount() == timeline["makespan"]

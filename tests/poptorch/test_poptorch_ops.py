@@ -249,3 +249,26 @@ def test_multiconv_accumulates_each_convolution_in_its_own_partials_type():
     # Only the first convolution's plan depends on its partials here: its own type decides it, either way.
     assert _half_tile_memory([torch.half, torch.float], torch.float) == half
     assert _half_tile_memory([torch.float, torch.half], torch.half) == single
+
+
+@pytest.mark.parametrize(
+    ("op", "settings", "differentiable"),
+    [
+        ("set_available_memory", (0.5,), True),
+        ("set_conv_dithering", (True,), True),
+        ("set_conv_partials_type", ("float16",), True),
+        ("recomputation_checkpoint", (), True),
+        ("set_overlap", ("OverlapAccumulate", "input"), False),
+    ],
+)
+def test_marker_ops_copy_their_tensor_and_pass_its_gradient(op, settings, differentiable):
+    x = torch.randn(3, 2, requires_grad=True)
+    marked = getattr(torch.ops.poptorch, op)(x, *settings)
+    torch.testing.assert_close(marked, x)
+    assert marked.data_ptr() != x.data_ptr()
+    if differentiable:
+        (marked * 2).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    else:  # overlapped I/O marks model inputs and outputs: no gradient formula
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            marked.sum().backward()

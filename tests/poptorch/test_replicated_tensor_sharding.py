@@ -134,25 +134,54 @@ def test_gradients_are_reduce_scattered_and_weights_all_gathered(runs):
     assert gather["start"] == apply["start"] + apply["cycles"]
 
 
-def test_min_elements_for_replicated_tensor_sharding_keeps_smaller_tensors_whole(monkeypatch):
+LINKS = "IPU-Links in an IPU-M2000"
+
+
+@pytest.mark.parametrize(
+    ("minimum", "count", "weight_state_bytes", "bias_state_bytes", "levels"),
+    [
+        # Above the weight's elements: every state stays whole, in streaming memory, and is all-reduced.
+        ("minElementsForReplicatedTensorSharding", WIDTH * WIDTH + 1, WIDTH * WIDTH * 4, WIDTH * 4, [LINKS]),
+        # PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
+        # still goes off chip when its whole tensor does not fall below it (the bias's state stays on chip).
+        (
+            "minElementsForOffChip",
+            WIDTH * WIDTH,
+            WIDTH * WIDTH * 4 // REPLICAS,
+            None,
+            [LINKS, f"reduce-scatter: {LINKS}", f"all-gather: {LINKS}"],
+        ),
+    ],
+)
+def test_the_minimum_element_counts_apply_to_the_whole_tensor(
+    monkeypatch, minimum, count, weight_state_bytes, bias_state_bytes, levels
+):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    opts = _options(True, min_elements=WIDTH * WIDTH + 1)
+    opts = _options(True)
+    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
+    opts.TensorLocations.setOptimizerLocation(getattr(location, minimum)(count))
     torch.manual_seed(0)
     model = Net()
     trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
     trained(*_data())
-    levels = [level["name"] for level in trained.profile.replication["all_reduce"]["levels"]]
-    assert levels == ["IPU-Links in an IPU-M2000"]
-    loads = {s["name"]: s["bytes"] for s in trained.profile.programs["apply"]["steps"] if "remote load" in s["name"]}
-    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4
+    assert _levels(trained.profile) == levels
+    steps = trained.profile.programs["apply"]["steps"]
+    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
+    assert loads["remote load _opt.first.weight.exp_avg"] == weight_state_bytes
+    assert loads.get("remote load _opt.first.bias.exp_avg") == bias_state_bytes
 
 
 def test_sharding_weights_or_accumulators_is_refused_and_optimizer_state_is_sharded_on_or_off_chip():
     locations = poptorch.Options().TensorLocations
     for on_chip in (True, False):
         sharded = poptorch.TensorLocationSettings().useOnChipStorage(on_chip).useReplicatedTensorSharding(True)
-        for setter in ("setWeightLocation", "setAccumulatorLocation"):
-            with pytest.raises(poptorch.Error, match=r"useReplicatedTensorSharding\(True\) is not modelled"):
+        reasons = {
+            "setWeightLocation": "all-gather it before each of its readers",
+            "setAccumulatorLocation": "reduce-scatter each micro-batch's gradient into every replica's accumulator",
+            "setActivationLocation": "each replica's own values",
+        }
+        for setter, reason in reasons.items():
+            with pytest.raises(poptorch.Error, match=rf"useReplicatedTensorSharding\(True\) is not modelled.*{reason}"):
                 getattr(locations, setter)(sharded)
         assert locations.setOptimizerLocation(sharded).sharded_optimizer == 8192
     assert locations.setOptimizerLocation(poptorch.TensorLocationSettings()).sharded_optimizer is None
@@ -205,12 +234,15 @@ def test_each_replica_holds_and_updates_a_shard_so_step_memory_and_cycles_fall_w
     for figure in ("compute_cycles", "total_cycles"):
         values = [run["apply"][figure] for run in runs]
         assert values[0] > values[1] > values[2], (figure, values)
-    # Both weights' updated shards are written back together: one exchange phase (one sync), on their tiles.
-    written = [step for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
-    assert len(written) == 1 and written[0]["name"].count("slice_update") == 2
-    # Its peak tile memory falls too, but for SGD over 2 replicas: the weight and gradient shards it slices out
-    # of the whole tensors (half of each) outweigh the half of the momentum it no longer holds.
-    for run in runs[1 if kind != "sgd_momentum" else 2 :]:
+    # Each weight's updated shard is written back as soon as it is computed, so it is not held beside the next
+    # weight's shards; the sharded weights are updated last, so each write-back shares an exchange phase with the
+    # next weight's gradient slice or the step's final copies (no sync of its own).
+    written = [step["name"] for step in runs[1]["apply"]["steps"] if "slice_update" in step["name"]]
+    assert len(written) == 2 and all(name.count("slice_update") == 1 and "+" in name for name in written)
+    # Its peak tile memory falls too, even SGD's over 2 replicas (half its momentum): the step holds one
+    # weight's shards at a time, slices a weight's shard once its gradient's is spent, and computes the updated
+    # shard in the buffer of the weight's shard.
+    for run in runs[1:]:
         assert run["apply"]["memory_max_tile_bytes"] < unsharded["apply"]["memory_max_tile_bytes"]
     # The state stays on the chip between steps, and the step takes its weight shard from the whole weight: the
     # forward and backward program holds no shard variable, only less state, and the overall peak falls.
@@ -246,25 +278,56 @@ def _state_of(optimizer, model):
     ]
 
 
-@pytest.mark.parametrize("kind", OPTIMIZERS)
-def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, kind):
+GROUPED_OPTIMIZERS = {
+    "sgd_momentum": lambda model: torch.optim.SGD(
+        [
+            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
+            {"params": model.second.parameters()},
+        ],
+        lr=0.05,
+        momentum=0.9,
+    ),
+    # Each group's trust ratios take norms over its own parameters' sharded tensors.
+    "lamb": lambda model: poptorch.optim.LAMB(
+        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
+        lr=0.01,
+    ),
+}
+
+
+# Each case's optimizer of a model and its gradient accumulation: the optimizers, then parameter groups with
+# their own hyper-parameters, each replica's two micro-batches making up the combined batch.
+PADDED_CASES = {
+    **{kind: (lambda model, make=make: make(model.parameters()), 1) for kind, make in OPTIMIZERS.items()},
+    **{f"groups_{kind}": (make, 2) for kind, make in GROUPED_OPTIMIZERS.items()},
+}
+
+
+@pytest.mark.parametrize("case", PADDED_CASES)
+def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whole_state(monkeypatch, case):
+    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    make_optimizer, accumulation = PADDED_CASES[case]
     replicas = 4
     x, y = _odd_data(replicas)
     torch.manual_seed(0)
     reference = OddNet()
-    eager_optimizer = OPTIMIZERS[kind](reference.parameters())
+    eager_optimizer = make_optimizer(reference)
     torch.manual_seed(0)
     model = OddNet()
-    optimizer = OPTIMIZERS[kind](model.parameters())
+    optimizer = make_optimizer(model)
     # Every tensor is sharded, however small.
-    trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
+    opts = _options(True, 1, replicas, on_chip=True)
+    opts.Training.gradientAccumulation(accumulation)
+    trained = poptorch.trainingModel(model, opts, optimizer)
     for _ in range(STEPS):
         eager_optimizer.zero_grad()
         loss = reference(x, y)[1]
         loss.backward()
         eager_optimizer.step()
-        torch.testing.assert_close(trained(x, y)[1].mean(), loss.detach(), rtol=1e-5, atol=1e-6)
+        losses = trained(x, y)[1]
+        if accumulation == 1:  # else the model returns the losses of each replica's last micro-batch
+            torch.testing.assert_close(losses.mean(), loss.detach(), rtol=1e-5, atol=1e-6)
         for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     levels = _levels(trained.profile)
@@ -310,23 +373,6 @@ def test_a_sharded_parameters_gradient_and_updated_value_are_anchored_whole(monk
     torch.testing.assert_close(sharded_new, new, rtol=1e-6, atol=1e-7)
 
 
-def test_min_elements_for_off_chip_counts_the_whole_tensor_of_a_sharded_state(monkeypatch):
-    """PopART decides where a tensor lives before sharding it: a shard smaller than minElementsForOffChip
-    still goes off chip when its whole tensor does not fall below it."""
-    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    opts = _options(True)
-    location = poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
-    opts.TensorLocations.setOptimizerLocation(location.minElementsForOffChip(WIDTH * WIDTH))
-    torch.manual_seed(0)
-    model = Net()
-    trained = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
-    trained(*_data())
-    steps = trained.profile.programs["apply"]["steps"]
-    loads = {s["name"]: s["bytes"] for s in steps if s["name"].startswith("remote load")}
-    assert loads["remote load _opt.first.weight.exp_avg"] == WIDTH * WIDTH * 4 // REPLICAS
-    assert "remote load _opt.first.bias.exp_avg" not in loads
-
-
 def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     replicas = 4
@@ -350,42 +396,79 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
 
 
-GROUPED_OPTIMIZERS = {
-    "sgd_momentum": lambda model: torch.optim.SGD(
-        [
-            {"params": model.first.parameters(), "lr": 0.1, "momentum": 0.5, "weight_decay": 0.01},
-            {"params": model.second.parameters()},
-        ],
-        lr=0.05,
-        momentum=0.9,
-    ),
-    # Each group's trust ratios take norms over its own parameters' sharded tensors.
-    "lamb": lambda model: poptorch.optim.LAMB(
-        [{"params": model.first.parameters(), "lr": 0.02, "weight_decay": 0.1}, {"params": model.second.parameters()}],
-        lr=0.01,
-    ),
-}
-
-
-@pytest.mark.parametrize("kind", GROUPED_OPTIMIZERS)
-def test_parameter_groups_with_their_own_hyper_parameters_train_like_eager_when_sharded(monkeypatch, kind):
-    """Each replica's shard of a parameter is updated with the hyper-parameters of the parameter's group."""
+def test_sharding_the_state_of_a_parameter_whose_replica_groups_differ_is_refused_with_the_reason(monkeypatch):
+    """PopTorch documents no sharding within a parameter's replica groups: PopART shards over every replica."""
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    replicas = 4
-    x, y = _odd_data(replicas)
+    model = Net()
+    with torch.no_grad():  # two groups: the host parameter holds one value per group
+        model.first.weight = torch.nn.Parameter(torch.stack([model.first.weight] * 2))
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.Consecutive,
+        2,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g)
+    expected = (
+        r"replicaGrouping\(CommGroupType.Consecutive, 2, VariableRetrievalMode.OnePerGroup\) of parameter "
+        r"'first.weight' gives it 2 groups of replicas holding different values.*PopART shards optimizer state and "
+        r"reduce-scatters the gradient over every replica.*"
+        r"minElementsForReplicatedTensorSharding above its 9216 elements"
+    )
+    with pytest.raises(poptorch.Error, match=expected):
+        trained(*data)
+
+
+def test_a_replica_grouping_of_one_group_keeps_its_parameters_state_sharded(monkeypatch):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     torch.manual_seed(0)
-    reference = OddNet()
-    eager_optimizer = GROUPED_OPTIMIZERS[kind](reference)
-    torch.manual_seed(0)
-    model = OddNet()
-    opts = _options(True, 1, replicas, on_chip=True)
-    opts.Training.gradientAccumulation(2)
-    trained = poptorch.trainingModel(model, opts, GROUPED_OPTIMIZERS[kind](model))
-    for _ in range(STEPS):
-        eager_optimizer.zero_grad()
-        reference(x, y)[1].backward()
-        eager_optimizer.step()
-        trained(x, y)  # each replica's two micro-batches make up the combined batch
-        for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    model = Net()
+    trained = poptorch.trainingModel(model, _options(True, 1, 4, on_chip=True), torch.optim.Adam(model.parameters()))
+    trained.per_replica_params["first.weight"] = (
+        poptorch.CommGroupType.All,
+        0,
+        poptorch.VariableRetrievalMode.OnePerGroup,
+    )
+    g = torch.Generator().manual_seed(1)
+    trained(torch.randn(BATCH * 4, WIDTH, generator=g), torch.randn(BATCH * 4, WIDTH, generator=g))
     assert _levels(trained.profile)[0].startswith("reduce-scatter")
+
+
+class TwoIpuNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.second = poptorch.BeginBlock(self.second, ipu_id=1)
+
+
+def test_sharded_execution_over_two_ipus_trains_like_eager_and_keeps_each_shard_on_its_ipu(monkeypatch):
+    """Each IPU updates the shards of its own layer's weights: the slices and the write-backs cross no IPU-Link,
+    and the step's peak tile memory is no higher than unsharded."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    torch.manual_seed(0)
+    reference = Net()
+    eager_optimizer = OPTIMIZERS["sgd_momentum"](reference.parameters())
+    peaks = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = TwoIpuNet()
+        opts = _options(sharded, 1, on_chip=True).setExecutionStrategy(poptorch.ShardedExecution())
+        trained = poptorch.trainingModel(model, opts, OPTIMIZERS["sgd_momentum"](model.parameters()))
+        for _ in range(STEPS):
+            loss = trained(x, y)[1].mean()
+            if sharded:
+                eager_optimizer.zero_grad()
+                expected = reference(x, y)[1]
+                expected.backward()
+                eager_optimizer.step()
+                torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+                for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+                    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+        apply = trained.profile.programs["apply"]
+        peaks.append(apply["memory_max_tile_bytes"])
+        trained.destroy()
+    shard_steps = [s for s in apply["steps"] if set(s["name"].split("+")) <= {"slice", "slice_update"}]
+    assert shard_steps and all(s["busiest_link_bytes"] == 0 for s in shard_steps)
+    assert {ipu for s in shard_steps for ipu in s["ipus"]} == {0, 1}
+    assert peaks[1] < peaks[0]

@@ -46,6 +46,7 @@ from popsim.schedule import (
     run_stretches,
     stash_per_tile,
     step_schedule,
+    streaming_overlap_bytes,
 )
 from popsim.target import Device, Target
 from popsim.timeline import Timeline, compute_lane, io_lane, link_lane, transfer_lane
@@ -98,5 +99,6 @@ __all__ = [
     "stash_per_tile",
     "transfer_lane",
     "step_schedule",
+    "streaming_overlap_bytes",
     "supported_ops",
 ]

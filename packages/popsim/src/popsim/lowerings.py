@@ -71,6 +71,8 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
         for value, name in _in_place_updates(graph, at).items()
         if variables[name] not in lw.dg.remote  # a streamed variable is updated by a store, never in place
     }
+    # A slice's buffer that its only reader's vertex may overwrite with its result (elementwise, in place).
+    reused = {} if spill or lw.dg.remote else _slice_buffers_reused(graph, at, lw.in_place, placement if ipus else None)
     device_target = lw.target
     for v in graph.inputs:
         if v.kind == "input":
@@ -120,6 +122,8 @@ def lower_graph(lw, graph, variables, placement=None, name=None, spill=None, rem
                 raise Error(f"lowering of {node.op} produced {t.dtype}{list(t.shape)}, expected {value.type}")
             env[value.id] = t
             lw.dg.node_outputs.add(t.storage.id)
+            if value.id in reused and t.storage is t:  # a buffer of its own, not a view of another tensor
+                lw.in_place[reused[value.id]] = t
         for state, value in stores.get(index, ()):
             lw.dg.origin = node
             remote.store(lw.dg, variables[state.name], env[value.id])
@@ -231,6 +235,33 @@ def _slice_written_in_place(graph, state, value, producer, aliases, at):
     if any(shares(v) for v in ends) or any(shares(v) for n in later for v in n.inputs):
         return None
     return node.outputs[0].id
+
+
+def _slice_buffers_reused(graph, at, in_place, placement=None):
+    """{slice value id: id of the elementwise result written into the slice's buffer}, as PopART computes an
+    op in place on an operand nothing reads afterwards: a slice read once, by an elementwise node whose vertex
+    (``at``: its own, or the fused reader's) makes a temporary of the slice's shape and dtype, on the slice's
+    IPU (``placement``, on several). An optimizer's step on a replica's shard of a weight so updates the shard
+    it sliced out, rather than a second buffer."""
+    readers = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            readers.setdefault(v.id, []).append(i)
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    reused = {}
+    for node in graph.nodes:
+        value = node.outputs[0]
+        uses = readers.get(value.id, [])
+        if node.op != "slice" or value.id in kept or len(set(uses)) != 1:
+            continue
+        reader, root = graph.nodes[uses[0]], graph.nodes[at[uses[0]]]
+        result = root.outputs[0]
+        same = result.shape == value.shape and result.dtype == value.dtype
+        if placement is not None and placement.ipu_of(root) != placement.ipu_of(node):
+            continue
+        if LOWERINGS.get(reader.op) is _elementwise and same and result.id not in kept | set(in_place):
+            reused.setdefault(value.id, result.id)
+    return {value: result for value, result in reused.items() if list(reused.values()).count(result) == 1}
 
 
 def _possible_aliases(graph):

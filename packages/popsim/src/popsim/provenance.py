@@ -96,8 +96,9 @@ def memory_map(dg, placed, program, num_tiles):
     ``placed`` lists (storage, first, last) of every storage the program's memory holds (variables and
     constants with first = -1 and last = None: resident throughout). Returns (tensors, per-tile bytes by
     category, liveness): each tensor with its category, provenance, live range and bytes per tile; the
-    liveness gives, at each program point, the bytes live in each category over all tiles, and each tile's
-    peak point (``tile_peak_points``, see ``tile_peak_points``). A tensor's bytes per tile are ``tile_runs``."""
+    liveness gives, at each program point, the bytes live in each category over all tiles and the point's
+    phase and pass (``units``, see ``_point_unit``), and each tile's peak point (``tile_peak_points``, see
+    ``tile_peak_points``). A tensor's bytes per tile are ``tile_runs``."""
     points = program_points(program)
     count = len(points) + 1  # the last point streams the outputs out
     tensors = []
@@ -132,6 +133,7 @@ def memory_map(dg, placed, program, num_tiles):
     liveness = {
         "points": labels,
         "modules": [origin_of(getattr(step, "origin", None)).get("module") for step in points] + [None],
+        "units": [_point_unit(step) for step in points] + [None],
         "bytes": {name: np.cumsum(curve[:-1]).tolist() for name, curve in live.items()},
         "tile_peak_points": tile_peak_points(spans, num_tiles),
     }
@@ -176,6 +178,15 @@ def tile_runs(tiles, nbytes):
     starts = np.flatnonzero(np.r_[True, (np.diff(tiles) != 1) | (np.diff(nbytes) != 0)])
     counts = np.diff(np.r_[starts, tiles.size])
     return np.stack([tiles[starts], counts, nbytes[starts]], axis=1).tolist()
+
+
+def _point_unit(step):
+    """``[stage or phase, pass]`` of the placed popir node a program point was lowered from (None: unplaced)."""
+    node = getattr(step, "origin", None)
+    placement = getattr(node, "placement", None)
+    if placement is None:
+        return None
+    return [int(placement[0]), "forward" if node.role in (None, "forward") else "backward"]
 
 
 def _point_label(step):

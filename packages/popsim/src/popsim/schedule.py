@@ -4,7 +4,10 @@ or overlapped over the IPUs (pipelined, as PopART pipelines a PopTorch model wit
 Each profile step of a placed node names its (stage, IPU) and role; a stage's forward cycles per micro-batch
 are those of its forward steps with their syncs, its backward cycles those of the rest (gradients and the
 accumulation into them), each without the inter-IPU copies between stages, which are costed on their own.
-Steps of no stage (host transfers, control, unplaced work) run once per micro-batch outside the pipeline.
+Each micro-batch's host streams (``Stream``) belong to the pass that reads or produces their tensor: an input
+streams in on that stage's IPU just before the pass, an output streams out just after it, each holding the
+replica's host link, inside the pipeline cycle of that pass, as PopART streams them. The steps of no stage
+(control, unplaced work) and the streams of no pass run once per micro-batch outside the pipeline.
 
 Pipelined, the step is a sequence of pipeline cycles, as PopART builds it: in each cycle every IPU runs its
 stages' work for the micro-batches at that point of the pipeline, then all IPUs sync and the activations
@@ -23,12 +26,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.timeline import Timeline, compute_lane, copy_destinations, link_lane, transfer_lane
+from popsim.errors import Error
+from popsim.timeline import (
+    HOST_TRANSFER,
+    STREAMING_MEMORY,
+    Timeline,
+    compute_lane,
+    copy_destinations,
+    link_lane,
+    transfer_lane,
+)
 
 # Labels of the timeline intervals of a run's steps in no phase or stage (host transfers, control).
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
 PASSES = ("forward", "backward")
 COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
+REMOTE_LOAD, REMOTE_STORE = "remote load ", "remote store "  # how streaming-memory transfers are named
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,18 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Stream:
+    """A host stream of one micro-batch's tensor ``name`` (``to_device``: an input), ``cycles`` on the host link:
+    into the tiles of ``stage``'s ``direction`` pass before the pass reads it, or out after it produces it."""
+
+    name: str
+    to_device: bool
+    cycles: int
+    stage: int
+    direction: str
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Cycles of one step of ``micro_batches`` runs of a program over its stages."""
 
@@ -58,6 +83,11 @@ class Schedule:
     # (stage, pass) -> ((transfer kind or None, cycles), ...): the pass's compute and its host-side transfers
     # (streaming-memory loads and stores) in program order, adding up to its cycles
     pieces: dict = field(default_factory=dict)
+    streams: tuple = ()  # the Stream entries of one micro-batch
+
+    def streams_of(self, stage, direction, to_device):
+        """The host streams into (``to_device``) or out of ``stage``'s ``direction`` pass."""
+        return [s for s in self.streams if (s.stage, s.direction, s.to_device) == (stage, direction, to_device)]
 
     @property
     def stages(self):
@@ -69,19 +99,19 @@ class Schedule:
 
     def pipeline_cycle(self, stage, direction, batch):
         """The pipeline cycle in which ``stage`` runs its ``direction`` pass of micro-batch ``batch``."""
-        k, count = self.stages.index(stage), len(self.stage_ipu)
-        return batch + (k if direction == "forward" else 2 * count - 2 - k)
+        return batch + _pipeline_stage(self.stages, stage, direction)
 
     def has_work(self, stage, direction):
         return self.cycles_of(stage, direction) > 0 or any(
-            (c.stage, c.direction) == (stage, direction) for c in self.copies
+            (c.stage, c.direction) == (stage, direction) for c in (*self.copies, *self.streams)
         )
 
     @property
     def serial_cycles(self):
         """The step's cycles with the stages run one after another (sharded)."""
         staged = sum(self.forward_cycles.values()) + sum(self.backward_cycles.values())
-        return self.micro_batches * (staged + sum(c.cycles for c in self.copies) + self.outside_cycles)
+        moved = sum(c.cycles for c in self.copies) + sum(s.cycles for s in self.streams)
+        return self.micro_batches * (staged + moved + self.outside_cycles)
 
     @functools.cached_property
     def _placed(self):
@@ -150,10 +180,12 @@ class Schedule:
             for stage, direction in order:
                 for copy in self._copies_of(stage, direction, True):
                     now += copy.cycles
+                now += sum(s.cycles for s in self.streams_of(stage, direction, True))
                 cycles = self.cycles_of(stage, direction)
                 if cycles:
                     entries.append(self._entry(stage, batch, direction, now, now + cycles))
                     now += cycles
+                now += sum(s.cycles for s in self.streams_of(stage, direction, False))
                 for copy in self._copies_of(stage, direction, False):
                     now += copy.cycles
             now += self.outside_cycles
@@ -200,9 +232,12 @@ class Schedule:
         return shown
 
 
-def step_schedule(program, target, micro_batches, pipelined):
+def step_schedule(program, target, micro_batches, pipelined, streams=()):
     """The Schedule of ``micro_batches`` runs of ``program`` (a ``Profile.programs`` entry) compiled for
-    ``target`` (its graph target), pipelined or sharded."""
+    ``target`` (its graph target), pipelined or sharded. ``streams``: ``(name, to_device, cycles, passes)`` of
+    each tensor the program streams from or to the host per run, ``passes`` the ``(stage, pass)`` reading it
+    (an input) or producing it (an output): an input streams into the first of them in pipeline order, an
+    output out of the last; one with none of the program's stages stays outside the stages."""
     passes = {"forward": {}, "backward": {}}
     stage_ipu = {}
     copies = {}  # (stage, pass, links, before) -> cycles
@@ -224,7 +259,8 @@ def step_schedule(program, target, micro_batches, pipelined):
             if not run or run[-1][0] != step.get("transfer"):
                 run.append([step.get("transfer"), 0])
             run[-1][1] += cycles
-    staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values())
+    placed = _placed_streams(streams, sorted(stage_ipu))
+    staged = sum(sum(c.values()) for c in passes.values()) + sum(copies.values()) + sum(s.cycles for s in placed)
     return Schedule(
         micro_batches,
         pipelined,
@@ -237,7 +273,26 @@ def step_schedule(program, target, micro_batches, pipelined):
             for (stage, direction, links, before), cycles in copies.items()
         ),
         {key: tuple(map(tuple, run)) for key, run in pieces.items()},
+        placed,
     )
+
+
+def _pipeline_stage(stages, stage, direction):
+    """PopART's pipeline stage of ``stage``'s ``direction`` pass (``stages`` in order): the k-th of S stages
+    runs its forward pass as pipeline stage k, its backward pass as 2 S - 2 - k."""
+    k = stages.index(stage)
+    return k if direction == "forward" else 2 * len(stages) - 2 - k
+
+
+def _placed_streams(streams, stages):
+    """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages``."""
+    placed = []
+    for name, to_device, cycles, passes in streams:
+        order = [(_pipeline_stage(stages, s, d), s, d) for s, d in passes if s in stages]
+        if order:
+            _, stage, direction = min(order) if to_device else max(order)
+            placed.append(Stream(name, to_device, int(cycles), stage, direction))
+    return tuple(placed)
 
 
 def stash_per_tile(program, target, stage_ipu):
@@ -269,14 +324,14 @@ def stash_per_tile(program, target, stage_ipu):
     return stash
 
 
-def phase_schedule(program, target, depends):
+def phase_schedule(program, target, depends, overlap=False):
     """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
     ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
     (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
     timeline = Timeline()
     work = _phase_work(program, target, 0)
     ipus = {ipu for unit in work.values() for ipu in unit} | {0}
-    place_phases(timeline, program, target, depends, 0, sorted(ipus))
+    place_phases(timeline, program, target, depends, 0, sorted(ipus), overlap=overlap)
     spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces
     for i in timeline.intervals:
         if "phase" in i.label:
@@ -290,33 +345,105 @@ def phase_schedule(program, target, depends):
     }
 
 
-def place_phases(timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, **label):
+def place_phases(
+    timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, overlap=False, **label
+):
     """Lay one run of a phased ``program`` on ``ipus`` of ``replica`` out on ``timeline``. The phases run one
-    after another, forward then backward as the steps order them; within one phase and pass, each IPU's work
-    (its steps with their syncs, the inter-IPU copies into it included, which also hold their IPU-Links)
-    starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``), so a
-    phase costs its critical path; IPUs that read each other both ways run one after another. The steps of
-    no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU. Returns the intervals."""
+    after another, forward then backward as the steps order them; within one phase and pass (a unit), each
+    IPU's work (its steps with their syncs, the inter-IPU copies into it included, which also hold their
+    IPU-Links) starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``),
+    so a phase costs its critical path; IPUs that read each other both ways run one after another. The steps
+    of no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU.
+
+    Streaming-memory loads and stores hold the compute tiles, one after another with the compute, unless
+    ``overlap`` (PopTorch's ``Liveness.OffChipAfterFwd``): then they hold only the streaming-memory lane, a
+    unit's loads running while the unit before computes (once the one before that is done) and its stores
+    while the next computes (the unit after that waits for them), within one pass: PopTorch leaves a gap of
+    phases between the forward and backward passes, where the last forward unit's stores and the first
+    backward unit's loads overlap no compute. ``streaming_overlap_bytes`` is the tile memory this costs.
+    Returns the intervals."""
     label = {"replica": replica, **label}
     work = _phase_work(program, target, replica)
     outside = max(0, program["total_cycles"] - _total(work))
-    placed, previous = [], []
+    placed, previous, last_pass = [], [], None
+    moved = [[], []]  # the streaming-memory transfers of the unit before the previous one and the previous one
     for (phase, direction), unit in work.items():
         edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
         order, edges = _run_order(unit, edges)
-        done = {}
+        if direction != last_pass:  # between the passes, a gap of phases: the transfers overlap no compute
+            moved = [previous + moved[0] + moved[1], []]
+        done, settled, moved, last_pass = {}, moved[0], [moved[1], []], direction
         for ipu in order:
-            after = previous + [done[a] for a, b in edges if b == ipu]
-            for lanes, cycles, transfer in unit[ipu]:  # one after another on the IPU's lane
-                resources = [compute_lane(replica, ipu), *lanes]
+            after = previous + settled + [done[a] for a, b in edges if b == ipu and a in done]
+            loads = []
+            for lanes, cycles, transfer, remote in unit[ipu]:
                 tags = {"phase": phase, "pass": direction, "ipu": ipu} | ({"transfer": transfer} if transfer else {})
-                done[ipu] = timeline.add(resources, cycles, after, not_before, **tags, **label)
-                placed.append(done[ipu])
+                if overlap and remote == "load":
+                    interval = timeline.add(lanes, cycles, settled, not_before, **tags, **label)
+                    loads.append(interval)
+                    moved[1].append(interval)
+                elif overlap and remote == "store":
+                    interval = timeline.add(
+                        lanes, cycles, [done[ipu]] if ipu in done else after, not_before, **tags, **label
+                    )
+                    moved[1].append(interval)
+                else:
+                    interval = timeline.add(
+                        [compute_lane(replica, ipu), *lanes], cycles, after + loads, not_before, **tags, **label
+                    )
+                    done[ipu] = interval
+                placed.append(interval)
         previous = list(done.values())
     lanes = [compute_lane(replica, i) for i in ipus]
     rest = outside + extra_cycles
-    placed.append(timeline.add(lanes, rest, previous, not_before, work=OUTSIDE_PHASES, **label))
+    placed.append(timeline.add(lanes, rest, previous + moved[0] + moved[1], not_before, work=OUTSIDE_PHASES, **label))
     return placed
+
+
+def streaming_overlap_bytes(program, target):
+    """Bytes each tile adds when a phased ``program``'s (a ``Profile.programs`` entry) streaming-memory
+    transfers overlap the neighbouring units' compute (``place_phases`` with ``overlap``): a load's buffer is
+    live from the start of the unit before its own, while it loads, and a tensor a store reads last stays
+    live to the end of the unit after the store's, until the store is done (both within one pass). The
+    increase of each tile's peak of live bytes over the program order's; an int64 array over the tiles of
+    ``target``."""
+    liveness = program.get("liveness", {})
+    units, labels = liveness.get("units"), liveness.get("points") or []
+    if units is None:
+        if any(_remote_direction(step) for step in program["steps"]):
+            raise Error("this profile's liveness has no units (phase and pass of each point): recompile the program")
+        units = []
+    unit_of, keys, current = [], {}, None  # each point's unit in order of first use (unplaced: the one before)
+    for unit in units:
+        if unit is not None:
+            current = keys.setdefault(tuple(unit), len(keys))
+        unit_of.append(current)
+    spans = {}  # unit -> [first point, last point]
+    for point, unit in enumerate(unit_of):
+        if unit is not None:
+            spans.setdefault(unit, [point, point])[1] = point
+    passes = [direction for _, direction in keys]  # each unit's pass, in order
+
+    def beside(unit, step):  # the unit ``step`` away from ``unit`` in the same pass, if any
+        other = unit + step
+        return other if unit is not None and 0 <= other < len(passes) and passes[other] == passes[unit] else None
+
+    count = len(units)
+    plain = np.zeros((count + 1, target.num_tiles), np.int64)
+    moved = np.zeros_like(plain)
+    for t in program.get("tensors", ()):
+        start, stop = max(t["first"], 0), count if t["last"] is None else min(t["last"], count - 1) + 1
+        later, earlier = start, stop
+        if t["name"].startswith(REMOTE_LOAD) and start < count and beside(unit_of[start], -1) is not None:
+            later = min(start, spans[beside(unit_of[start], -1)][0])
+        if 0 < stop <= len(labels) and labels[stop - 1].startswith(REMOTE_STORE):
+            after = beside(unit_of[stop - 1], 1)
+            earlier = stop if after is None else max(stop, spans[after][1] + 1)
+        for first, tiles, nbytes in t["tile_runs"]:
+            for live, (a, b) in ((plain, (start, stop)), (moved, (later, earlier))):
+                live[a, first : first + tiles] += nbytes
+                live[b, first : first + tiles] -= nbytes
+    return np.maximum(np.cumsum(moved, axis=0).max(axis=0) - np.cumsum(plain, axis=0).max(axis=0), 0)
 
 
 def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
@@ -352,11 +479,13 @@ def run_stretches(program, target, replica):
     consecutive steps with the same key (stage, pass, ipu, lanes, transfer; stage None for steps of no
     stage), with their syncs."""
     stretches = []
+    sync, plain = target.bsp_sync_cycles, _step_key({}, replica)
     for step in program["steps"]:
-        key = _step_key(step, replica)
+        # Most steps hold nothing beside compute tiles: their key needs no work (one call runs this per step).
+        key = _step_key(step, replica) if "stage" in step or "transfer" in step else plain
         if not stretches or stretches[-1][0] != key:
             stretches.append([key, 0])
-        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+        stretches[-1][1] += step["cycles"] + sync
     return [tuple(stretch) for stretch in stretches]
 
 
@@ -410,21 +539,30 @@ def _links(step, replica):
 
 
 def _phase_work(program, target, replica):
-    """``{(phase, pass): {ipu: [[links, cycles], ...]}}`` of a phased program's placed steps with their syncs,
-    in the order the steps run: consecutive steps holding the same IPU-Links or transfer lane merged."""
+    """``{(phase, pass): {ipu: [[links, cycles, transfer, remote], ...]}}`` of a phased program's placed steps
+    with their syncs, in the order the steps run: consecutive steps holding the same IPU-Links or transfer
+    lane merged, a streaming-memory load (``remote`` "load") apart from a store ("store")."""
     work = {}
     for step in program["steps"]:
         if "stage" in step:
             pieces = work.setdefault((step["stage"], _pass_of(step)), {}).setdefault(step["ipu"], [])
             _, _, _, lanes, transfer = _step_key(step, replica)
-            if not pieces or pieces[-1][0] != lanes:
-                pieces.append([lanes, 0, transfer])
+            remote = _remote_direction(step)
+            if not pieces or pieces[-1][0] != lanes or pieces[-1][3] != remote:
+                pieces.append([lanes, 0, transfer, remote])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 
+def _remote_direction(step):
+    """ "load" or "store" for a streaming-memory transfer step, else None."""
+    if step.get("transfer") != STREAMING_MEMORY:
+        return None
+    return "store" if step.get("name", "").startswith(REMOTE_STORE) else "load"
+
+
 def _total(work):
-    return sum(cycles for unit in work.values() for pieces in unit.values() for _, cycles, _ in pieces)
+    return sum(piece[1] for unit in work.values() for pieces in unit.values() for piece in pieces)
 
 
 def _run_order(cycles, edges):
@@ -442,8 +580,9 @@ def _run_order(cycles, edges):
 def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     """Lay one group of ``schedule.micro_batches`` pipelined runs on ``ipus`` of ``replica`` out on
     ``timeline``, pipeline cycle by pipeline cycle (see the module's docstring): each stage's pass of a
-    micro-batch on its IPU's lane after the sync that began the cycle, the previous stage's forward (the next
-    stage's backward, or its own forward for the last stage) of that micro-batch and its IPU's work before it;
+    micro-batch on its IPU's lane (its host streams in before it and out after it, on the host link too) after
+    the sync that began the cycle, the previous stage's forward (the next stage's backward, or its own forward
+    for the last stage) of that micro-batch and its IPU's work before it;
     then the cycle's inter-IPU copies, each on its destination IPU and its IPU-Links, once every IPU's work in
     the cycle is done; then a sync of every IPU. The steps of no stage follow on every IPU. Returns the
     intervals."""
@@ -457,9 +596,9 @@ def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
             ipu = schedule.stage_ipu[stage]
             tags = {"stage": stage, "micro_batch": batch, "ipu": ipu, "pass": direction, "pipeline_cycle": cycle}
             after = [sync, *(work[d] for d in _feeds(schedule, stage, direction, batch) if d in work)]
-            for transfer, cycles in schedule.pieces.get((stage, direction), ((None, 0),)):
+            for transfer, cycles, names in _pass_pieces(schedule, stage, direction):
                 resources = [compute_lane(replica, ipu)] + ([transfer_lane(replica, ipu, transfer)] if transfer else [])
-                kind = {"transfer": transfer} if transfer else {}
+                kind = ({"transfer": transfer} if transfer else {}) | names
                 done.append(timeline.add(resources, cycles, after, **tags, **kind, **label))
                 after = [done[-1]]
             work[(stage, direction, batch)] = done[-1]
@@ -472,6 +611,19 @@ def place_pipeline(timeline, schedule, replica, ipus, not_before=0, **label):
     outside = schedule.micro_batches * schedule.outside_cycles
     placed.append(timeline.add(lanes, outside, [sync], work=OUTSIDE_STAGES, **label))
     return placed
+
+
+def _pass_pieces(schedule, stage, direction):
+    """``(transfer kind or None, cycles, extra label)`` of one micro-batch's ``stage`` ``direction`` pass in
+    order: the host streams of its inputs, its compute and host-side transfers, the streams of its outputs."""
+    pieces = [(None, 0, {})]
+    if (stage, direction) in schedule.pieces:
+        pieces = [(kind, cycles, {}) for kind, cycles in schedule.pieces[(stage, direction)]]
+    return [
+        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, True)),
+        *pieces,
+        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, False)),
+    ]
 
 
 def _place_copy(timeline, schedule, copy, batch, cycle, after, replica, label):
@@ -498,7 +650,8 @@ def _cycle_work(schedule, cycle):
     order = [(s, "forward") for s in schedule.stages] + [(s, "backward") for s in reversed(schedule.stages)]
     for stage, direction in order:
         batch = cycle - schedule.pipeline_cycle(stage, direction, 0)
-        if 0 <= batch < schedule.micro_batches and schedule.cycles_of(stage, direction):
+        streamed = schedule.streams_of(stage, direction, True) + schedule.streams_of(stage, direction, False)
+        if 0 <= batch < schedule.micro_batches and (schedule.cycles_of(stage, direction) or streamed):
             yield stage, direction, batch
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx.traceback as fx_traceback
 
+from poptorch._marker_ops import define_marker
 from poptorch.errors import Error
 
 # The fx node meta key (under "custom") holding a node's (stage, IPU) placement.
@@ -214,8 +215,8 @@ class ShardedExecution(PipelinedExecution):
 class _PhasedExecution(_ExecutionStrategy):
     """Phased execution: the phases run one after another, each stage on its IPU. ``Liveness`` says which
     activations wait in streaming memory (see ``spill_mode``). A phase's stages on different IPUs run at the
-    same time unless one reads another's values (``popsim.place_phases``); the simulator never overlaps
-    streaming-memory transfers with compute."""
+    same time unless one reads another's values (``popsim.place_phases``); streaming-memory transfers overlap
+    the neighbouring phases' compute with ``Liveness.OffChipAfterFwd`` only (see ``overlaps_streaming``)."""
 
     def __init__(self, *phases):
         if not phases:
@@ -271,8 +272,8 @@ class ParallelPhasedExecution(_PhasedExecution):
 STRATEGIES = (PipelinedExecution, ShardedExecution, SerialPhasedExecution, ParallelPhasedExecution)
 
 # popsim's activation spill mode for each Liveness: AlwaysLive keeps every tensor on the chip; OffChipAfterFwd
-# (with or without overlap: the simulator never overlaps transfers with compute) parks the forward values the
-# backward pass reads in streaming memory; OffChipAfterEachPhase parks every value read outside its phase.
+# (with or without overlap, see overlaps_streaming) parks the forward values the backward pass reads in
+# streaming memory; OffChipAfterEachPhase parks every value read outside its phase.
 _SPILL = {
     Liveness.AlwaysLive: None,
     Liveness.OffChipAfterFwd: "backward",
@@ -293,6 +294,13 @@ def shares_last_phase(strategy):
     )
 
 
+def overlaps_streaming(strategy):
+    """Whether phased ``strategy``'s streaming-memory loads and stores overlap the neighbouring phases' compute:
+    with ``Liveness.OffChipAfterFwd``, not ``OffChipAfterFwdNoOverlap`` ("no overlapping of load and store
+    operations between phases", more memory-efficient at the cost of delayed computation)."""
+    return isinstance(strategy, _PhasedExecution) and strategy._liveness == Liveness.OffChipAfterFwd
+
+
 def is_phased(strategy):
     """Whether execution strategy ``strategy`` is SerialPhasedExecution or ParallelPhasedExecution."""
     return isinstance(strategy, _PhasedExecution)
@@ -306,6 +314,12 @@ def update_placements(grads, strategy):
     if not is_phased(strategy):
         return {}
     return {name: g.producer.placement for name, g in grads.items() if g.producer is not None}
+
+
+def accumulation_placement(gradient):
+    """The placement of the accumulation of ``gradient`` (a Value) over micro-batches: that of the pass that
+    produced it (None: unplaced)."""
+    return gradient.producer.placement if gradient.producer is not None else None
 
 
 def order_updates(graph):
@@ -547,17 +561,7 @@ def IPU(ipu_id, layer_to_call=None):
     return BeginBlock(layer_to_call, ipu_id=ipu_id)
 
 
-@torch.library.custom_op("poptorch::recomputation_checkpoint", mutates_args=())
-def _checkpoint(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
-
-
-@_checkpoint.register_fake
-def _checkpoint_fake(x):
-    return torch.empty_like(x)
-
-
-_checkpoint.register_autograd(lambda ctx, grad: grad)
+_checkpoint = define_marker("recomputation_checkpoint")
 
 
 def recomputationCheckpoint(*tensors):

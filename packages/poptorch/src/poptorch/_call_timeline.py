@@ -16,6 +16,7 @@ every replica's compute tiles once all their micro-batches are done.
 from dataclasses import dataclass
 
 import popsim
+from popsim.timeline import HOST_TRANSFER
 from poptorch import _blocks
 from poptorch._overlapped_io import INPUT
 from poptorch.enums import OverlapMode
@@ -28,13 +29,15 @@ class CallRuns:
     """What one call ran: ``runs`` ``(device iteration, accumulation step, replica)`` of the micro-batch
     program with their ``run_cycles``, ``runs_per_step`` of them before each of ``step_cycles`` (the gradient
     reduction and optimizer run of each training step, empty for inference), and whether the inner loop is
-    the accumulation loop (``accumulating``)."""
+    the accumulation loop (``accumulating``); ``host_write_cycles`` of the host writes made since the previous
+    call (setOptimizer's hyper-parameters), which go before its runs."""
 
     runs: list
     run_cycles: list
     runs_per_step: int
     step_cycles: list
     accumulating: bool
+    host_write_cycles: int = 0
 
 
 def call_cycles(exe, programs, plan, options, marks, call):
@@ -50,7 +53,7 @@ def call_cycles(exe, programs, plan, options, marks, call):
     if plan_of.schedule is not None:
         profile["schedule"] = plan_of.schedule.as_dict()
     if plan_of.phased and call.runs:
-        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends)
+        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends, plan_of.overlap)
     if marks and call.runs:
         serial = plan_of.place({}).makespan
         profile["io_overlap"] = plan_of.io_figures(marks, serial, timeline.makespan)
@@ -70,18 +73,21 @@ class _Placement:
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
         self.depends = _phase_reads(graph) if self.phased else set()
+        self.overlap = _blocks.overlaps_streaming(options.execution_strategy)
         self.io_tiles = options.TensorLocations.num_io_tiles
         self.schedule = None
         if plan.pipelined and call.runs:
             per_group = call.runs_per_step if call.step_cycles else len(call.runs)
             micro_batches = per_group // len(self.replicas)
-            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True)
+            streams = _host_streams(graph, exe.target)
+            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True, streams)
 
     def place(self, marks):
         """The Timeline of the call with ``marks`` overlapped (``{}``: every transfer in its run)."""
         timeline = popsim.Timeline()
         io = {r: _MarkedTransfers(self, marks, r) for r in self.replicas}
         every = [popsim.compute_lane(r, ipu) for r in self.replicas for ipu in self.ipus]
+        self._place_host_writes(timeline, every)
         for step, group in enumerate(self._groups()):
             start = timeline.free_at(every)  # replicas start each group together
             for replica in self.replicas:
@@ -94,6 +100,13 @@ class _Placement:
             if step < len(self.call.step_cycles):
                 self._place_step(timeline, self.call.step_cycles[step])
         return timeline
+
+    def _place_host_writes(self, timeline, every):
+        """The host writes made since the previous call, on each replica's host link before any run: the
+        device's tiles wait for the values they read (each replica gets its own copy, over its own link)."""
+        if self.call.host_write_cycles:
+            links = [popsim.transfer_lane(r, 0, HOST_TRANSFER) for r in self.replicas or [0]]
+            timeline.add([*links, *every], self.call.host_write_cycles, program="host write", transfer=HOST_TRANSFER)
 
     def _place_step(self, timeline, cycles):
         """A training step's reduction and optimizer run on every replica's compute tiles, its streaming-memory
@@ -121,7 +134,16 @@ class _Placement:
         if self.phased:
             depends, target = self.depends, self.exe.target
             return popsim.place_phases(
-                timeline, self.profile, target, depends, replica, self.ipus, not_before, extra_cycles, **label
+                timeline,
+                self.profile,
+                target,
+                depends,
+                replica,
+                self.ipus,
+                not_before,
+                extra_cycles,
+                self.overlap,
+                **label,
             )
         cycles = self.call.run_cycles[index] + extra_cycles
         # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
@@ -158,12 +180,14 @@ class _Placement:
         }
 
 
-def _produced_away(graph, name, direction):
-    """Whether marked output ``name`` is produced on an IPU other than the I/O tiles' one."""
+def _producing_ipu(graph, name, direction):
+    """The IPU other than the I/O tiles' one that produces marked output ``name``, else None."""
     if direction == INPUT:
-        return False
+        return None
     producer = graph.outputs[name].producer
-    return producer is not None and producer.placement is not None and producer.placement[1] != IO_IPU
+    if producer is None or producer.placement is None or producer.placement[1] == IO_IPU:
+        return None
+    return producer.placement[1]
 
 
 class _MarkedTransfers:
@@ -182,11 +206,13 @@ class _MarkedTransfers:
         self.cycles = {name: popsim.cost.host_cycles(target, n) for name, n in self.nbytes.items()}
         io_tiles = max(placement.io_tiles, 1)
         self.exchange = popsim.cost.exchange_cycles(target, -(-sum(self.nbytes.values()) // io_tiles))
-        # A marked output produced on another IPU crosses the IPU-Links to the I/O tiles (a marked input read
-        # there crosses them in the program itself, as an inter-IPU copy).
-        remote = sum(n for name, n in self.nbytes.items() if _produced_away(graph, name, marks[name][0]))
-        if remote:
-            self.exchange += popsim.cost.link_cycles(target, remote)
+        # A marked output produced on another IPU crosses the IPU-Link to the I/O tiles after its run: {name:
+        # (that IPU, link cycles)} (a marked input read there crosses it in the program, an inter-IPU copy).
+        self.away = {}
+        for name, (direction, _) in marks.items():
+            ipu = _producing_ipu(graph, name, direction)
+            if ipu is not None:
+                self.away[name] = ipu, popsim.cost.link_cycles(target, self.nbytes[name])
         self.own = [i for i, run in enumerate(placement.call.runs) if run[2] == replica]
         self.position = {index: position for position, index in enumerate(self.own)}
         self.loaded = {}  # run index -> the intervals that loaded its inputs ahead
@@ -228,9 +254,39 @@ class _MarkedTransfers:
                     self.loaded.setdefault(other, []).append(hidden)
         extra = self.exchange - sum(self.cycles.values())
         body = self.placement.place_body(timeline, index, start, extra)
+        crossed = {name: [self._cross(timeline, name, body)] for name in self.away}
         for name, (direction, mode) in self.marks.items():
             if direction != INPUT and self._neighbour(position, 1, mode) is None:
-                timeline.add(both, self.cycles[name], after=body, tensor=name, transfer="store")
+                after = body + crossed.get(name, [])
+                timeline.add(both, self.cycles[name], after=after, tensor=name, transfer="store")
+
+    def _cross(self, timeline, name, body):
+        """Marked output ``name``, made on another IPU by the run ``body``, over the IPU-Link to the I/O tiles:
+        the producing IPU's tiles send it, the I/O tiles receive it (its store waits for it)."""
+        ipu, cycles = self.away[name]
+        lanes = [popsim.link_lane(self.replica, ipu, IO_IPU), popsim.io_lane(self.replica, IO_IPU)]
+        lanes.append(popsim.compute_lane(self.replica, ipu))
+        return timeline.add(lanes, cycles, after=body, tensor=name, transfer="IPU-Link")
+
+
+def _pass_of(node):
+    return "forward" if node.role in (None, "forward") else "backward"
+
+
+def _host_streams(graph, target):
+    """``(name, to device, host cycles, ((stage, pass), ...))`` of each model input of ``graph`` with the placed
+    passes that read it, and each output with the placed pass that produces it (``popsim.step_schedule``)."""
+    readers = {}  # id(input) -> (input, its readers' passes)
+    for node in graph.nodes:
+        for value in node.inputs if node.placement is not None else ():
+            if value.producer is None and value.kind == "input":
+                readers.setdefault(id(value), (value, []))[1].append((node.placement[0], _pass_of(node)))
+    streams = [(v.name, True, v.type.nbytes, tuple(passes)) for v, passes in readers.values()]
+    for name, value in graph.outputs.items():
+        producer = value.producer
+        if producer is not None and producer.placement is not None:
+            streams.append((name, False, value.type.nbytes, ((producer.placement[0], _pass_of(producer)),)))
+    return [(name, inward, popsim.cost.host_cycles(target, n), passes) for name, inward, n, passes in streams]
 
 
 def _phase_reads(graph):
@@ -240,7 +296,7 @@ def _phase_reads(graph):
     for node in graph.nodes:
         if node.placement is None:
             continue
-        direction = "forward" if node.role in (None, "forward") else "backward"
+        direction = _pass_of(node)
         for value in node.inputs:
             producer = value.producer
             if producer is None or producer.placement is None or producer.placement[0] != node.placement[0]:

@@ -85,6 +85,34 @@ def check_pipeline_memory(exe, program, plan, options, training):
         )
 
 
+def account_streaming_overlap(exe, program, options):
+    """With ``Liveness.OffChipAfterFwd`` a phase's streaming-memory loads run during the phase before and its
+    stores during the phase after, so the tiles hold both phases' data at once: add what that costs each tile
+    (``popsim.streaming_overlap_bytes``) to ``program``'s profile as the memory category
+    ``streaming_overlap``, and refuse, unless out-of-memory is allowed, a tile it takes over its memory. (The
+    executable may be shared with OffChipAfterFwdNoOverlap, which compiles alike: without overlap the category
+    is dropped again.)"""
+    profile, target = exe.profile.programs[program], exe.target
+    overlap = _blocks.overlaps_streaming(options.execution_strategy)
+    if not overlap and profile["memory"].pop("streaming_overlap", None) is None:
+        return
+    extra = popsim.streaming_overlap_bytes(profile, target) if overlap else 0
+    if overlap:
+        profile["memory"]["streaming_overlap"] = extra.tolist()
+    used = sum(np.asarray(profile["memory"][k], np.int64) for k in ("tensors", "vertex_state", "code")) + extra
+    profile["memory_max_tile_bytes"] = int(used.max())
+    over = np.flatnonzero(used > target.tile_bytes)
+    profile["tiles_over_budget"] = over.tolist()
+    if overlap and over.size and not options.allow_out_of_memory:
+        tile = int(over[np.argmax(used[over])])
+        raise Error(
+            f"Out of memory on the simulated IPU: with Liveness.OffChipAfterFwd each phase's streaming-memory loads "
+            f"run during the phase before (and its stores during the phase after), which takes {int(extra[tile]):,} "
+            f"more bytes on {target.describe_tile(tile)}, {int(used[tile]):,} of its {target.tile_bytes:,} bytes "
+            f"({over.size} tile(s) over). Use Liveness.OffChipAfterFwdNoOverlap, which does not overlap them."
+        )
+
+
 def io_tile_memory(graph, marks, options):
     """The I/O tiles' memory for the tensors of ``graph`` marked for overlapped I/O (``marks``: ``{name:
     (direction, mode)}``): each marked input or output is held once on the ``TensorLocations.numIOTiles`` I/O

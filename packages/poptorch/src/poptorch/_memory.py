@@ -6,6 +6,7 @@ import torch
 
 from poptorch import _logging
 from poptorch._executor_api import isRunningOnIpu
+from poptorch._marker_ops import define_marker
 from poptorch.enums import MatMulSerializationMode
 from poptorch.errors import Error
 from poptorch.options import check_proportion
@@ -52,17 +53,7 @@ def serializedMatMul(lhs, rhs, mode, factor=0, keep_precision=False):
     return total.to(partials[0].dtype)
 
 
-@torch.library.custom_op("poptorch::set_available_memory", mutates_args=())
-def _set_available_memory(x: torch.Tensor, proportion: float) -> torch.Tensor:
-    return x.clone()
-
-
-@_set_available_memory.register_fake
-def _set_available_memory_fake(x, proportion):
-    return torch.empty_like(x)
-
-
-_set_available_memory.register_autograd(lambda ctx, grad: (grad, None))
+_set_available_memory = define_marker("set_available_memory", ("float proportion",))
 
 
 def set_available_memory(tensor, available_memory_proportion):

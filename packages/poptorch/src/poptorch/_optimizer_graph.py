@@ -188,23 +188,23 @@ class OptimizerBuilder:
         def own(name):  # a parameter's update belongs to its module in profiles ("fc1.weight" -> "fc1")
             return graph.annotate(module=name.rpartition(".")[0], placement=placements.get(name))
 
-        new_shards = {}  # sharded parameter -> its replica's updated shard
-        for name, p in params.items():
+        shards = []  # the sharded parameters' weight and gradient shards
+        # The sharded parameters last, one after another: each one's write-back then shares an exchange phase
+        # with the next one's gradient slice (or the step's final copies).
+        for name in sorted(params, key=lambda name: name in self.sharded):
+            p = params[name]
             with own(name):
                 p32 = replica_shard(p, self.sharded[name]) if name in self.sharded else p
+                shards += [p32, grads[name]] if name in self.sharded else []
                 p32 = _op("cast", p32, dtype="float32") if p.dtype != DType.float32 else p32
                 new = rule(graph, group_of[name], name, p32, grads[name], t)
                 new = _op("cast", new, dtype=p.dtype.value) if p.dtype != DType.float32 else new
-                if name in self.sharded:
-                    new_shards[name] = new
-                else:
-                    graph.update(p, new)
-        # Written back after every update, the shards' copies share one exchange phase (one sync, not one each).
-        for name, new in new_shards.items():
-            with own(name):
-                graph.update(params[name], with_replica_shard(params[name], new, self.sharded[name]))
+                # A shard is written back as soon as it is updated: it dies there, instead of living beside the
+                # next parameters' shards (an exchange phase each: a few syncs for less peak tile memory).
+                graph.update(p, with_replica_shard(p, new, self.sharded[name]) if name in self.sharded else new)
         if step is not None:
             graph.update(step, t)
+        _sink_before_first_reader(graph, shards)
 
     def count_large_gradients(self, grads):
         """Automatic loss scaling's statistics: (a float32 Value counting the elements of the tracked float16
@@ -385,6 +385,36 @@ def _tracked_gradients(grads):
             tracked.update({id(v): v for v in node.outputs if v.dtype == DType.float16})
         stack.extend(node.inputs)
     return list(tracked.values())
+
+
+def _sink_before_first_reader(graph, values):
+    """Move the nodes that make ``values`` (the sharded parameters' weight and gradient shards, the gradients'
+    sliced out of their accumulators before any update runs) to just before their first reader, so a replica
+    holds one parameter's shards at a time, and a weight's only once its gradient's is spent, rather than every
+    one from the start of the step. A stable sort: every node still follows its operands and precedes its
+    readers."""
+    nodes = graph.nodes
+    index = {id(node): i for i, node in enumerate(nodes)}
+    movable, stack = set(), [v.producer for v in values]
+    while stack:
+        node = stack.pop()
+        if node is not None and id(node) not in movable:
+            movable.add(id(node))
+            stack.extend(v.producer for v in node.inputs)
+    readers = {}
+    for node in nodes:
+        for v in node.inputs:
+            readers.setdefault(v.id, []).append(node)
+    kept = {v.id for v in (*graph.outputs.values(), *graph.updates.values())}
+    slot = {}
+    for node in reversed(nodes):
+        if id(node) not in movable:
+            slot[id(node)] = index[id(node)]
+            continue
+        used = [slot[id(r)] for v in node.outputs for r in readers.get(v.id, ())]
+        ends = any(v.id in kept for v in node.outputs)
+        slot[id(node)] = index[id(node)] if ends or not used else min(used)
+    graph.nodes = sorted(nodes, key=lambda node: (slot[id(node)], index[id(node)]))
 
 
 def _total(values):

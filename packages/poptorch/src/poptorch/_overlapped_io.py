@@ -9,9 +9,8 @@ mark must be the only op applied to a model input and an output mark must be a m
 
 import weakref
 
-import torch
-
 from poptorch import _blocks
+from poptorch._marker_ops import define_marker
 from poptorch.enums import OverlapMode
 from poptorch.errors import Error
 
@@ -35,15 +34,8 @@ def check_options(options):
         )
 
 
-@torch.library.custom_op("poptorch::set_overlap", mutates_args=())
-def set_overlap(x: torch.Tensor, mode: str, direction: str) -> torch.Tensor:
-    """Marks ``x`` (a model input or output) for host transfers overlapping compute (``mode``)."""
-    return x.clone()
-
-
-@set_overlap.register_fake
-def _set_overlap_fake(x, mode, direction):
-    return torch.empty_like(x)
+# Marks a model input or output for host transfers overlapping compute (``mode``); it has no gradient formula.
+set_overlap = define_marker("set_overlap", ("str mode", "str direction"), differentiable=False)
 
 
 def mark(ctx, value, mode, direction):

@@ -14,6 +14,7 @@ import torch.fx.traceback as fx_traceback
 
 from poptorch import _memory
 from poptorch._executor_api import capturing_training, isRunningOnIpu
+from poptorch._marker_ops import define_marker
 from poptorch.errors import Error
 
 
@@ -122,28 +123,8 @@ _CONVOLUTION_OPS = frozenset({"conv2d", "conv2d_grad_input", "conv2d_grad_weight
 _PARTIALS = {torch.float32: "float32", torch.float16: "float16"}
 
 
-@torch.library.custom_op("poptorch::set_conv_dithering", mutates_args=())
-def _set_conv_dithering(x: torch.Tensor, enabled: bool) -> torch.Tensor:
-    return x.clone()
-
-
-@torch.library.custom_op("poptorch::set_conv_partials_type", mutates_args=())
-def _set_conv_partials_type(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    return x.clone()
-
-
-@_set_conv_dithering.register_fake
-def _set_conv_dithering_fake(x, enabled):
-    return torch.empty_like(x)
-
-
-@_set_conv_partials_type.register_fake
-def _set_conv_partials_type_fake(x, dtype):
-    return torch.empty_like(x)
-
-
-_set_conv_dithering.register_autograd(lambda ctx, grad: (grad, None))
-_set_conv_partials_type.register_autograd(lambda ctx, grad: (grad, None))
+_set_conv_dithering = define_marker("set_conv_dithering", ("bool enabled",))
+_set_conv_partials_type = define_marker("set_conv_partials_type", ("str dtype",))
 
 
 def set_conv_dithering(tensor, enabled):

@@ -41,7 +41,7 @@ def all_reduce_cycles(exe, programs, options, groupings, spec=None):
         _profile_inference(exe, programs, options, replicas)
         return 0
     grouped = _groups_of(groupings, replicas)
-    sharded = _sharded_parameters(programs, grouped)
+    sharded = _sharded_parameters(programs, grouped, groupings)
     parts = {}  # (group size, stride) -> gradient bytes
     for name in programs.trained:
         if name in sharded:
@@ -83,14 +83,22 @@ def _norm_bytes(spec, sharded):
     return FLOAT32_BYTES * ((spec.max_grad_norm is not None) + (2 * sharded if spec.kind == "lamb" else 0))
 
 
-def _sharded_parameters(programs, grouped):
-    """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas."""
+def _sharded_parameters(programs, grouped, groupings):
+    """{parameter: bytes} of the trained parameters whose optimizer state is sharded over the replicas. A
+    parameter whose replicas hold different values (a ``replicaGrouping`` of several groups) is refused:
+    PopTorch documents no sharding within a group, and PopART shards optimizer state over one sharding domain
+    (every replica) and reduce-scatters the gradient over it, which would mix the groups' gradients."""
     both = sorted(set(programs.sharded) & set(grouped))
     if both:
+        name = both[0]
+        size = programs.graphs[programs.micro_batch].input(name).type.size
         raise Error(
-            f"{both[0]} has a replicaGrouping and its optimizer state is sharded over replicas "
-            "(useReplicatedTensorSharding): sharding a grouped parameter's state is not modelled by the simulated "
-            "IPU; drop the grouping or the sharding"
+            f"{_describe(name, groupings[name])} gives it {max(grouped[name]) + 1} groups of replicas holding "
+            "different values, and its optimizer state is sharded over the replicas (useReplicatedTensorSharding): "
+            "PopTorch documents no sharding within a parameter's groups (PopART shards optimizer state and "
+            "reduce-scatters the gradient over every replica, across the groups), so the simulated IPU does not "
+            "model it. Drop the replicaGrouping, or keep this parameter's state whole with "
+            f"minElementsForReplicatedTensorSharding above its {size} elements"
         )
     graph = programs.graphs[programs.micro_batch]
     return {name: graph.input(name).type.nbytes for name in programs.sharded}

@@ -164,7 +164,8 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             count = shared_count
             if running and name in own_counts:
                 count = _running_count(graph, apply, initial, running_count_name(name))
-            with graph.placed(placements.get(name)):  # accumulated in its gradient's phase
+            # Accumulated in its gradient's phase, or pipeline stage's backward pass, as PopART accumulates it.
+            with graph.placed(_blocks.accumulation_placement(g)):
                 g = _cast(g, acc_dtype)
                 graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from poptorch import _blocks, _distributed, _logging
+from poptorch import _blocks, _device_ids, _distributed, _logging
 from poptorch.enums import (
     CommGroupType,
     ConnectionType,
@@ -41,6 +41,8 @@ _DEFAULTS = {
     "anchoredTensors": (),
     "randomSeed": None,
     "useIpuModel": False,
+    # The gc-info id of the device useIpuId chose (None: the device of the model's IPUs).
+    "ipuId": None,
     "executableCachePath": None,
     "ipuVersion": "ipu2",
     "logDir": None,
@@ -479,6 +481,16 @@ def _non_negative(name, value):
     return value
 
 
+# Why sharding each other kind of tensor over the replicas is refused: what PopART would do that the simulated
+# replicas (run one after another on one device, each holding whole tensors outside the optimizer step) do not.
+_UNSHARDED_BECAUSE = {
+    "Weight": "PopART would keep a shard of each weight and all-gather it before each of its readers in every pass",
+    "Accumulator": "PopART would reduce-scatter each micro-batch's gradient into every replica's accumulator shard, "
+    "while each simulated replica accumulates whole gradients",
+    "Activation": "activations are each replica's own values, not copies of one tensor to shard",
+}
+
+
 class _TensorLocationOptions(_Group):
     """``opts.TensorLocations``: where tensors live (I/O tiles; weights, optimizer state, accumulators and
     activations in tile memory or streaming memory)."""
@@ -500,9 +512,9 @@ class _TensorLocationOptions(_Group):
         if location.sharded() and kind != "Optimizer":
             raise not_modelled(
                 f"TensorLocations.set{kind}Location with useReplicatedTensorSharding(True)",
-                "replicated tensor sharding is modelled for optimizer state only, in tile or streaming memory "
-                "(setOptimizerLocation(TensorLocationSettings().useReplicatedTensorSharding(True))); drop "
-                "useReplicatedTensorSharding here",
+                f"{_UNSHARDED_BECAUSE[kind]}. Replicated tensor sharding is modelled for optimizer state only, in "
+                "tile or streaming memory (setOptimizerLocation(TensorLocationSettings()"
+                ".useReplicatedTensorSharding(True))); drop useReplicatedTensorSharding here",
             )
         if kind == "Optimizer":
             self._set("shardedOptimizer", location.min_elements_sharded() if location.sharded() else None)
@@ -806,7 +818,8 @@ class Options(_NoAssignment):
         return self._set("executableCachePath", None if path is None else _path("enableExecutableCaching", path))
 
     def logDir(self, log_dir):
-        """Directory where the model writes its logs and profiles (default: the current directory)."""
+        """Directory of the profile the wrapper's ``profile=True`` argument writes (``<logDir>/profile.json``;
+        default: the current directory). ``enableProfiling`` names its own directory."""
         return self._set("logDir", _path("logDir", log_dir))
 
     def logCycleCount(self, log_cycle_count):
@@ -878,8 +891,8 @@ class Options(_NoAssignment):
         return self._set("enableStableNorm", _bool("enableStableNorm", enabled))
 
     def enableProfiling(self, profile_dir=None):
-        """Write the simulated profile (profile.json) after compiling, into ``profile_dir`` (default: the log dir)
-        under a sub-directory named by modelName (default: training or inference)."""
+        """Write the simulated profile (profile.json) after compiling, into ``profile_dir`` (default: the current
+        directory, as PopTorch) under a sub-directory named by modelName (default: training or inference)."""
         return self._set("profileDir", "." if profile_dir is None else _path("enableProfiling", profile_dir))
 
     def disableModuleNamescope(self):
@@ -912,8 +925,11 @@ class Options(_NoAssignment):
         return self.connectionType(ConnectionType.Never)
 
     def useIpuId(self, ipu_id):
-        """Refused: there are no physical IPUs to choose from."""
-        raise not_modelled(f"useIpuId({ipu_id!r})", "there are no physical IPUs; remove the call")
+        """Run on the device of id ``ipu_id`` of the simulated IPU-POD16, as ``gc-info`` numbers them: 0 to 15
+        are single IPUs, 16 to 23 pairs, 24 to 27 groups of 4, 28 and 29 groups of 8, and 30 all 16 IPUs. The
+        device must have at least the model's IPUs times the replication factor (a larger one leaves some
+        unused, with a warning); the IPU model ignores the id and an offline target refuses it."""
+        return self._set("ipuId", _device_ids.device(ipu_id).id)
 
     def setAvailableMemoryProportion(self, available_memory_proportion):
         """The share (0 to 1) of each tile's memory the matmul and convolution plans of an IPU may use for
@@ -1060,6 +1076,10 @@ class Options(_NoAssignment):
     @property
     def use_ipu_model(self):
         return self._values["useIpuModel"]
+
+    @property
+    def ipu_id(self):
+        return self._values["ipuId"]
 
     @property
     def connection_type(self):
