@@ -1,12 +1,12 @@
 """Bytes and rows the simulated IPU exchanges in one training step, by copy kind, for the encoder layer, the
-tutorial CNN and BERT-tiny of bench/models.py (issue 17's rule: identical operands reach a tile once).
+tutorial CNN, BERT-tiny and the small ResNet of bench/models.py (issue 17's rule: identical operands reach a tile once).
 
 For every Copy of the training program: the bytes that cross tiles, the bytes copied on their own tile, the
 engine's copy rows, and the *repeats*: bytes of a source element that one Copy delivers to a destination tile
 it already reached in that Copy (the operand reuse a tile could have made instead). Prints a table by copy
 name (its kind: matmul-lhs, conv-patch, reduce-gather...) and the largest copies.
 
-    python bench/exchange_volume.py [--model encoder|tutorial-cnn|bert-tiny] [--top 8]
+    python bench/exchange_volume.py [--model encoder|tutorial-cnn|bert-tiny|small-resnet] [--top 8]
 """
 
 import argparse
@@ -23,7 +23,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from models import COMPILE_MODELS, LR  # noqa: E402
 
 MB = 1e6
-MODELS = ("encoder", "tutorial-cnn", "bert-tiny")
+MODELS = ("encoder", "tutorial-cnn", "bert-tiny", "small-resnet")
 
 
 def copy_volume(flattener, step, rows):

@@ -1,11 +1,17 @@
 """The tile arena and its Cython exchange-copy kernel."""
 
+import os
+import pathlib
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from popsim import TileArena
+from popsim._arena import HUGE_PAGE
+
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def test_copy_moves_bytes_between_tiles_and_leaves_others_untouched():
@@ -41,3 +47,43 @@ def test_views_are_bounds_checked():
         arena.view(2, 0, 4)
     with pytest.raises(IndexError, match="outside tile 1"):
         arena.view(1, 120, 16)
+
+
+def _thp_eligible(address):
+    """The THPeligible flag of the mapping holding ``address`` (None where the kernel does not report it)."""
+    try:
+        lines = pathlib.Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("THPeligible:"):
+            return int(line.split()[1])
+    return None
+
+
+def test_an_arena_of_a_few_mib_asks_for_huge_pages_and_a_large_one_refuses_them():
+    # A step reads every tile: on 4 KiB pages a densely packed arena of a few MiB misses the TLB at most rows.
+    small = TileArena(1472, 4992)
+    assert small.buffer.ctypes.data % HUGE_PAGE == 0 and small.buffer.size == 1472 * 4992
+    large = TileArena(1472, 65536)  # beyond HUGE_PAGE_ARENA_BYTES: pages untouched stay free
+    eligible = _thp_eligible(small.buffer.ctypes.data)
+    setting = pathlib.Path(_THP_SETTING)
+    if eligible is None or not setting.exists() or "[never]" in setting.read_text():
+        pytest.skip("this kernel reports no transparent huge pages")
+    assert eligible == 1
+    assert _thp_eligible(large.buffer.ctypes.data) == 0
+
+
+def test_a_forked_process_writes_its_own_copy_of_the_arena():
+    arena = TileArena(4, 1024)
+    pid = os.fork()
+    if pid == 0:  # the child: scribble over every tile, then leave without running anything else
+        arena.buffer[:] = 7
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert not arena.buffer.any()

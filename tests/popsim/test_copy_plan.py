@@ -63,6 +63,50 @@ def test_copy_plan_matches_the_element_by_element_reference(num_ipus):
             np.testing.assert_array_equal(g, want)
 
 
+_SLICE = st.tuples(st.integers(0, 60), st.integers(1, 12), st.integers(-1, 1))
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 9), st.integers(0, 11), st.integers(0, 2)), min_size=1, max_size=8),
+    st.lists(_SLICE, min_size=1, max_size=8),
+    st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    st.integers(1, 3),
+    st.booleans(),
+)
+def test_copy_plan_on_contiguous_spans_matches_the_element_by_element_reference(
+    blocks, slices, dst_sizes, num_ipus, alias
+):
+    """copy_plan takes a run of consecutive source elements at consecutive addresses of one tile at once;
+    the rows and loads equal the per-element reference where such runs start and stop anywhere: at the ends
+    of source blocks (next block on another tile, or after an address gap), of destination blocks, of
+    slices of the index map, and where an alias or a broadcast repeats elements."""
+    num_tiles = TILES_PER_IPU * num_ipus
+    sizes = np.array([b[0] for b in blocks])
+    gaps = np.array([b[2] for b in blocks]) * 4  # 0: the next block's addresses follow on
+    starts = 4096 + np.cumsum(np.r_[0, sizes[:-1] * 4 + gaps[:-1]])
+    src_addr = np.concatenate([a + 4 * np.arange(n) for a, n in zip(starts, sizes)])
+    src_tile = np.repeat([b[1] % num_tiles for b in blocks], sizes)
+    total = src_addr.size
+    # Slices of the sources (step 1, or -1 read backwards, or 0 a broadcast of one element).
+    index = np.concatenate([(a + d * np.arange(n)) % total for a, n, d in slices])
+    dst = np.array(dst_sizes)
+    dst = np.r_[dst[np.cumsum(dst) < index.size], 0]
+    dst[-1] = index.size - dst[:-1].sum()
+    dst_base = 65536 + np.cumsum(np.r_[0, dst[:-1]]) * 4
+    dst_tile = np.arange(dst.size) * 5 % num_tiles
+    half = total // 2
+    elements = np.where(index >= half, index - half, index) if alias else index
+    if alias:
+        src_tile[half : 2 * half] = src_tile[:half]
+    dst_addr = np.concatenate([b + 4 * np.arange(s) for b, s in zip(dst_base, dst)])
+    got = _exchange.copy_plan(
+        index, elements, src_addr, src_tile, dst_base, dst_tile, dst, 4, num_tiles, TILES_PER_IPU, num_ipus
+    )
+    want = _reference(index, elements, src_addr, src_tile, dst_addr, np.repeat(dst_tile, dst), num_ipus)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_copy_plan_refuses_an_index_outside_its_sources():
     index = np.array([0, 5], np.int64)
     src = np.array([0, 4], np.int64)

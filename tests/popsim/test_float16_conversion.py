@@ -1,6 +1,7 @@
-"""The engine's float16 conversions (a table of every half's value for widening, the CPU's F16C instructions
-for narrowing where it has them) round exactly as NumPy does: every half widens to its own value, and
-narrowing rounds to nearest even at every tie, overflows to infinity and keeps subnormals and signed zeros."""
+"""The engine's float16 conversions (the CPU's F16C instructions where it has them, else a table of every
+half's value for widening and the compiler's conversion for narrowing) round exactly as NumPy does: every
+half widens to its own value, and narrowing rounds to nearest even at every tie, overflows to infinity and
+keeps subnormals and signed zeros."""
 
 import numpy as np
 

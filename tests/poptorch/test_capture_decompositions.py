@@ -1,9 +1,12 @@
 """capture()'s cached set of composite operators and decomposition table give the graph torch.export's own
 rebuild-every-time path gives, and a newly registered operator is seen."""
 
+import functools
+
 import pytest
 import torch
 import torch._export.utils as export_utils
+import torch.export.decomp_utils as decomp_utils
 import torch.export.exported_program as exported_program
 import torch.nn.functional as F
 from torch import nn
@@ -103,6 +106,41 @@ def test_an_operator_registered_after_a_capture_is_seen():
     assert seen == export_utils._collect_all_valid_cia_ops()
 
 
+def test_the_composite_set_is_torchs_walk_including_python_only_composite_kernels():
+    """The set read from the dispatcher's registrations and the looked-up overloads is exactly the one torch
+    walks every operator for: C++ composites, operators whose composite kernel Python registered (aten's
+    nearest upsampling; a custom operator's), and none that may not be preserved (in-place, aliasing)."""
+    if not hasattr(torch.ops.poptorch_decomp_test, "python_composite"):
+        lib = torch.library.Library("poptorch_decomp_test", "FRAGMENT")
+        lib.define("python_composite(Tensor x) -> Tensor")
+        lib.impl("python_composite", lambda x: x * 3, "CPU")
+        test_the_composite_set_is_torchs_walk_including_python_only_composite_kernels.lib = lib
+        composite = torch._C.DispatchKey.CompositeImplicitAutograd
+        torch.ops.poptorch_decomp_test.python_composite.default.py_impl(composite)(lambda x: x * 3)
+    ours = _decompositions._collect_cia_ops()
+    assert ours == exported_program._collect_all_valid_cia_ops()
+    aten = torch.ops.aten
+    assert {aten.upsample_nearest2d.default, torch.ops.poptorch_decomp_test.python_composite.default} <= ours
+    assert aten.linear.default in ours and aten.add_.Tensor not in ours
+
+
+def test_the_table_built_from_the_cached_set_is_torchs_default_table(monkeypatch):
+    """default_decompositions() inside the block (its aten composites read from the cached set rather than
+    walked) holds the same operators with the same decompositions as torch's own."""
+    monkeypatch.setattr(_decompositions, "_tables", {})
+    monkeypatch.setattr(_decompositions, "_cia_ops", {})
+    with _decompositions.composite_ops_cached() as table_without:
+        ours = table_without(())
+    theirs = torch.export.default_decompositions()
+    assert ours.keys() == set(theirs.keys())
+
+    def same(fn):  # torch's stand-in for a C++ composite kernel: a partial of a new closure each time
+        return (fn.func.__qualname__, fn.keywords["kernel"]) if isinstance(fn, functools.partial) else fn
+
+    assert all(same(ours[op]) == same(theirs[op]) for op in ours)
+    assert torch.ops.aten.linear.default in ours and torch.ops.aten.upsample_nearest2d.vec not in ours
+
+
 def test_torchs_lookup_is_restored_after_the_block_even_on_error():
     original = exported_program._collect_all_valid_cia_ops
     try:
@@ -112,6 +150,10 @@ def test_torchs_lookup_is_restored_after_the_block_even_on_error():
     except ValueError:
         pass
     assert exported_program._collect_all_valid_cia_ops is original
+    assert (
+        decomp_utils._collect_all_valid_cia_ops_for_aten_namespace
+        is export_utils._collect_all_valid_cia_ops_for_aten_namespace
+    )
 
 
 def test_the_second_capture_reuses_the_composite_set_the_first_one_worked_out(monkeypatch):

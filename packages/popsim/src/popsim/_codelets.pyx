@@ -24,9 +24,9 @@ cdef extern from *:
     #include <string.h>
     #include <stddef.h>
     #include <stdlib.h>
-    /* Without F16C, GCC converts _Float16 in library calls: widening reads a table of every half's value
-       (filled once by that same conversion), and narrowing a block uses the F16C instructions when the CPU
-       has them. Both round to nearest even exactly as the plain conversion does. */
+    /* Without F16C, GCC converts _Float16 in library calls: blocks convert with the F16C instructions when the
+       CPU has them, else widening reads a table of every half's value (filled once by that same conversion).
+       Both round to nearest even exactly as the plain conversion does. */
     static float ps_half_values[65536];
     static int ps_f16c;
     static void ps_fill_half_values(void) {
@@ -35,7 +35,23 @@ cdef extern from *:
         ps_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
     #endif
     }
-    static inline double ps_h2d(unsigned short h) { return ps_half_values[h]; }
+    /* take ? a : b as a bit mask, so the choice costs no branch: where masks and running maxima of real
+       data are close to random, and a mispredicted branch per element cost more than the element. */
+    static inline double ps_pick(int take, double a, double b) {
+        unsigned long long x, y, m = -(unsigned long long)(take != 0);
+        memcpy(&x, &a, 8); memcpy(&y, &b, 8); x = (x & m) | (y & ~m); memcpy(&a, &x, 8); return a; }
+    /* v > acc ? v : acc and v < acc ? v : acc as one maxsd / minsd (exactly these: acc on a tie or a NaN),
+       where GCC would otherwise branch on near random comparisons. */
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    static inline double ps_larger(double v, double acc) {
+        return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(v), _mm_set_sd(acc))); }
+    static inline double ps_smaller(double v, double acc) {
+        return _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(v), _mm_set_sd(acc))); }
+    #else
+    static inline double ps_larger(double v, double acc) { return v > acc ? v : acc; }
+    static inline double ps_smaller(double v, double acc) { return v < acc ? v : acc; }
+    #endif
     static inline unsigned short ps_d2h(double d) {
         _Float16 f = (_Float16)(float)d; unsigned short h; memcpy(&h, &f, 2); return h; }
     #if defined(__GNUC__) && defined(__x86_64__)
@@ -53,11 +69,43 @@ cdef extern from *:
     #endif
         for (ptrdiff_t i = 0; i < n; i++) h[i] = ps_d2h(d[i]);
     }
+    /* A block of halves to floats (exact) and floats to halves (round to nearest even, as ps_d2h rounds the
+       float a double holds), 8 at a time with F16C: the table read per element cost more than the work. */
+    #if defined(__GNUC__) && defined(__x86_64__)
+    __attribute__((target("avx,f16c"))) static void ps_h2f_f16c(const unsigned short* h, float* f, ptrdiff_t n) {
+        ptrdiff_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+        for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+    }
+    __attribute__((target("avx,f16c"))) static void ps_f2h_f16c(const float* f, unsigned short* h, ptrdiff_t n) {
+        ptrdiff_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(f + i), 0));
+        for (; i < n; i++) h[i] = _cvtss_sh(f[i], 0);
+    }
+    #endif
+    static void ps_h2f_block(const unsigned short* h, float* f, ptrdiff_t n) {
+    #if defined(__GNUC__) && defined(__x86_64__)
+        if (ps_f16c) { ps_h2f_f16c(h, f, n); return; }
+    #endif
+        for (ptrdiff_t i = 0; i < n; i++) f[i] = ps_half_values[h[i]];
+    }
+    static void ps_f2h_block(const float* f, unsigned short* h, ptrdiff_t n) {
+    #if defined(__GNUC__) && defined(__x86_64__)
+        if (ps_f16c) { ps_f2h_f16c(f, h, n); return; }
+    #endif
+        for (ptrdiff_t i = 0; i < n; i++) h[i] = ps_d2h(f[i]);
+    }
     """
     void ps_fill_half_values() noexcept nogil
-    double ps_h2d(unsigned short h) noexcept nogil
+    double ps_pick(bint take, double a, double b) noexcept nogil
+    double ps_larger(double v, double acc) noexcept nogil
+    double ps_smaller(double v, double acc) noexcept nogil
     unsigned short ps_d2h(double d) noexcept nogil
     void ps_d2h_block(const double* d, unsigned short* h, Py_ssize_t n) noexcept nogil
+    void ps_h2f_block(const unsigned short* h, float* f, Py_ssize_t n) noexcept nogil
+    void ps_f2h_block(const float* f, unsigned short* h, Py_ssize_t n) noexcept nogil
 
 ps_fill_half_values()
 
@@ -292,13 +340,16 @@ DEF REDUCE_CHAINS = 4
 
 
 cdef inline void load(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf) noexcept nogil:
+    """Elements start..start+n-1 (n at most BLOCK) of a field of dtype ``dt`` into ``buf``."""
     cdef Py_ssize_t i
+    cdef float floats[BLOCK]
     if dt == DT_FLOAT32:
         for i in range(n):
             buf[i] = (<const float*> p)[start + i]
     elif dt == DT_FLOAT16:
+        ps_h2f_block((<const unsigned short*> p) + start, floats, n)
         for i in range(n):
-            buf[i] = ps_h2d((<const unsigned short*> p)[start + i])
+            buf[i] = floats[i]
     elif dt == DT_INT32:
         for i in range(n):
             buf[i] = (<const int32_t*> p)[start + i]
@@ -542,6 +593,33 @@ cdef inline void binary_float32(int op, const float* a, const float* b, float* o
             out[i] = a[i] / b[i]
 
 
+cdef void binary_float16(int op, byte_t* base, const offset_t* row, int scalars) noexcept nogil:
+    """add, sub, mul and div of float16 in float32 (a BINARY vertex's, at most one operand a scalar): float32
+    rounds these ops of float16 values as the double path does before its float16 rounding, so the results
+    are the same bits, without the trip through doubles."""
+    cdef float fa[BLOCK]
+    cdef float fb[BLOCK]
+    cdef float fo[BLOCK]
+    cdef const unsigned short* a = <const unsigned short*> (base + row[C_A])
+    cdef const unsigned short* b = <const unsigned short*> (base + row[C_B])
+    cdef unsigned short* out = <unsigned short*> (base + row[C_OUT])
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef float* splat = &fa[0] if scalars & 1 else &fb[0]
+    if scalars:  # the scalar operand, widened once into every slot of its block
+        ps_h2f_block(a if scalars & 1 else b, splat, 1)
+        for i in range(1, BLOCK):
+            splat[i] = splat[0]
+    while s < n:
+        cnt = min(BLOCK, n - s)
+        if not scalars & 1:
+            ps_h2f_block(a + s, fa, cnt)
+        if not scalars & 2:
+            ps_h2f_block(b + s, fb, cnt)
+        binary_float32(op, fa, fb, fo, cnt)
+        ps_f2h_block(fo, out + s, cnt)
+        s += cnt
+
+
 cdef inline bint unary_float32(int op, const float* x, float* out, Py_ssize_t n) noexcept nogil:
     """copy, neg, abs and relu of float32 directly (exact, so the same as the double path). Returns False
     for ops left to the general path."""
@@ -568,8 +646,10 @@ cdef inline void where32(const byte_t* cond, const int32_t* a, Py_ssize_t step_a
                          Py_ssize_t step_b, int32_t* out, Py_ssize_t n) noexcept nogil:
     """out = a if cond else b for 4-byte elements, as bit copies; a step of 0 repeats a scalar operand."""
     cdef Py_ssize_t i
+    cdef int32_t mask
     for i in range(n):
-        out[i] = a[i * step_a] if cond[i] != 0 else b[i * step_b]
+        mask = -<int32_t> (cond[i] != 0)  # both operands are read, so the choice is a mask, not a branch
+        out[i] = (a[i * step_a] & mask) | (b[i * step_b] & ~mask)
 
 
 cdef inline double remainder(double a, double b, bint integer) noexcept nogil:
@@ -589,9 +669,9 @@ cdef inline double reduce_step(int op, double acc, double v) noexcept nogil:
         return acc + v
     if op == R_PROD:
         return acc * v
-    if not isnan(acc) and (isnan(v) or (v > acc if op == R_MAX else v < acc)):
-        return v
-    return acc
+    if acc != acc or v != v:  # NaN (rare, so this branch is well predicted): it stays, or it arrives
+        return acc if acc != acc else v
+    return ps_larger(v, acc) if op == R_MAX else ps_smaller(v, acc)
 
 
 cdef inline double reduce_start(int op) noexcept nogil:
@@ -647,13 +727,32 @@ cdef inline void reduce_rows(int op, const byte_t* src, int dt_in, byte_t* dst, 
 
 
 cdef inline void widen(const byte_t* src, int dt, float* dst, Py_ssize_t count) noexcept nogil:
+    """``count`` elements of dtype ``dt`` as float32."""
     cdef double buf[BLOCK]
     cdef Py_ssize_t s = 0, i, n
+    if dt == DT_FLOAT16:
+        ps_h2f_block(<const unsigned short*> src, dst, count)
+        return
     while s < count:
         n = min(BLOCK, count - s)
         load(src, dt, s, n, buf)
         for i in range(n):
             dst[s + i] = <float> buf[i]
+        s += n
+
+
+cdef inline void narrow(const float* src, byte_t* dst, int dt, Py_ssize_t count) noexcept nogil:
+    """``count`` float32 values stored as dtype ``dt`` (each rounded once, as store rounds a double)."""
+    cdef double buf[BLOCK]
+    cdef Py_ssize_t s = 0, i, n
+    if dt == DT_FLOAT16:
+        ps_f2h_block(src, <unsigned short*> dst, count)
+        return
+    while s < count:
+        n = min(BLOCK, count - s)
+        for i in range(n):
+            buf[i] = src[s + i]
+        store(dst, dt, s, n, buf)
         s += n
 
 
@@ -824,7 +923,7 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
             c = regs + o[O_SRC + 2] * EXPR_BLOCK
             if o[O_KIND] == K_WHERE:
                 for i in range(cnt):
-                    d[i] = b[i] if a[i] != 0 else c[i]
+                    d[i] = ps_pick(a[i] != 0, b[i], c[i])
             else:
                 memcpy(d, a, cnt * sizeof(double))
                 if o[O_KIND] == K_UNARY:
@@ -886,6 +985,9 @@ cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogi
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == K_BINARY:
+        if dta == DT_FLOAT16 and dtb == DT_FLOAT16 and dto == DT_FLOAT16 and has_float32_path(sub) and scalars != 3:
+            binary_float16(sub, base, row, scalars)
+            return 0
         if dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3:
             fa = <const float*> (base + row[C_A])
             fb = <const float*> (base + row[C_B])
@@ -927,8 +1029,7 @@ cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogi
             fetch(base + row[C_B], dtb, s, cnt, bufa, scalars & 2, va)
             fetch(base + row[C_C], dtb, s, cnt, bufb, scalars & 4, vb)
             for i in range(cnt):
-                if bufc[i] == 0:
-                    bufa[i] = bufb[i]
+                bufa[i] = ps_pick(bufc[i] != 0, bufa[i], bufb[i])
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     return 0
@@ -1123,7 +1224,6 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
     cdef float* cols
     cdef float* out
     cdef ColumnTap* column
-    cdef double v
     cdef int geo[IMPLICIT_GEOMETRY]
     cdef Py_ssize_t padded
     if not conv_geometry_ok(g, row):
@@ -1158,9 +1258,7 @@ cdef Py_ssize_t run_conv(byte_t* base, const offset_t* row) noexcept nogil:
         else:
             gemm(weights, cols, out + b * oc * pos, <int> oc, <int> taps, <int> pos)
     if dto != DT_FLOAT32:
-        for i in range(row[C_N]):
-            v = out[i]
-            store(base + row[C_OUT], dto, i, 1, &v)
+        narrow(out, base + row[C_OUT], dto, row[C_N])
         free(out)
     if dta != DT_FLOAT32:
         free(patch)
@@ -1201,11 +1299,7 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
             size = row[C_P0] * n
             partial = <float*> malloc(max(size, 1) * sizeof(float))
             matmul_partial(base + row[C_A], base + row[C_B], dta, partial, <int> row[C_P0], <int> row[C_P1], <int> n)
-            for s in range(0, size, BLOCK):
-                cnt = min(BLOCK, size - s)
-                for i in range(cnt):
-                    bufa[i] = partial[s + i]
-                store(base + row[C_OUT], dto, s, cnt, bufa)
+            narrow(partial, base + row[C_OUT], dto, size)
             free(partial)
     elif op == K_RNG:
         random_uniform(<const int32_t*> (base + row[C_A]), base + row[C_OUT], dto, row[C_P0], n)

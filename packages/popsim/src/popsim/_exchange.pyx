@@ -142,8 +142,8 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
     crosses to each other IPU once. Returns (rows, elements received, sent and copied locally per tile,
     elements sent or received over IPU-Links per IPU, whichever is larger)."""
     cdef Py_ssize_t n = index.shape[0], total = src_addr.shape[0], words = (num_ipus + 63) // 64
-    cdef Py_ssize_t i = 0, b, k, bad = -1
-    cdef offset_t e, u, st, dt, si, di, d, sa, da, top = 0
+    cdef Py_ssize_t i = 0, b, k, j, span, bad = -1
+    cdef offset_t e, u, st, dt, si, di, d, sa, da, top = 0, fresh
     cdef uint64_t bit
     if np.sum(dst_sizes) != n:
         raise ValueError(f"the destination's blocks hold {np.sum(dst_sizes)} elements, the index map {n}")
@@ -161,31 +161,39 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
         runs_open(&runs, &table[0, 0], itemsize)
     with nogil:
         for b in range(dst_base.shape[0]):
-            dt, d = dst_tile[b], dst_base[b]
-            for k in range(dst_sizes[b]):
+            dt, d, k = dst_tile[b], dst_base[b], 0
+            while k < dst_sizes[b]:
                 e, u = index[i], elements[i]
                 if not (0 <= e < total and 0 <= u < total):
                     bad = i
                     break
-                sa, da = src_addr[e], d + k * itemsize
-                runs_push(&runs, sa, da)  # rows beyond 2 GiB are refused below, before anyone sees them
-                top = max(top, sa, da)
-                st = src_tile[e]
-                i += 1
+                # A span: the destination block's next elements read consecutive source elements (and
+                # elements of tile memory) of one source tile at consecutive addresses; handled at once.
+                span = source_span(&index[0], &elements[0], &src_addr[0], &src_tile[0], i,
+                                   min(dst_sizes[b] - k, n - i), total, itemsize)
+                sa, da, st = src_addr[e], d + k * itemsize, src_tile[e]
+                runs_push_span(&runs, sa, da, span)  # rows beyond 2 GiB are refused below
+                top = max(top, sa + (span - 1) * itemsize, da + (span - 1) * itemsize)
+                i += span
+                k += span
                 if st == dt:
-                    lv[dt] += 1
+                    lv[dt] += span
                     continue
-                rv[dt] += 1
-                if not seen_v[u]:
-                    seen_v[u] = 1
-                    sv[st] += 1
+                rv[dt] += span
+                fresh = 0
+                for j in range(u, u + span):
+                    if not seen_v[j]:
+                        seen_v[j] = 1
+                        fresh += 1
+                sv[st] += fresh
                 si, di = st // tiles_per_ipu, dt // tiles_per_ipu
                 if si != di:
                     bit = (<uint64_t> 1) << (di % 64)
-                    if not reach[u, di // 64] & bit:
-                        reach[u, di // 64] |= bit
-                        lo[si] += 1
-                        li[di] += 1
+                    for j in range(u, u + span):
+                        if not reach[j, di // 64] & bit:
+                            reach[j, di // 64] |= bit
+                            lo[si] += 1
+                            li[di] += 1
             if bad >= 0:
                 break
     if bad >= 0:
@@ -195,6 +203,33 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
     if n:
         runs_close(&runs)
     return rows[:runs.count if n else 0].copy(), received, sent, local, np.maximum(link_out, link_in)
+
+
+cdef inline Py_ssize_t source_span(const offset_t* index, const offset_t* elements, const offset_t* src_addr,
+                                   const offset_t* src_tile, Py_ssize_t i, Py_ssize_t most, Py_ssize_t total,
+                                   offset_t itemsize) noexcept nogil:
+    """How many of the (at most ``most``) copy elements from ``i`` on read source elements e, e+1, ... (and
+    elements of tile memory u, u+1, ...) at consecutive addresses of one tile, e = index[i] being valid."""
+    cdef offset_t e = index[i], u = elements[i]
+    cdef Py_ssize_t span = 1
+    while span < most and e + span < total and u + span < total and index[i + span] == e + span \
+            and elements[i + span] == u + span and src_addr[e + span] == src_addr[e] + span * itemsize \
+            and src_tile[e + span] == src_tile[e]:
+        span += 1
+    return span
+
+
+cdef inline void runs_push_span(Runs* r, offset_t src, offset_t dst, Py_ssize_t span) noexcept nogil:
+    """``runs_push`` of the ``span`` element copies src + j * itemsize -> dst + j * itemsize: element by
+    element until the growing run holds the last one pushed with the element size as its stride, after which
+    every further element extends it."""
+    cdef Py_ssize_t j = 0
+    while j < span:
+        runs_push(r, src + j * r.itemsize, dst + j * r.itemsize)
+        j += 1
+        if r.size > 1 and r.stride == r.itemsize:
+            r.size += span - j
+            return
 
 
 def host_write(TileArena arena, const byte_t[::1] host, const offset_t[::1] host_offsets,

@@ -33,6 +33,17 @@ def elementwise_cycles(target, n, dtype, codelet):
     return expression_cycles(target, n, [(codelet, dtype)])
 
 
+# Worker cycles to step a 2D elementwise vertex (popops' BroadcastVectorInner2D, BroadcastScalar2D) to its next
+# row: its pointers and count (*estimate*).
+ROW_OVERHEAD = 4
+
+
+def row_cycles(target, rows):
+    """Cycles a 2D elementwise vertex adds for ``rows`` rows beyond its first (an integer or an array), the
+    rows shared over the workers."""
+    return target.workers * _ceil_div(rows, target.workers) * ROW_OVERHEAD
+
+
 def _ceil_div(a, b):
     """ceil(a / b) of integers, or elementwise of integer arrays (the estimators cost a batch of vertices)."""
     return -(-a // b)

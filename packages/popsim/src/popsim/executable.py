@@ -365,7 +365,7 @@ class Executable:
         return list(self._programs)
 
     def _write(self, tensor, blocks, array):
-        host = np.array(array, dtype=tensor.dtype.numpy, order="C").reshape(tensor.shape)
+        host = np.asarray(array, dtype=tensor.dtype.numpy, order="C").reshape(tensor.shape)  # copied just below
         _exchange.host_write(self.arena, host.reshape(-1).view(np.uint8), *blocks)
 
     def _read(self, tensor, blocks):

@@ -976,9 +976,9 @@ def _conv2d_im2col(lw, node, x, w, stride, padding, dilation, groups):
     _, _, oh, ow = win.shape[:4]
     a = np.arange(w.size).reshape(g, og, cg * kh * kw)
     b = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 2, 5, 6, 0, 3, 4).reshape(g, cg * kh * kw, n * oh * ow)
-    r = lw.matmul_index([w], a, [x], b, x.dtype)
-    index = np.arange(r.size).reshape(g, og, n, oh, ow).transpose(2, 0, 1, 3, 4)
-    return lw.gather(node.outputs[0].shape, x.dtype, [r], index, name="conv-out")
+    # The product is (G, Og, N*OH*OW); its partials go straight to the NCHW output.
+    order = np.arange(g * og * n * oh * ow).reshape(g, og, n, oh, ow).transpose(2, 0, 1, 3, 4)
+    return lw.matmul_index([w], a, [x], b, x.dtype, order=order.reshape(node.outputs[0].shape))
 
 
 @lowering("conv2d_grad_weight")
@@ -1011,9 +1011,9 @@ def _conv2d_grad_weight_matmul(lw, x, gy, weight_shape, stride, padding, dilatio
     win = window.windows(x.shape, (kh, kw), stride, padding, dilation)[:, :, :oh, :ow]
     a = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 2, 5, 6, 0, 3, 4).reshape(g, cg * kh * kw, n * oh * ow)
     b = np.arange(gy.size).reshape(n, g, og, oh, ow).transpose(1, 0, 3, 4, 2).reshape(g, n * oh * ow, og)
-    r = lw.matmul_index([x], a, [gy], b, x.dtype)  # (G, Cg*KH*KW, Og)
-    index = np.arange(r.size).reshape(g, cg, kh, kw, og).transpose(0, 4, 1, 2, 3)
-    return lw.gather(tuple(weight_shape), x.dtype, [r], index, name="conv-grad-weight-out")
+    # The product is (G, Cg*KH*KW, Og); its partials go straight to the weight's layout.
+    order = np.arange(g * cg * kh * kw * og).reshape(g, cg, kh, kw, og).transpose(0, 4, 1, 2, 3)
+    return lw.matmul_index([x], a, [gy], b, x.dtype, order=order.reshape(weight_shape))
 
 
 @lowering("conv2d_grad_input")
@@ -1046,9 +1046,9 @@ def _conv2d_grad_input_matmul(lw, gy, w, input_shape, stride, padding, dilation,
     src = window.transposed_windows(input_shape, gy.shape, (kh, kw), stride, padding, dilation)  # (N,H,W,O,KH,KW)
     a = np.arange(w.size).reshape(g, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(g, cg, og * kh * kw)
     b = src.reshape(n, h, wd, g, og, kh, kw).transpose(3, 4, 5, 6, 0, 1, 2).reshape(g, og * kh * kw, n * h * wd)
-    r = lw.matmul_index([w], a, [gy], b, gy.dtype)  # (G, Cg, N*H*W)
-    index = np.arange(r.size).reshape(g, cg, n, h, wd).transpose(2, 0, 1, 3, 4)
-    return lw.gather(tuple(input_shape), gy.dtype, [r], index, name="conv-grad-input-out")
+    # The product is (G, Cg, N*H*W); its partials go straight to the NCHW input gradient.
+    order = np.arange(g * cg * n * h * wd).reshape(g, cg, n, h, wd).transpose(2, 0, 1, 3, 4)
+    return lw.matmul_index([w], a, [gy], b, gy.dtype, order=order.reshape(input_shape))
 
 
 def _pool_windows(x, kernel, stride, padding, dilation, ceil_mode):

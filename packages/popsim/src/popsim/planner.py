@@ -13,7 +13,8 @@ import numpy as np
 
 from popir import DType
 from popsim import _opcodes as oc
-from popsim import cost
+from popsim import broadcast_rows, cost
+from popsim.device_graph import Regions
 from popsim.mapping import TileMapping
 from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
 
@@ -157,31 +158,38 @@ class Lowerer:
     def elementwise(self, codelet, inputs, shape, dtype, out=None):
         """``codelet`` (a name of _opcodes.UNARY_OPS or BINARY_OPS, or "where") over ``inputs`` (NumPy
         broadcasting), as one vertex per block of the output (a new tensor of ``shape`` and ``dtype``, or
-        ``out`` written in place); inputs are exchanged into the output's placement."""
+        ``out`` written in place), or per row of a block when an input is read by broadcast (``_vertex_rows``);
+        inputs are exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
-        m = out.mapping
-        tiles, slot = np.unique(m.tiles, return_inverse=True)
-        ins, scalars = self._operands(inputs, shape, m, tiles)
+        rows, fields, scalars = self._vertex_rows(out, inputs, "abc")
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
-        fields = self._fields(out, ins, "abc", scalars, slot)
-        n = m.stops - m.starts
-        cycles = cost.elementwise_cycles(self.target, n, work_dtype, codelet)
-        operands = [fields[name] for name in "abc"[: len(ins)]]
+        cycles = self._row_cycles(
+            out.mapping, rows, lambda n: cost.elementwise_cycles(self.target, n, work_dtype, codelet)
+        )
+        operands = [fields[name] for name in "abc"[: len(inputs)]]
+        n = rows.stops - rows.starts
         oc.elementwise(
-            self.dg.add_vertices, cs, codelet, m.tiles, n, cycles, operands=operands, out=fields["out"], scalars=scalars
+            self.dg.add_vertices,
+            cs,
+            codelet,
+            rows.tiles,
+            n,
+            cycles,
+            operands=operands,
+            out=fields["out"],
+            scalars=scalars,
         )
         return out
 
     def expression(self, steps, inputs, shape, dtype, out=None):
-        """Elementwise ops fused into one vertex per block of the output, as popops' map expressions: the
-        registers are the ``inputs`` (at most 6), then one per step; each step (codelet, registers read,
-        result dtype, operand dtype) rounds its result to its dtype, so the result is exactly that of the
-        separate ops. The last step's register is the result, written to a new tensor or ``out``."""
+        """Elementwise ops fused into one vertex per block of the output (or per row, as ``elementwise``), as
+        popops' map expressions: the registers are the ``inputs`` (at most 6), then one per step; each step
+        (codelet, registers read, result dtype, operand dtype) rounds its result to its dtype, so the result is
+        exactly that of the separate ops. The last step's register is the result, written to a new tensor or
+        ``out``."""
         out = self.new(shape, dtype) if out is None else out
-        m = out.mapping
-        tiles, slot = np.unique(m.tiles, return_inverse=True)
-        ins, scalars = self._operands(inputs, shape, m, tiles)
+        rows, fields, scalars = self._vertex_rows(out, inputs, oc.EXPR_FIELDS)
         program = np.zeros((1 + len(steps), oc.NCOLS), np.int64)
         head, op_row = oc.EXPR_HEAD, oc.EXPR_OP
         program[0, head["leaves"]] = len(inputs)
@@ -190,7 +198,6 @@ class Lowerer:
         program[0, head["out_dt"]] = oc.DTYPE_CODES[dtype.value]
         leaf_dt = head["leaf_dt"]
         program[0, leaf_dt : leaf_dt + len(inputs)] = [oc.DTYPE_CODES[x.dtype.value] for x in inputs]
-        program[0, head["scalars"]] = scalars
         program[0, head["float32"]] = all(x.dtype == DType.float32 for x in inputs) and all(
             codelet in oc.BINARY_FLOAT32_OPS and result == DType.float32 for codelet, _, result, _ in steps
         )
@@ -203,39 +210,92 @@ class Lowerer:
             row[op_row["integer"]] = operand == DType.int32
         ops = [(codelet, operand) for codelet, _, _, operand in steps]
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
-        fields = self._fields(out, ins, oc.EXPR_FIELDS, scalars, slot)
-        n = m.stops - m.starts
-        leaves = [fields[name] for name in oc.EXPR_FIELDS[: len(ins)]]
-        cycles = cost.expression_cycles(self.target, n, ops)
-        oc.expression(self.dg.add_vertices, cs, m.tiles, n, cycles, leaves=leaves, out=fields["out"], program=program)
+        cycles = self._row_cycles(out.mapping, rows, lambda n: cost.expression_cycles(self.target, n, ops))
+        n = rows.stops - rows.starts
+        # The scalars mask is the program's: one program per mask the rows use.
+        for mask in np.unique(scalars):
+            pick = np.flatnonzero(scalars == mask)
+            program[0, head["scalars"]] = mask
+            chosen = {name: Regions(r.tensor, r.starts[pick], r.stops[pick]) for name, r in fields.items()}
+            leaves = [chosen[name] for name in oc.EXPR_FIELDS[: len(inputs)]]
+            oc.expression(
+                self.dg.add_vertices, cs, rows.tiles[pick], n[pick], cycles[pick], leaves=leaves, out=chosen["out"],
+                program=program.copy(),
+            )  # fmt: skip
         return out
 
-    def _operands(self, inputs, shape, mapping, tiles):
-        """Inputs placed for vertices on ``mapping``'s blocks, and the bits of the scalar ones (a scalar goes
-        to each tile once and the vertices broadcast it)."""
-        ins, scalars = [], 0
-        for i, x in enumerate(inputs):
-            if x.size == 1 and mapping.size > 1:
-                ins.append(self._scalar_on_tiles(x, tiles))
-                scalars |= 1 << i
-            else:
-                ins.append(self.broadcast_like(x, shape, mapping))
-        return ins, scalars
+    def _vertex_rows(self, out, inputs, names):
+        """The vertices of an elementwise op writing ``out`` from ``inputs``: their rows (broadcast_rows.Rows),
+        each field's Regions (by ``names``, and "out") and each row's scalars mask.
 
-    @staticmethod
-    def _fields(out, ins, names, scalars, slot):
-        """The fields of one vertex per block of ``out``: each operand's same block, or a scalar operand's
-        copy on that block's tile (a scalar operand is (tensor, element of each tile's copy), ``slot`` the
-        tile of each block)."""
-        m = out.mapping
-        fields = {"out": out.regions(m.starts, m.stops)}
-        for i, (name, x) in enumerate(zip(names, ins)):
-            if scalars >> i & 1:
-                x, at = x
-                fields[name] = x.regions(at[slot], at[slot] + 1)
+        Same-shaped inputs are exchanged into the output's placement and read block by block. A scalar goes
+        to each tile once and the vertices broadcast it. An input broadcast over the output whose element by
+        element exchange would bring some element to a tile twice goes to each tile once too (the distinct
+        elements its vertices read), and the output's blocks are cut into rows over which it is read as a
+        contiguous slice or as one broadcast element: identical operands reach a tile once."""
+        m, shape = out.mapping, out.shape
+        tiles = np.unique(m.tiles)
+        placed, runs = [], []
+        for x in inputs:
+            if x.size == 1 and m.size > 1:
+                placed.append(("scalar", *self._scalar_on_tiles(x, tiles)))
+                continue
+            if x.shape != tuple(shape) and m.size:
+                g, constant = broadcast_rows.run_length(x.shape, shape)
+                index = np.broadcast_to(np.arange(x.size).reshape(x.shape), shape).reshape(-1)
+                if g >= broadcast_rows.MIN_ROW_ELEMENTS and broadcast_rows.may_repeat(g, constant, m):
+                    placed.append(("rows", x, index, constant))
+                    runs.append(g)
+                    continue
+            placed.append(("block", self.broadcast_like(x, shape, m)))
+        rows = broadcast_rows.cut_rows(m, runs)
+        copies = {
+            i: broadcast_rows.tile_copies(p[2], rows, p[1].size, p[3]) for i, p in enumerate(placed) if p[0] == "rows"
+        }
+        if copies and not self._rows_pay(m, rows, [(placed[i][1], c) for i, c in copies.items()]):
+            for i in copies:
+                placed[i] = ("block", self.broadcast_like(placed[i][1], shape, m))
+            rows, copies = broadcast_rows.cut_rows(m, []), {}
+        n = rows.stops - rows.starts
+        fields = {"out": out.regions(rows.starts, rows.stops)}
+        scalars = np.zeros(len(rows.starts), np.int64)
+        for i, (name, (form, x, *how)) in enumerate(zip(names, placed)):
+            if form == "block":
+                fields[name] = x.regions(rows.starts, rows.stops)
+                continue
+            if form == "scalar":
+                (at,) = how
+                at = at[np.searchsorted(tiles, rows.tiles)]
+                constant = True
             else:
-                fields[name] = x.regions(m.starts, m.stops)
-        return fields
+                c, constant = copies[i], how[1]
+                x = self.gather((c.index.size,), x.dtype, [x], c.index, c.mapping, name="broadcast")
+                at = c.at
+            fields[name] = x.regions(at, at + (1 if constant else n))
+            scalars |= int(constant) << i
+        return rows, fields, scalars
+
+    def _rows_pay(self, mapping, rows, broadcasts):
+        """Whether reading the ``broadcasts`` ((operand, its broadcast_rows.TileCopies)) in ``rows`` costs no
+        more cycles, by estimate, than exchanging them whole into the output's blocks: the busiest tile's
+        further row set-ups against the bytes the busiest receiver no longer receives, counted at
+        ``broadcast_rows.SAVING_SHARE`` (the phase's busiest tile may be another copy's)."""
+        extra = cost.row_cycles(self.target, np.bincount(rows.block, minlength=len(mapping.tiles)) - 1)
+        overhead = np.bincount(mapping.tiles, extra).max()
+        whole = np.bincount(mapping.tiles, mapping.stops - mapping.starts).max()
+        saved = sum((whole - c.mapping.tile_bytes(1)[1].max()) * x.itemsize for x, c in broadcasts)
+        return overhead * self.target.exchange_bytes_per_cycle <= saved * broadcast_rows.SAVING_SHARE
+
+    def _row_cycles(self, mapping, rows, block_cycles):
+        """Cycles of each row's vertex: a block's rows run as one vertex (popops' 2D vertices), costed as that
+        vertex over the whole block (``block_cycles`` of its element counts) plus a set-up per further row, all
+        on the block's first row."""
+        blocks = mapping.stops - mapping.starts
+        per_block = np.asarray(block_cycles(blocks), np.int64) + cost.row_cycles(
+            self.target, np.bincount(rows.block, minlength=blocks.size) - 1
+        )
+        first = np.r_[True, rows.block[1:] != rows.block[:-1]]
+        return np.where(first, per_block[rows.block], 0)
 
     def _scalar_on_tiles(self, x, tiles):
         """One copy of the scalar ``x`` on each of ``tiles``, for vertices that broadcast it, and the element
@@ -380,7 +440,7 @@ class Lowerer:
         return self.reduce_index(op, [x], index, shape, dtype or x.dtype, x.dtype)
 
     # -- matmul -----------------------------------------------------------------------------------
-    def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype):
+    def matmul_index(self, a_srcs, a_index, b_srcs, b_index, dtype, order=None):
         """R (B, M, N) = A @ B per batch, with A given as a (B, M, K) index map into ``a_srcs`` and B as a
         (B, K, N) map into ``b_srcs`` (-1: zero). The plan splits B, M, N and K over tiles; each tile
         receives its operand blocks by exchange, runs an AMP partial, and K-partials are reduced.
@@ -388,14 +448,18 @@ class Lowerer:
         The plan keeps its temporary memory within ``available_memory`` (the node's proportion of a tile).
         A plan depends only on the index maps, the dtype, that proportion and the sizes and tile mappings of
         the sources, so a repeated layer (same shapes, dtypes and placements) reuses the plan of its first
-        instance."""
+        instance.
+
+        ``order`` (an index map into R, of the shape wanted) arranges the result otherwise (a convolution's
+        NCHW output of its im2col product): its elements are gathered, or reduced, from the partials straight
+        into that arrangement, with no second exchange."""
         # The IPU whose tiles the plan uses, and the share of their memory it may take.
         where = (self.target.first_tile, self.target.num_tiles, self.available_memory, self.dither)
         key = (where, dtype, _sources_key(a_srcs), _sources_key(b_srcs), _index_key(a_index), _index_key(b_index))
         if key not in self._matmul_plans:
             self._matmul_plans[key] = self._plan_matmul(a_srcs, a_index, b_srcs, b_index, dtype)
         plan = self._matmul_plans[key]
-        return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan)
+        return self._matmul(*((b_srcs, a_srcs) if plan.transposed else (a_srcs, b_srcs)), dtype, plan, order)
 
     def _plan_matmul(self, a_srcs, a_index, b_srcs, b_index, dtype):
         (a_rows, a_cols), (b_rows, b_cols) = _runs_both_ways(a_srcs, a_index), _runs_both_ways(b_srcs, b_index)
@@ -406,75 +470,92 @@ class Lowerer:
         return self._matmul_layout(a_index, b_index, dtype, False)
 
     def _matmul_layout(self, a_index, b_index, dtype, transposed):
-        """The tile plan of a matmul and the index maps it gathers its operands and partials by."""
+        """The tile plan of a matmul and the index maps it gathers its operands and partials by. A task at the
+        edge of M, N or K runs its smaller block (the vertex's own m, k and n), so no zero padding is
+        exchanged to it. Tasks are laid out (and given tiles round the IPU) by their block sizes first, so
+        that the tasks of one size sit at regular strides and their operand copies stay few exchange rows."""
         nb_, m, k = a_index.shape
         n = b_index.shape[2]
         partial = self.partials_type if dtype == DType.float16 else DType.float32
         split = plan_matmul(self.target, nb_, m, n, k, dtype, partial, self.available_memory)
         gm, gn, gk, mb, nb, kb = split.gm, split.gn, split.gk, split.mb, split.nb, split.kb
         tasks = nb_ * gm * gn * gk
+        # Each task's own block sizes, task (b, i, j, kk) in that order: its rows of M, columns of N, share of K.
+        edge = [
+            np.minimum(block, size - block * np.arange(g)) for g, block, size in ((gm, mb, m), (gn, nb, n), (gk, kb, k))
+        ]
+        mi, nj, kk = (a.reshape(-1) for a in np.meshgrid(np.arange(nb_), *edge, indexing="ij")[1:])
+        order = np.argsort((mi < mb) * 4 + (nj < nb) * 2 + (kk < kb), kind="stable")  # slot -> task
+        slot = np.argsort(order)  # task -> slot
+        mi, nj, kk = mi[order], nj[order], kk[order]
         pa = np.full((nb_, gm * mb, gk * kb), -1, np.int64)
         pa[:, :m, :k] = a_index
         pb = np.full((nb_, gk * kb, gn * nb), -1, np.int64)
         pb[:, :k, :n] = b_index
+        ordered = np.unravel_index(order, (nb_, gm, gn, gk))
         a_blocks = pa.reshape(nb_, gm, mb, gk, kb).transpose(0, 1, 3, 2, 4)[:, :, None]
-        a_tasks = np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb)).reshape(-1)
+        a_tasks = _trimmed(np.broadcast_to(a_blocks, (nb_, gm, gn, gk, mb, kb))[ordered], mi, kk)
         b_blocks = pb.reshape(nb_, gk, kb, gn, nb).transpose(0, 3, 1, 2, 4)[:, None]
-        b_tasks = np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb)).reshape(-1)
+        b_tasks = _trimmed(np.broadcast_to(b_blocks, (nb_, gm, gn, gk, kb, nb))[ordered], kk, nj)
         tiles = self.task_tiles(tasks)
-        # Partials of output (b, i, j): P[b, i // mb, j // nb, kk, i % mb, j % nb] for each kk.
+        sizes = np.stack([mi, kk, nj], axis=1)
+        p_start = np.cumsum(mi * nj) - mi * nj
+        # Partials of output (b, i, j): task (b, i // mb, j // nb, kk)'s element (i % mb, j % nb), for each kk.
         bi, ii, jj = np.meshgrid(np.arange(nb_), np.arange(m), np.arange(n), indexing="ij")
-        task0 = ((bi * gm + ii // mb) * gn + jj // nb) * gk
-        q = ((task0[..., None] + np.arange(gk)) * mb + (ii % mb)[..., None]) * nb + (jj % nb)[..., None]
+        task = slot[(((bi * gm + ii // mb) * gn + jj // nb) * gk)[..., None] + np.arange(gk)]
+        q = p_start[task] + (ii % mb)[..., None] * nj[task] + (jj % nb)[..., None]
         shape = (nb_, n, m) if transposed else (nb_, m, n)
         q = (q.transpose(0, 2, 1, 3) if transposed else q).reshape(-1, gk)
-        return _MatmulLayout(transposed, split, tiles, a_tasks, b_tasks, q, shape, partial)
+        return _MatmulLayout(transposed, split, tiles, sizes, a_tasks, b_tasks, q, shape, partial)
 
-    def _matmul(self, a_srcs, b_srcs, dtype, plan):
-        split, tiles, tasks = plan.split, plan.tiles, len(plan.tiles)
-        mb, nb, kb = split.mb, split.nb, split.kb
-        a_t = self.gather(
-            (tasks, mb, kb),
-            dtype,
-            a_srcs,
-            plan.a_tasks,
-            TileMapping.on_tiles(np.full(tasks, mb * kb), tiles),
-            name="matmul-lhs",
-        )
-        b_t = self.gather(
-            (tasks, kb, nb),
-            dtype,
-            b_srcs,
-            plan.b_tasks,
-            TileMapping.on_tiles(np.full(tasks, kb * nb), tiles),
-            name="matmul-rhs",
-        )
-        p = self.new((tasks, mb, nb), plan.partial, TileMapping.on_tiles(np.full(tasks, mb * nb), tiles))
+    def _matmul(self, a_srcs, b_srcs, dtype, plan, order=None):
+        tiles = plan.tiles
+        mi, kk, nj = plan.sizes.T
+        a_t = self._task_blocks(a_srcs, plan.a_tasks, mi * kk, tiles, dtype, "matmul-lhs")
+        b_t = self._task_blocks(b_srcs, plan.b_tasks, kk * nj, tiles, dtype, "matmul-rhs")
+        p = self._task_blocks(None, None, mi * nj, tiles, plan.partial)
         cs = self.dg.add_compute_set("matmul")
-        cycles = cost.amp_cycles(self.target, mb, kb, nb, dtype)
-        t = np.arange(tasks)
-        lhs = a_t.regions(t * mb * kb, (t + 1) * mb * kb)
-        rhs = b_t.regions(t * kb * nb, (t + 1) * kb * nb)
-        out = p.regions(t * mb * nb, (t + 1) * mb * nb)
-        oc.matmul(self.dg.add_vertices, cs, tiles, nb, cycles, lhs=lhs, rhs=rhs, out=out, m=mb, k=kb)
-        if split.gk == 1 and dtype == plan.partial:
-            return self.gather(plan.shape, dtype, [p], plan.q)
-        return self.reduce_index("sum", [p], plan.q, plan.shape, dtype, plan.partial)
+        cycles = cost.amp_cycles(self.target, mi, kk, nj, dtype)
+        lhs, rhs, out = (x.regions(x.mapping.starts, x.mapping.stops) for x in (a_t, b_t, p))
+        oc.matmul(self.dg.add_vertices, cs, tiles, nj, cycles, lhs=lhs, rhs=rhs, out=out, m=mi, k=kk)
+        q, shape = plan.q, plan.shape
+        if order is not None:
+            q, shape = q[np.asarray(order, np.int64).reshape(-1)], np.shape(order)
+        if plan.split.gk == 1 and dtype == plan.partial:
+            return self.gather(shape, dtype, [p], q)
+        return self.reduce_index("sum", [p], q, shape, dtype, plan.partial)
+
+    def _task_blocks(self, srcs, index, sizes, tiles, dtype, name=None):
+        """One block per matmul task (``sizes`` elements on ``tiles``): gathered from ``srcs`` by ``index``,
+        else new (for the vertices to write)."""
+        mapping = TileMapping.on_tiles(sizes, tiles)
+        if srcs is None:
+            return self.new((mapping.size,), dtype, mapping)
+        return self.gather((mapping.size,), dtype, srcs, index, mapping, name=name)
 
 
 class _MatmulLayout(NamedTuple):
-    """A matmul's plan: whether it runs transposed, its split, the tile of each task, the index maps of the
-    operand and partial gathers (into the operands' sources and into the partials), the result's shape and
-    the partials' dtype."""
+    """A matmul's plan: whether it runs transposed, its split, the tile of each task and its (m, k, n) block
+    sizes, the index maps of the operand and partial gathers (into the operands' sources and into the
+    partials), the result's shape and the partials' dtype."""
 
     transposed: bool
     split: object
     tiles: np.ndarray
+    sizes: np.ndarray
     a_tasks: np.ndarray
     b_tasks: np.ndarray
     q: np.ndarray
     shape: tuple
     partial: DType
+
+
+def _trimmed(blocks, rows, cols):
+    """The (tasks, R, C) ``blocks``, each cut to its task's ``rows`` x ``cols`` (equal over runs of tasks, as
+    a matmul lays its tasks out), flattened task after task."""
+    cut = np.flatnonzero((np.diff(rows) != 0) | (np.diff(cols) != 0)) + 1
+    bounds = np.r_[0, cut, len(rows)]
+    return np.concatenate([blocks[a:b, : rows[a], : cols[a]].reshape(-1) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def _sources_key(srcs):

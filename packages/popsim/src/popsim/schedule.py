@@ -479,11 +479,13 @@ def run_stretches(program, target, replica):
     consecutive steps with the same key (stage, pass, ipu, lanes, transfer; stage None for steps of no
     stage), with their syncs."""
     stretches = []
+    sync, plain = target.bsp_sync_cycles, _step_key({}, replica)
     for step in program["steps"]:
-        key = _step_key(step, replica)
+        # Most steps hold nothing beside compute tiles: their key needs no work (one call runs this per step).
+        key = _step_key(step, replica) if "stage" in step or "transfer" in step else plain
         if not stretches or stretches[-1][0] != key:
             stretches.append([key, 0])
-        stretches[-1][1] += step["cycles"] + target.bsp_sync_cycles
+        stretches[-1][1] += step["cycles"] + sync
     return [tuple(stretch) for stretch in stretches]
 
 

@@ -28,7 +28,6 @@ import torch.export.exported_program as _exported_program
 _COMPOSITE = "CompositeImplicitAutograd"
 # The modules whose ``_collect_all_valid_cia_ops`` export calls (each imported it by name).
 _USERS = (_exported_program, _decomp_utils)
-_collect_cia_ops = _exported_program._collect_all_valid_cia_ops  # torch's own walk
 _split_table = _exported_program._split_decomp_table_to_cia_and_python_decomp  # torch's own split
 # Torch's stand-in for an operator without a Python composite kernel of its own (aten.linear has none).
 _OWN_KERNEL = _export_utils._get_decomp_for_cia(torch.ops.aten.linear.default)
@@ -43,10 +42,36 @@ def _fingerprint():
     return tuple(sorted(registrations)), tuple(sorted(torch.ops._dir))
 
 
+def _collect_cia_ops():
+    """The set torch's ``_collect_all_valid_cia_ops`` returns, without its walk over every operator of every
+    namespace (which materialises each overload of each operator: about 0.2 s of a process's first capture).
+    An operator is composite when the dispatcher holds a C++ composite kernel for it, which the dispatcher
+    lists by name, or when Python registered one on its overload object, which only an overload already
+    looked up can hold; of those, torch keeps the ones it may preserve."""
+    ops = {_overload(name) for name in torch._C._dispatch_get_registrations_for_dispatch_key(_COMPOSITE)}
+    python_kernel = torch._C.DispatchKey.CompositeImplicitAutograd
+    for namespace in list(torch.ops):
+        operators = getattr(torch.ops, namespace)
+        if not isinstance(operators, torch._ops._OpNamespace):
+            continue
+        for packet in [getattr(operators, name) for name in list(operators)]:
+            looked_up = [getattr(packet, name) for name in list(packet._dir)]
+            ops.update(op for op in looked_up if python_kernel in op.py_kernels)
+    return {op for op in ops if _export_utils._is_preservable_cia_op(op)}
+
+
+def _overload(qualified):
+    """The OpOverload a dispatcher name ("aten::add.Tensor", "aten::relu") names; looking it up adds its
+    namespace to ``torch.ops`` as torch's walk does."""
+    namespace, name = qualified.split("::")
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
 def _cached_cia_ops():
-    """(fingerprint, torch's set of composite operators). Torch's walk itself looks up every namespace the
-    dispatcher names, which adds them to ``torch.ops``: the set is kept under the fingerprint after the walk
-    too, so the next capture finds it."""
+    """(fingerprint, torch's set of composite operators). Looking up the operators adds the namespaces the
+    dispatcher names to ``torch.ops``: the set is kept under the fingerprint after the lookup too, so the
+    next capture finds it."""
     fingerprint = _fingerprint()
     if fingerprint not in _cia_ops:
         ops = frozenset(_collect_cia_ops())
@@ -61,15 +86,19 @@ def composite_ops_cached():
     """Within the block torch.export reads its set of composite operators from the cache (one dispatcher query
     instead of a walk per namespace); returns a function giving the decomposition table without some ops."""
     fingerprint, ops = _cached_cia_ops()
+    aten = frozenset(op for op in ops if _export_utils._is_aten_op(op))
     saved = [module._collect_all_valid_cia_ops for module in _USERS]
+    saved_aten = _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace  # default_decompositions' walk
     for module in _USERS:
         module._collect_all_valid_cia_ops = lambda: set(ops)  # callers may change their copy
+    _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace = lambda: set(aten)
     _exported_program._split_decomp_table_to_cia_and_python_decomp = _split_overriding_only_what_changes
     try:
         yield lambda dropped: _table(fingerprint, dropped)
     finally:
         for module, original in zip(_USERS, saved):
             module._collect_all_valid_cia_ops = original
+        _decomp_utils._collect_all_valid_cia_ops_for_aten_namespace = saved_aten
         _exported_program._split_decomp_table_to_cia_and_python_decomp = _split_table
 
 

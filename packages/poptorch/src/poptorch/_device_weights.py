@@ -39,6 +39,8 @@ class DeviceWeights:
         self.exe = exe
         variables = set(exe.variables)
         self.tensors = {name: t for name, t in captured.tensors.items() if name in variables}
+        # Each tensor's coherence Record, looked up once: a Record lives as long as its tensor, which this holds.
+        self.records = {name: _weights.record(t) for name, t in self.tensors.items()}
         updated = {state.name for graph in programs.graphs.values() for state in graph.updates}
         updated.update(programs.sharded)  # the host joins the replicas' updated shards (ShardedState)
         self.updated = [name for name in self.tensors if name in updated]
@@ -78,7 +80,7 @@ class DeviceWeights:
         """Before a run: take host edits and other devices' newer values into account, upload what is stale."""
         stale = []
         for name, tensor in self.tensors.items():
-            record = _weights.record(tensor)
+            record = self.records[name]
             version = _weights.version_of(tensor)
             if version != record.version:
                 if record.holder is not None:
@@ -98,7 +100,7 @@ class DeviceWeights:
     def after_run(self, trained):
         """The device computed new values of the updated tensors (and of the optimizer state if ``trained``)."""
         for name in self.updated:
-            self.generations[name] = _weights.record(self.tensors[name]).device_updated(self)
+            self.generations[name] = self.records[name].device_updated(self)
         if trained and self.optimizer is not None and self.slots:
             self.opt_generation = _weights.optimizer_record(self.optimizer).device_updated(self)
         if trained and self.has_scale_factor and self.optimizer is not None:
@@ -117,7 +119,7 @@ class DeviceWeights:
         """Copy every value this device holds newer than the host back into the host tensors and optimizer."""
         with torch.no_grad():
             for name, tensor in self.tensors.items():
-                record = _weights.record(tensor)
+                record = self.records[name]
                 if record.holder is self:
                     value = torch.from_numpy(self._read_value(name)).to(tensor.dtype)
                     if name in self.grouped.all_replicas:  # the host tensor takes every replica's value
@@ -139,7 +141,7 @@ class DeviceWeights:
         """Write the host values of the tensors ``names`` to the device."""
         for name in names:
             tensor = self.tensors[name]
-            record = _weights.record(tensor)
+            record = self.records[name]
             holder = record.holder
             if holder is not None and holder is not self:
                 holder.download()

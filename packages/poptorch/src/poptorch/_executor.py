@@ -161,8 +161,9 @@ def _kind(training):
 
 
 def _host_tensor(array, dtype):
-    """A device result as a torch tensor (int64 comes back as int32, float64 as float32)."""
-    tensor = torch.from_numpy(np.array(array, order="C"))
+    """A device result (an array this call owns) as a torch tensor (int64 comes back as int32, float64 as
+    float32)."""
+    tensor = torch.from_numpy(np.asarray(array, order="C"))
     return tensor.to(_HOST_DTYPES.get(dtype, dtype))
 
 
@@ -222,6 +223,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._attached = False
         self._compiled_inputs = None
         self._cycles = None
+        self._timed_call = None  # (CallRuns, its cycles) of the latest call
         self._host_write_cycles = 0  # hyper-parameters setOptimizer wrote since the last call, costed in the next
         self._perf = None
         self._from_cache = False
@@ -329,6 +331,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             exe.profile.programs[programs.micro_batch]["io_tiles"] = io_tiles
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops
         self._captured, self._programs, self._exe = captured, programs, exe
+        graph = programs.graphs[programs.micro_batch]
+        self._input_dtypes = [graph.input(name).dtype.numpy for name in captured.input_names]  # each run's feeds
         distributed = self._training and self._options.Distributed.numProcesses > 1
         self._shared_gradients = _training.summed_over_processes(programs) if distributed else []
         self._all_reduce_cycles = _replication.all_reduce_cycles(
@@ -421,20 +425,15 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
 
     # -- arguments ------------------------------------------------------------------------------
     def _check_arguments(self, args, kwargs):
-        params = _forward_parameters(self._model)
-        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        unexpected = [k for k in kwargs if k not in params and not takes_kwargs]
+        forward = _forward_of(self._model)
+        unexpected = [k for k in kwargs if k not in forward.parameters and not forward.takes_kwargs]
         if unexpected:
             raise Error(f"Unexpected arguments: {', '.join(unexpected)}.")
-        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if not any(p.kind == p.VAR_POSITIONAL for p in params.values()) and len(args) > len(positional):
+        positional = forward.positional
+        if not forward.takes_varargs and len(args) > len(positional):
             raise Error(f"Too many positional arguments: forward takes {len(positional)}, got {len(args)}.")
-        given = {p.name for p in positional[: len(args)]} | set(kwargs)
-        missing = [
-            p.name
-            for p in params.values()
-            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in given
-        ]
+        given = {*positional[: len(args)], *kwargs}
+        missing = [name for name in forward.required if name not in given]
         if missing:
             raise Error(f"Missing arguments: {', '.join(missing)}.")
         for value in pytree.tree_leaves((args, kwargs)):
@@ -516,10 +515,11 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
         self._device.grouped.check_unchanged(self.per_replica_params)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         feeds_by_name = {}
-        for name, tensor in zip(captured.input_names, tensors):
+        for name, tensor, dtype in zip(captured.input_names, tensors, self._input_dtypes):
             check_input(name, tensor, captured.index_bounds.get(name, ()))
-            dtype = self._programs.graphs[self._programs.micro_batch].input(name).dtype.numpy
-            feeds_by_name[name] = layout.split(name, np.array(tensor.detach().numpy(), dtype=dtype, order="C"))
+            # A view of the user's tensor when it already has the device's dtype and layout: each run's feed
+            # is copied onto the device before the call returns.
+            feeds_by_name[name] = layout.split(name, np.asarray(tensor.detach().numpy(), dtype=dtype, order="C"))
         synthetic = self._options.enable_synthetic_data
         if synthetic:
             feeds_by_name = _synthetic_data.inputs(feeds_by_name, self._options.random_seed)
@@ -564,7 +564,7 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             ):
                 for index, (d, a, r) in enumerate(batches):
                     start = time.time()
-                    feeds = {name: np.array(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
+                    feeds = {name: np.asarray(split[d, a, r], order="C") for name, split in feeds_by_name.items()}
                     _append_time(perf, ("input",), start)
                     _append_time(perf, ("input_complete",), time.time())
                     ran = index + 1
@@ -573,8 +573,8 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
                     run_cycles.append(exe.last_run_cycles or 0)
                     micro_batch_cycles.append(run_cycles[-1])
                     _append_time(perf, ("output",), time.time())
-                    for name, value in result.items():
-                        per_output.setdefault(name, []).append(np.array(value))
+                    for name, value in result.items():  # arrays the run returned for this call alone
+                        per_output.setdefault(name, []).append(np.asarray(value))
                     _append_time(perf, ("output_complete",), time.time())
                     if ran % runs_per_step == 0:
                         if self._shared_gradients:
@@ -612,12 +612,19 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             self._training and layout.ga > 1,
             self._host_write_cycles,
         )
-        self._cycles = _call_timeline.call_cycles(
-            exe, programs, self._multi_ipu, self._options, self._overlapped_io, call
-        )
+        self._cycles = self._call_cycles(call)
         self._host_write_cycles = 0
         _executor_api.record_run(self, run_cycles, feeds, result)
         return per_output
+
+    def _call_cycles(self, call):
+        """The cycles of ``call`` on its timeline (``_call_timeline.call_cycles``), laid out again only when
+        its runs or their cycles differ from the previous call's: the layout and the profile entries it
+        writes depend on nothing else that can change after compiling."""
+        if self._timed_call is None or self._timed_call[0] != call:
+            args = (self._exe, self._programs, self._multi_ipu, self._options, self._overlapped_io, call)
+            self._timed_call = (call, _call_timeline.call_cycles(*args))
+        return self._timed_call[1]
 
     # -- weights --------------------------------------------------------------------------------
     def copyWeightsToDevice(self):
@@ -785,14 +792,35 @@ def _run_on_device(exe, feeds, program, graph=None):
 _SIGNATURES = weakref.WeakKeyDictionary()
 
 
-def _forward_parameters(model):
-    """The parameters of ``model.forward``'s signature, computed once per forward function."""
+class _Forward:
+    """``model.forward``'s signature and what each call's argument check needs of it."""
+
+    def __init__(self, forward):
+        self.signature = inspect.signature(forward)
+        params = self.parameters = self.signature.parameters
+        self.takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        self.takes_varargs = any(p.kind == p.VAR_POSITIONAL for p in params.values())
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.positional = [p.name for p in params.values() if p.kind in kinds]
+        self.only_positional = len(self.positional) == len(params)  # no *args, keyword-only or **kwargs
+        self.required = [
+            p.name for p in params.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+
+
+def _forward_of(model):
+    """``_Forward`` of ``model.forward``, computed once per forward function."""
     forward = model.forward
     key = getattr(forward, "__func__", forward)
     cached = _SIGNATURES.get(key)
     if cached is None:
-        cached = _SIGNATURES[key] = inspect.signature(forward).parameters
+        cached = _SIGNATURES[key] = _Forward(forward)
     return cached
+
+
+def _forward_parameters(model):
+    """The parameters of ``model.forward``'s signature."""
+    return _forward_of(model).parameters
 
 
 def _bind_positionally(model, args, kwargs):
@@ -800,8 +828,11 @@ def _bind_positionally(model, args, kwargs):
     left out given its default, so passing an argument by keyword or by position, or leaving an optional one
     at its default or passing that default (``None``), is one and the same call, as PopTorch's argument
     parser makes it."""
+    forward = _forward_of(model)
+    if not kwargs and forward.only_positional and len(args) == len(forward.positional):
+        return args, kwargs  # already bound: every argument given by position
     try:
-        bound = inspect.Signature(list(_forward_parameters(model).values())).bind(*args, **kwargs)
+        bound = forward.signature.bind(*args, **kwargs)
     except TypeError:
         return args, kwargs  # _check_arguments has reported what it can; let the call go on as given
     bound.apply_defaults()

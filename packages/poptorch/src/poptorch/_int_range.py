@@ -40,7 +40,7 @@ def check_input(name, tensor, bounds=()):
     """Raise ``poptorch.Error`` if integer input ``name`` does not fit int32 or breaks one of its ``bounds``."""
     if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.numel() == 0:
         return
-    low, high = int(tensor.min()), int(tensor.max())
+    low, high = (int(v) for v in torch.aminmax(tensor))
     if low < _INT32.min or high > _INT32.max:
         bad = low if low < _INT32.min else high
         raise Error(
@@ -48,6 +48,8 @@ def check_input(name, tensor, bounds=()):
             f"as int32; valid range {_INT32.min}..{_INT32.max}). Bring the values into range before the call."
         )
     for bound in bounds:
+        if bound.low <= low and high < bound.high:
+            continue  # every value is in range: no per-element check needed
         values = tensor.detach().reshape(-1).numpy()
         outside = (values < bound.low) | (values >= bound.high)
         if bound.allowed:
