@@ -37,6 +37,8 @@ def copy_volume(flattener, step, rows):
     padding = padding[step.index]
     m = step.dst.storage.mapping
     dst_tile = np.repeat(m.tiles, m.stops - m.starts)
+    if step.dst_elements is not None:  # a copy into some elements only (a pad's interior)
+        dst_tile = dst_tile[step.dst_elements]
     if step.dst.storage is not step.dst:
         raise NotImplementedError("a Copy into an alias: count it from its storage's view")
     elements = popsim_program._storage_elements(step)

@@ -494,8 +494,16 @@ def _slice_update(lw, node, x, update, **attrs):
 
 @lowering("pad")
 def _pad(lw, node, x, pads, value=0.0):
+    """As popops' pad: the border written by Fill vertices on the tiles holding it (no constant exchanged),
+    the interior copied from ``x``."""
     index = np.pad(np.arange(x.size).reshape(x.shape), pads, constant_values=-1)
-    return lw.gather(index.shape, x.dtype, [x], index, fill=value, name="pad")
+    out = lw.new(index.shape, x.dtype)
+    flat = index.reshape(-1)
+    border = flat < 0
+    lw.fill_elements(out, np.flatnonzero(border), value)
+    interior = np.flatnonzero(~border)
+    lw.dg.add_copy("pad", out, [x], flat[interior], dst_elements=interior)
+    return out
 
 
 # -- reductions ------------------------------------------------------------------------------------

@@ -366,6 +366,24 @@ class Lowerer:
         oc.fill(self.dg.add_vertices, cs, m.tiles, n, cycles, out=out.regions(m.starts, m.stops), value=value)
         return out
 
+    def fill_elements(self, out, elements, value):
+        """Fill vertices writing ``value`` into the existing ``out``'s ``elements`` (ascending) on the tiles
+        that hold them, one vertex per contiguous run on a tile: nothing crosses the exchange."""
+        elements = np.asarray(elements, np.int64)
+        if not elements.size:
+            return
+        m = out.mapping
+        block = np.searchsorted(m.starts, elements, side="right") - 1
+        breaks = np.flatnonzero((np.diff(elements) != 1) | (np.diff(block) != 0)) + 1
+        firsts = np.concatenate(([0], breaks))
+        lasts = np.concatenate((breaks, [elements.size])) - 1
+        starts, stops = elements[firsts], elements[lasts] + 1
+        n = stops - starts
+        cycles = cost.elementwise_cycles(self.target, n, out.dtype, "fill")
+        cs = self.dg.add_compute_set("fill")
+        tiles = m.tiles[block[firsts]]
+        oc.fill(self.dg.add_vertices, cs, tiles, n, cycles, out=out.regions(starts, stops), value=value)
+
     # -- reductions -------------------------------------------------------------------------------
     def reduce_index(self, op, srcs, index, shape, dtype, src_dtype):
         """out (``shape``, R elements) [r] = op over the G source elements ``index[r]`` (an (R, G) map).
