@@ -49,11 +49,16 @@ def _plan_cycles(target, batch, m, n, gk, mb, nb, kb, dtype, per_tile, partials)
     cycles = np.where(reduced, 4, 3) * target.bsp_sync_cycles + per_tile * cost.amp_cycles(target, mb, kb, nb, dtype)
     # Each contiguous operand row received is one exchange region with its own setup cycles.
     cycles += cost.exchange_cycles(target, per_tile * operand_bytes) + per_tile * (mb + kb)
-    rows = math.ceil(batch * m * n / target.num_tiles)
+    return cycles + result_cycles(target, math.ceil(batch * m * n / target.num_tiles), gk, reduced, partials)
+
+
+def result_cycles(target, rows, gk, reduced, partials):
+    """Estimated cycles to bring a matmul's result to ``rows`` elements on its busiest tile: the ``gk``
+    partials of each gathered and reduced when ``reduced``, else the result gathered."""
     reduction = cost.exchange_cycles(target, rows * gk * partials.itemsize) + cost.reduce_cycles(
         target, rows, gk, partials
     )
-    return cycles + np.where(reduced, reduction, cost.exchange_cycles(target, rows * 4))
+    return np.where(reduced, reduction, cost.exchange_cycles(target, rows * 4))
 
 
 def result_rows(target, size, itemsize):
