@@ -284,6 +284,11 @@ def _pipeline_stage(stages, stage, direction):
     return k if direction == "forward" else 2 * len(stages) - 2 - k
 
 
+def _stream_label(stream):
+    """The timeline label of a Stream's interval: its tensor and direction ("in" to the device, else "out")."""
+    return {"tensor": stream.name, "stream": "in" if stream.to_device else "out"}
+
+
 def _placed_streams(streams, stages, keep_unplaced=False):
     """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages`` (and, if
     ``keep_unplaced``, of each other one, with stage and pass None)."""
@@ -507,10 +512,10 @@ def stream_stretches(stretches, streams, replica):
     first = {key[:2]: i for i, (key, *_) in reversed(list(enumerate(stretches)))}
     before, after = {}, {}  # stretch index -> the stream stretches placed before / after it
     for stream in _placed_streams(streams, sorted(ipu_of), keep_unplaced=True):
-        unit, direction = (stream.stage, stream.direction), "in" if stream.to_device else "out"
+        unit = (stream.stage, stream.direction)
         placed = stream.stage is not None and unit in where
         key = (stream.stage, stream.direction, ipu_of[stream.stage]) if placed else (None, None, None)
-        entry = ((*key, link, HOST_TRANSFER), stream.cycles, {"tensor": stream.name, "stream": direction})
+        entry = ((*key, link, HOST_TRANSFER), stream.cycles, _stream_label(stream))
         if stream.to_device:
             before.setdefault(first[unit] if placed else 0, []).append(entry)
         else:
@@ -652,9 +657,9 @@ def _pass_pieces(schedule, stage, direction):
     if (stage, direction) in schedule.pieces:
         pieces = [(kind, cycles, {}) for kind, cycles in schedule.pieces[(stage, direction)]]
     return [
-        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, True)),
+        *((HOST_TRANSFER, s.cycles, _stream_label(s)) for s in schedule.streams_of(stage, direction, True)),
         *pieces,
-        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, False)),
+        *((HOST_TRANSFER, s.cycles, _stream_label(s)) for s in schedule.streams_of(stage, direction, False)),
     ]
 
 
