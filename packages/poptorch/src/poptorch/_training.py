@@ -204,23 +204,36 @@ def _reset_accumulators(apply, resets):
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):
     """Automatic loss scaling over a step's micro-batches (as PopART accumulates its histograms): each counts
-    its large gradient elements into a variable the step reads and resets. Replicas run as micro-batches of
-    the shared count and processes sum it with the accumulators, so every replica takes the same decision
-    from the counts over all ``micro_batches`` (of every replica and process)."""
-    large, elements = builder.count_large_gradients(grads)
-    count = graph.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
-    initial[LARGE_COUNT] = np.zeros((), dtype=np.float32)
-    graph.update(count, count + large)
-    step_count = apply.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
-    apply.update(step_count, apply.constant(np.float32(0)))
-    return step_count, elements * micro_batches
+    its large gradient elements into variables the step reads and resets, one per placement of the tracked
+    gradients, counted and reset on its own IPU, so only the step's sum of them crosses an IPU-Link. Replicas
+    run as micro-batches of the shared counts and processes sum them with the accumulators, so every replica
+    takes the same decision from the counts over all ``micro_batches`` (of every replica and process)."""
+    larges, elements = builder.count_large_gradients_by_placement(grads)
+    total = None
+    for placement, large in larges.items():
+        name = large_count_name(placement)
+        count = graph.add_input(name, (), "float32", kind="optimizer_state")
+        initial[name] = np.zeros((), dtype=np.float32)
+        with graph.placed(placement):
+            graph.update(count, count + large)
+        step_count = apply.add_input(name, (), "float32", kind="optimizer_state")
+        total = step_count if total is None else total + step_count
+        with apply.placed(placement):
+            apply.update(step_count, apply.constant(np.float32(0)))
+    return total, elements * micro_batches
+
+
+def large_count_name(placement):
+    """Device variable counting automatic loss scaling's large gradient elements produced on ``placement``
+    (None in a model without blocks)."""
+    return LARGE_COUNT if placement is None else f"{LARGE_COUNT}.stage{placement[0]}.ipu{placement[1]}"
 
 
 def summed_over_processes(programs):
     """The device variables the processes sum between ``accumulate`` and ``apply``: the gradient
     accumulators and automatic loss scaling's count of large gradient elements."""
     names = [accumulator_name(name) for name in programs.trained]
-    return names + [LARGE_COUNT] if LARGE_COUNT in programs.initial else names
+    return names + [name for name in programs.initial if name.startswith(LARGE_COUNT)]
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):
