@@ -77,3 +77,36 @@ def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_lo
     # The zeros are written straight into each accumulator: the step holds no temporary of a weight's size.
     assert max(apply["memory_by_category"]["temporaries"]) < WEIGHT_BYTES_PER_TILE
     trained.destroy()
+
+
+def test_running_mean_counts_its_micro_batches_on_each_ipu_with_no_link_traffic(monkeypatch):
+    # PopART keeps one Running-mean counter per IPU and pipeline stage, beside the accumulators that read it:
+    # the count is made, read and reset on its own IPU (a single count used to be broadcast over the IPU-Link
+    # every micro-batch).
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    torch.manual_seed(0)
+    reference = Net(blocks=False)
+    eager_optimizer = _sgd(reference)
+    torch.manual_seed(0)
+    model = Net(blocks=True)
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(poptorch.PipelinedExecution())
+    opts.outputMode(poptorch.OutputMode.All)
+    opts.Training.gradientAccumulation(ACCUMULATION)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
+    trained = poptorch.trainingModel(model, opts, _sgd(model))
+    for _ in range(STEPS):
+        loss = trained(x, y)[1].mean()
+        eager_optimizer.zero_grad()
+        expected = reference(x, y)[1]
+        expected.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+        for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    programs = trained.profile.programs
+    crossing = [s for s in programs["accumulate"]["steps"] if s.get("busiest_link_bytes", 0)]
+    # Only the activation into IPU 1 and its gradient back to IPU 0 cross: no optimizer work does.
+    assert sorted(s["origin"]["role"] for s in crossing) == ["backward", "forward"]
+    assert all(s.get("busiest_link_bytes", 0) == 0 for s in programs["apply"]["steps"])
+    trained.destroy()

@@ -364,3 +364,29 @@ def test_the_factor_starts_at_one_when_compiled_and_carries_over_to_a_new_optimi
     assert _factor(replacement) == 2.0
     training(x)
     assert _factor(replacement) == 4.0
+
+
+def test_each_ipu_counts_its_own_large_gradient_elements_in_a_pipeline():
+    # As PopART's histograms, each IPU counts the large elements of the gradients it produces into a count of
+    # its own, reset on that IPU: only the step's sum of the counts crosses an IPU-Link, not every
+    # micro-batch's.
+    torch.manual_seed(0)
+    model = HalfNet(4.0)
+    reference = copy.deepcopy(model)
+    model.net[2] = poptorch.BeginBlock(model.net[2], ipu_id=1)
+    micro_batches, steps = 3, 3  # two pipeline stages need 2 x 2 - 1 micro-batches
+    x = torch.randn(3 * micro_batches, 4).half()
+    opts = _opts().setExecutionStrategy(poptorch.PipelinedExecution())
+    opts.Training.gradientAccumulation(micro_batches)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    scales = []
+    for _ in range(steps):
+        training(x)
+        scales.append(4096.0 * _factor(optimizer))
+    training.copyWeightsToHost()
+    assert scales == _reference_accumulated(reference, x.chunk(micro_batches), 4096.0, steps)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    crossing = [s for s in training.profile.programs["accumulate"]["steps"] if s.get("busiest_link_bytes", 0)]
+    assert sorted(s["origin"]["role"] for s in crossing) == ["backward", "forward"]

@@ -294,3 +294,48 @@ def test_the_guides_phased_examples_run_each_phase_on_its_ipus():
     )
     placed = _phased([None] * 6, parallel, (0, 2), (1, 3), (0, 2))
     assert placed == [(0, 0), (0, 2), (1, 1), (1, 3), (2, 0), (2, 2)]
+
+
+class _Prelude(torch.nn.Module):
+    """An op before the first block (as GPT-2's input_ids reshape), then linear layers, the i-th beginning a
+    block on IPU ``ipus[i]``."""
+
+    def __init__(self, *ipus):
+        super().__init__()
+        self.layers = _staged(*ipus)
+
+    def forward(self, x):
+        return self.layers(x * 2.0)
+
+
+def _stages(executor, program):
+    return sorted({stage for stage, _ in _placements(executor, program)})
+
+
+@pytest.mark.parametrize(
+    ("auto_stage", "ipus", "stages"),
+    [
+        # PopTorch numbers AutoIncrement blocks from stage 1: ops before the first block run in stage 0 on IPU 0
+        # and PopART merges each stage into the one before it on the same IPU.
+        (poptorch.AutoStage.AutoIncrement, (0, 1, 0), [0, 1, 2]),
+        (poptorch.AutoStage.AutoIncrement, (0, 0, 1), [0, 1]),
+        (poptorch.AutoStage.AutoIncrement, (1, 0), [0, 1, 2]),
+        (poptorch.AutoStage.SameAsIpu, (0, 1), [0, 1]),
+        (poptorch.AutoStage.SameAsIpu, (1,), [0, 1]),
+    ],
+)
+def test_ops_before_the_first_block_join_a_first_block_on_ipu_0(auto_stage, ipus, stages):
+    strategy = poptorch.PipelinedExecution(auto_stage)
+    needed = 2 * len(stages) - 1  # pipelined training fills 2 x stages - 1 micro-batches
+    opts = poptorch.Options().setExecutionStrategy(strategy).autoRoundNumIPUs(True)
+    opts.Training.gradientAccumulation(needed - 1)
+    with pytest.raises(poptorch.Error, match=rf"\({needed - 1}\) is too small for a pipeline of {len(stages)} stages"):
+        _compile(_Prelude(*ipus), opts, training=True)
+    torch.manual_seed(0)
+    model = _Prelude(*ipus)
+    opts = poptorch.Options().setExecutionStrategy(strategy).autoRoundNumIPUs(True)
+    opts.Training.gradientAccumulation(needed)
+    executor = _compile(model, opts, training=True)
+    assert _stages(executor, "accumulate") == stages
+    inference = _compile(_Prelude(*ipus), poptorch.Options().setExecutionStrategy(strategy).deviceIterations(4))
+    assert _stages(inference, "inference") == stages

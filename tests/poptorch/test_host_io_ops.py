@@ -122,7 +122,10 @@ def test_the_call_timeline_shows_each_host_callback_s_transfers_and_host_time():
     assert cycles > plain_cycles
     timeline = program["run_timeline"]
     assert timeline["makespan"] == cycles == program["total_cycles"]
-    kinds = [e["transfer"] for e in timeline["intervals"] if "transfer" in e]
+    # The model's own input streams in first, its output out last; the callbacks' streams come between.
+    modelled = [e for e in timeline["intervals"] if "stream" in e]
+    assert [e["stream"] for e in modelled] == ["in", "out"] and modelled == [timeline["intervals"][i] for i in (0, -1)]
+    kinds = [e["transfer"] for e in timeline["intervals"] if "transfer" in e and "stream" not in e]
     # The results of one call and the arguments of the next stream back to back: one stretch on the link.
     assert kinds == ["host transfer", "host callback"] * 3 + ["host transfer"]
     sync = popsim.Target.ipu2().bsp_sync_cycles
@@ -131,7 +134,7 @@ def test_the_call_timeline_shows_each_host_callback_s_transfers_and_host_time():
     assert all(e["lanes"] == ["replica 0 IPU 0 compute", "replica 0 host"] for e in calls)
     callback = popsim.cost.host_callback_cycles(popsim.Target.ipu2(), 2 * 3 * 4)
     assert all(e["end"] - e["start"] == callback + sync for e in calls)
-    streams = [e for e in timeline["intervals"] if e.get("transfer") == "host transfer"]
+    streams = [e for e in timeline["intervals"] if e.get("transfer") == "host transfer" and "stream" not in e]
     assert all("replica 0 host link" in e["lanes"] for e in streams)
     host_steps = [s for s in program["steps"] if s["kind"] == "host"]
     assert sum(e["end"] - e["start"] for e in calls + streams) == sum(s["cycles"] + sync for s in host_steps)

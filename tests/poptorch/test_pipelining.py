@@ -143,6 +143,7 @@ def test_a_pipelined_step_takes_fewer_cycles_than_a_sharded_one(reference):
         assert e["pass"] == "forward" and e["ipu"] == (0 if e["tensor"] == "x" else 3)
         assert e["pipeline_cycle"] == computed["pipeline_cycle"] == e["micro_batch"] + e["stage"]
         inward = e["tensor"] in ("x", "target")
+        assert e["stream"] == ("in" if inward else "out")
         assert e["end"] <= computed["start"] if inward else e["start"] >= computed["end"]
     # Sharded: each stage on its IPU's lane, nothing overlapping.
     timeline = sharded.profile.programs["accumulate"]["run_timeline"]

@@ -46,6 +46,7 @@ from popsim.schedule import (
     run_stretches,
     stash_per_tile,
     step_schedule,
+    stream_stretches,
     streaming_overlap_bytes,
 )
 from popsim.target import Device, Target
@@ -91,6 +92,7 @@ __all__ = [
     "link_lane",
     "register_lowering",
     "run_stretches",
+    "stream_stretches",
     "phase_schedule",
     "place_phases",
     "place_pipeline",

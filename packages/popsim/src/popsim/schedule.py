@@ -284,13 +284,19 @@ def _pipeline_stage(stages, stage, direction):
     return k if direction == "forward" else 2 * len(stages) - 2 - k
 
 
-def _placed_streams(streams, stages):
-    """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages``."""
+def _stream_label(stream):
+    """The timeline label of a Stream's interval: its tensor and direction ("in" to the device, else "out")."""
+    return {"tensor": stream.name, "stream": "in" if stream.to_device else "out"}
+
+
+def _placed_streams(streams, stages, keep_unplaced=False):
+    """The Stream of each of ``streams`` (see ``step_schedule``) with a pass of one of ``stages`` (and, if
+    ``keep_unplaced``, of each other one, with stage and pass None)."""
     placed = []
     for name, to_device, cycles, passes in streams:
         order = [(_pipeline_stage(stages, s, d), s, d) for s, d in passes if s in stages]
-        if order:
-            _, stage, direction = min(order) if to_device else max(order)
+        if order or keep_unplaced:
+            _, stage, direction = (min(order) if to_device else max(order)) if order else (None, None, None)
             placed.append(Stream(name, to_device, int(cycles), stage, direction))
     return tuple(placed)
 
@@ -452,25 +458,29 @@ def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, 
     inter-IPU copy on its IPU-Links too), each after the one before; steps of no stage, and what the run's
     ``cycles`` have beyond the steps (control, loop repeats), on every IPU. A host stream, a host callback or
     a streaming-memory transfer is a stretch of its own that also holds its lane (``transfer_lane``), so the
-    run's intervals add up to its ``cycles``. None (nothing placed) when the steps add up to more than
-    ``cycles``; ``stretches``: ``run_stretches(program, target, replica)`` if the caller keeps them. Returns
-    the intervals."""
+    run's intervals add up to its ``cycles``. A host stream out of one stage's IPU (``stream_stretches``) holds
+    that IPU and the host link only: the work after it waits for it only where it needs one of them, so
+    another IPU's work goes on while it streams; the run ends after it. None (nothing placed) when the steps
+    add up to more than ``cycles``; ``stretches``: ``run_stretches(program, target, replica)`` (or
+    ``stream_stretches`` of them) if the caller keeps them. Returns the intervals."""
     label = {"replica": replica, **label}
     stretches = run_stretches(program, target, replica) if stretches is None else stretches
-    rest = cycles - sum(c for _, c in stretches)
+    rest = cycles - sum(stretch[1] for stretch in stretches)
     if rest < 0:
         return None
     everywhere = [compute_lane(replica, i) for i in ipus]
-    placed = []
-    for (stage, direction, ipu, lanes, transfer), span in [*stretches, [_step_key({}, replica), rest]]:
-        tags = {"transfer": transfer} if transfer else {}
+    placed, follows = [], []  # follows: the interval the next stretch starts after
+    for (stage, direction, ipu, lanes, transfer), span, *names in [*stretches, [_step_key({}, replica), rest]]:
+        tags = ({"transfer": transfer} if transfer else {}) | (names[0] if names else {})
         if stage is None:
             tags = tags or {"work": OUTSIDE_STAGES}
-            placed.append(timeline.add([*everywhere, *lanes], span, placed[-1:], not_before, **tags, **label))
+            resources = [*everywhere, *lanes]
         else:
             tags |= {"stage": stage, "pass": direction, "ipu": ipu}
             resources = [compute_lane(replica, ipu), *lanes]
-            placed.append(timeline.add(resources, span, placed[-1:], not_before, **tags, **label))
+        placed.append(timeline.add(resources, span, follows, not_before, **tags, **label))
+        if tags.get("stream") != "out":
+            follows = placed[-1:]
     return placed
 
 
@@ -487,6 +497,33 @@ def run_stretches(program, target, replica):
             stretches.append([key, 0])
         stretches[-1][1] += step["cycles"] + sync
     return [tuple(stretch) for stretch in stretches]
+
+
+def stream_stretches(stretches, streams, replica):
+    """``stretches`` (``run_stretches``) with a run's host ``streams`` (``(name, to_device, cycles, passes)``,
+    see ``step_schedule``) at their program positions: an input just before the first stretch of the first of
+    its passes in program order, an output just after the last stretch of the last of them, each holding the
+    replica's host link and that stage's IPU; a stream with no pass among the stretches' holds every IPU, an
+    input at the run's start, an output at its end. Each stream stretch is ``(key, cycles, label)``, its label
+    the tensor's name and the stream's direction (``{"tensor": name, "stream": "in" or "out"}``)."""
+    ipu_of = {key[0]: key[2] for key, *_ in stretches if key[0] is not None}
+    link = (transfer_lane(replica, 0, HOST_TRANSFER),)
+    where = {key[:2]: i for i, (key, *_) in enumerate(stretches)}  # (stage, pass) -> its last stretch
+    first = {key[:2]: i for i, (key, *_) in reversed(list(enumerate(stretches)))}
+    before, after = {}, {}  # stretch index -> the stream stretches placed before / after it
+    for stream in _placed_streams(streams, sorted(ipu_of), keep_unplaced=True):
+        unit = (stream.stage, stream.direction)
+        placed = stream.stage is not None and unit in where
+        key = (stream.stage, stream.direction, ipu_of[stream.stage]) if placed else (None, None, None)
+        entry = ((*key, link, HOST_TRANSFER), stream.cycles, _stream_label(stream))
+        if stream.to_device:
+            before.setdefault(first[unit] if placed else 0, []).append(entry)
+        else:
+            after.setdefault(where[unit] if placed else len(stretches) - 1, []).append(entry)
+    merged = [] if stretches else [*before.get(0, []), *after.get(-1, [])]
+    for i, stretch in enumerate(stretches):
+        merged += [*before.get(i, []), stretch, *after.get(i, [])]
+    return merged
 
 
 def place_shared_run(timeline, run_profile, target, replicas, ipus, cycles, not_before=0, **label):
@@ -620,9 +657,9 @@ def _pass_pieces(schedule, stage, direction):
     if (stage, direction) in schedule.pieces:
         pieces = [(kind, cycles, {}) for kind, cycles in schedule.pieces[(stage, direction)]]
     return [
-        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, True)),
+        *((HOST_TRANSFER, s.cycles, _stream_label(s)) for s in schedule.streams_of(stage, direction, True)),
         *pieces,
-        *((HOST_TRANSFER, s.cycles, {"tensor": s.name}) for s in schedule.streams_of(stage, direction, False)),
+        *((HOST_TRANSFER, s.cycles, _stream_label(s)) for s in schedule.streams_of(stage, direction, False)),
     ]
 
 

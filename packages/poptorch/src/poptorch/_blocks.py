@@ -600,6 +600,8 @@ def plan(graph, options, training):
     if pipelined:
         _check_stage_order(graph)
         _check_one_ipu_per_stage(placements)
+        merge_consecutive_stages(graph)
+        placements = [n.placement for n in graph.nodes if n.placement is not None]
     stages = tuple(sorted({stage for stage, _ in placements}))
     used = max(ipu for _, ipu in placements) + 1
     num_ipus = _device_ipus(used, options.auto_round_num_ipus)
@@ -637,6 +639,23 @@ def _check_stage_order(graph):
                     "stages (PipelinedExecution(poptorch.AutoStage.AutoIncrement) numbers them in the order they "
                     "run), or use ShardedExecution."
                 )
+
+
+def merge_consecutive_stages(graph):
+    """Renumber a pipelined graph's stages as PopART does before it counts them: a stage on the same IPU as
+    the stage numbered just before it joins that stage, and later stages shift down. Ops before the first
+    block run in stage 0 on IPU 0, so under ``AutoStage.AutoIncrement`` (whose blocks count from stage 1)
+    a first block on IPU 0 adds no stage, and consecutive blocks on one IPU form one pipeline stage."""
+    ipu_of = dict(sorted({n.placement for n in graph.nodes if n.placement is not None}))
+    merged, shift, previous = {}, 0, None
+    for stage, ipu in ipu_of.items():
+        if ipu == previous:
+            shift += 1
+        merged[stage] = stage - shift
+        previous = ipu
+    for node in graph.nodes:
+        if node.placement is not None:
+            node.placement = (merged[node.placement[0]], node.placement[1])
 
 
 def _check_one_ipu_per_stage(placements):

@@ -68,7 +68,7 @@ class _Placement:
     def __init__(self, exe, profile, graph, plan, options, call, step_profile=None):
         self.exe, self.profile, self.graph, self.call = exe, profile, graph, call
         self.step_profile = step_profile  # the profile of the training step's program, if it has its own
-        self.stretches = {}  # replica -> popsim.run_stretches of the micro-batch program
+        self.stretches = {}  # (replica, marked names) -> the micro-batch program's stretches with its streams
         self.ipus = list(range(plan.num_ipus))
         self.replicas = sorted({r for _, _, r in call.runs})
         self.phased = _blocks.is_phased(options.execution_strategy)
@@ -76,11 +76,11 @@ class _Placement:
         self.overlap = _blocks.overlaps_streaming(options.execution_strategy)
         self.io_tiles = options.TensorLocations.num_io_tiles
         self.schedule = None
+        self.streams = _host_streams(graph, exe.target)
         if plan.pipelined and call.runs:
             per_group = call.runs_per_step if call.step_cycles else len(call.runs)
             micro_batches = per_group // len(self.replicas)
-            streams = _host_streams(graph, exe.target)
-            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True, streams)
+            self.schedule = popsim.step_schedule(profile, exe.target, micro_batches, True, self.streams)
 
     def place(self, marks):
         """The Timeline of the call with ``marks`` overlapped (``{}``: every transfer in its run)."""
@@ -126,9 +126,10 @@ class _Placement:
         size = runs if whole else self.call.runs_per_step
         return [range(start, min(start + size, runs)) for start in range(0, runs, size)]
 
-    def place_body(self, timeline, index, not_before, extra_cycles):
+    def place_body(self, timeline, index, not_before, extra_cycles, marked=()):
         """One run (``index`` into the call's runs) on its replica's compute tiles, ``extra_cycles`` added to
-        its cycles; returns its intervals."""
+        its cycles, its host streams at their program positions but those of the tensors ``marked`` (streamed
+        beside the run); returns its intervals."""
         d, a, replica = self.call.runs[index]
         label = {"device_iteration": d, "accumulation_step": a}
         if self.phased:
@@ -148,9 +149,12 @@ class _Placement:
         cycles = self.call.run_cycles[index] + extra_cycles
         # Sharded: each stage on its IPU's lane, one after another; host-side transfers on their lanes too.
         target = self.exe.target
-        if replica not in self.stretches:
-            self.stretches[replica] = popsim.run_stretches(self.profile, target, replica)
-        stretches = self.stretches[replica]
+        key = (replica, frozenset(marked))
+        if key not in self.stretches:
+            streams = [s for s in self.streams if s[0] not in marked]
+            run = popsim.run_stretches(self.profile, target, replica)
+            self.stretches[key] = popsim.stream_stretches(run, streams, replica)
+        stretches = self.stretches[key]
         placed = popsim.place_steps(
             timeline, self.profile, target, replica, self.ipus, cycles, not_before, stretches, **label
         )
@@ -253,7 +257,7 @@ class _MarkedTransfers:
                 if direction == INPUT:
                     self.loaded.setdefault(other, []).append(hidden)
         extra = self.exchange - sum(self.cycles.values())
-        body = self.placement.place_body(timeline, index, start, extra)
+        body = self.placement.place_body(timeline, index, start, extra, self.marks)
         crossed = {name: [self._cross(timeline, name, body)] for name in self.away}
         for name, (direction, mode) in self.marks.items():
             if direction != INPUT and self._neighbour(position, 1, mode) is None:
@@ -275,18 +279,25 @@ def _pass_of(node):
 
 def _host_streams(graph, target):
     """``(name, to device, host cycles, ((stage, pass), ...))`` of each model input of ``graph`` with the placed
-    passes that read it, and each output with the placed pass that produces it (``popsim.step_schedule``)."""
-    readers = {}  # id(input) -> (input, its readers' passes)
+    passes that read it, and each output with the placed pass that produces it (none when unplaced), in the
+    order the run streams them (``popsim.step_schedule``, ``popsim.stream_stretches``)."""
+    readers = {id(v): (v, []) for v in graph.inputs if v.kind == "input"}  # id(input) -> (input, its passes)
     for node in graph.nodes:
         for value in node.inputs if node.placement is not None else ():
-            if value.producer is None and value.kind == "input":
-                readers.setdefault(id(value), (value, []))[1].append((node.placement[0], _pass_of(node)))
+            if id(value) in readers:
+                readers[id(value)][1].append((node.placement[0], _pass_of(node)))
     streams = [(v.name, True, v.type.nbytes, tuple(passes)) for v, passes in readers.values()]
     for name, value in graph.outputs.items():
         producer = value.producer
-        if producer is not None and producer.placement is not None:
-            streams.append((name, False, value.type.nbytes, ((producer.placement[0], _pass_of(producer)),)))
-    return [(name, inward, popsim.cost.host_cycles(target, n), passes) for name, inward, n, passes in streams]
+        placed = producer is not None and producer.placement is not None
+        passes = ((producer.placement[0], _pass_of(producer)),) if placed else ()
+        streams.append((name, False, value.type.nbytes, passes))
+    # Each stream's share of the host cycles of all of them, which the run's cycles count as one transfer.
+    shares, streamed = [], 0
+    for name, inward, n, passes in streams:
+        before, streamed = popsim.cost.host_cycles(target, streamed), streamed + n
+        shares.append((name, inward, popsim.cost.host_cycles(target, streamed) - before, passes))
+    return shares
 
 
 def _phase_reads(graph):

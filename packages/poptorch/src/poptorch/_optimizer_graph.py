@@ -209,6 +209,16 @@ class OptimizerBuilder:
     def count_large_gradients(self, grads):
         """Automatic loss scaling's statistics: (a float32 Value counting the elements of the tracked float16
         gradients at or above the bin edge, the number of tracked elements)."""
+        counts, elements = self.count_large_gradients_by_placement(grads)
+        upper = None
+        for count in counts.values():
+            upper = count if upper is None else upper + count
+        return upper, elements
+
+    def count_large_gradients_by_placement(self, grads):
+        """As ``count_large_gradients``, the large elements counted apart on each placement (a (stage or phase,
+        IPU) pair, or None) of the tracked gradients' producers, each on its own IPU as PopART's histograms
+        are: ({placement: float32 Value}, the number of tracked elements)."""
         tracked = _tracked_gradients(grads.values())
         if not tracked:
             raise Error(
@@ -216,13 +226,16 @@ class OptimizerBuilder:
                 "convolutions produce, and this model has none: train a float16 model (model.half()) or disable "
                 "Training.setAutomaticLossScaling"
             )
-        edge = _scalar(tracked[0].graph, self.automatic_loss_scaling["binEdgeLocation"] * FP16_MAX)
-        upper = None
+        graph = tracked[0].graph
+        counts = {}
         for g in tracked:
-            large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
-            count = _op("reduce_sum", large, axes=None, keepdims=False)
-            upper = count if upper is None else upper + count
-        return upper, sum(int(np.prod(g.shape)) for g in tracked)
+            placement = g.producer.placement
+            with graph.placed(placement):
+                edge = _scalar(graph, self.automatic_loss_scaling["binEdgeLocation"] * FP16_MAX)
+                large = _op("cast", _op("ge", _op("abs", _op("cast", g, dtype="float32")), edge), dtype="float32")
+                count = _op("reduce_sum", large, axes=None, keepdims=False)
+                counts[placement] = count if placement not in counts else counts[placement] + count
+        return counts, sum(int(np.prod(g.shape)) for g in tracked)
 
     def _update_loss_scale_factor(self, graph, upper, elements):
         """PopART's rule: halve the factor if more than the threshold proportion of elements are large, else

@@ -146,7 +146,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     step_params, reduced, gradients, resets = {}, {}, {}, []
     mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
     running = mean and options.Training.mean_reduction_strategy == MeanReductionStrategy.Running
-    shared_count = _running_count(graph, apply, initial, ACCUM_COUNT) if running else None
+    shared_counts = {}  # placement -> the Running mean's micro-batch count of the accumulators placed there
 
     def step_gradient(summed):
         return _mean_of_sum(summed, micro_batches * processes, running, processes) if mean else summed
@@ -161,11 +161,17 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             initial[acc.name] = np.zeros(p.shape, dtype=acc_dtype.numpy)
             # Running: the accumulator holds the mean so far, acc + (g - acc) / n, so it never exceeds the
             # gradients' range; Post: it holds the sum, divided once by the step.
-            count = shared_count
-            if running and name in own_counts:
-                count = _running_count(graph, apply, initial, running_count_name(name))
             # Accumulated in its gradient's phase, or pipeline stage's backward pass, as PopART accumulates it.
-            with graph.placed(_blocks.accumulation_placement(g)):
+            placement = _blocks.accumulation_placement(g)
+            count = None
+            if running and name in own_counts:
+                count = _running_count(graph, apply, initial, running_count_name(name), placement)
+            elif running:
+                if placement not in shared_counts:
+                    shared = _running_count(graph, apply, initial, shared_count_name(placement), placement)
+                    shared_counts[placement] = shared
+                count = shared_counts[placement]
+            with graph.placed(placement):
                 g = _cast(g, acc_dtype)
                 graph.update(acc, acc + (g - acc) / _cast(count, g.dtype) if running else acc + g)
             step_params[name] = apply.add_input(name, p.shape, p.dtype.value, kind="parameter")
@@ -174,7 +180,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
             gradients[name] = ("apply", reduced[name])
             if name in sharded:  # the replica updates its shard of the weight from its shard of the gradient
                 reduced[name] = step_gradient(replica_shard(step_acc, sharded[name]))
-            resets.append((step_acc, _blocks.accumulation_placement(g)))
+            resets.append((step_acc, placement))
         large_counts = None
         if builder.automatic_loss_scaling:
             large_counts = _large_counts(builder, graph, apply, initial, grads, micro_batches * processes)
@@ -198,23 +204,36 @@ def _reset_accumulators(apply, resets):
 
 def _large_counts(builder, graph, apply, initial, grads, micro_batches):
     """Automatic loss scaling over a step's micro-batches (as PopART accumulates its histograms): each counts
-    its large gradient elements into a variable the step reads and resets. Replicas run as micro-batches of
-    the shared count and processes sum it with the accumulators, so every replica takes the same decision
-    from the counts over all ``micro_batches`` (of every replica and process)."""
-    large, elements = builder.count_large_gradients(grads)
-    count = graph.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
-    initial[LARGE_COUNT] = np.zeros((), dtype=np.float32)
-    graph.update(count, count + large)
-    step_count = apply.add_input(LARGE_COUNT, (), "float32", kind="optimizer_state")
-    apply.update(step_count, apply.constant(np.float32(0)))
-    return step_count, elements * micro_batches
+    its large gradient elements into variables the step reads and resets, one per placement of the tracked
+    gradients, counted and reset on its own IPU, so only the step's sum of them crosses an IPU-Link. Replicas
+    run as micro-batches of the shared counts and processes sum them with the accumulators, so every replica
+    takes the same decision from the counts over all ``micro_batches`` (of every replica and process)."""
+    larges, elements = builder.count_large_gradients_by_placement(grads)
+    total = None
+    for placement, large in larges.items():
+        name = large_count_name(placement)
+        count = graph.add_input(name, (), "float32", kind="optimizer_state")
+        initial[name] = np.zeros((), dtype=np.float32)
+        with graph.placed(placement):
+            graph.update(count, count + large)
+        step_count = apply.add_input(name, (), "float32", kind="optimizer_state")
+        total = step_count if total is None else total + step_count
+        with apply.placed(placement):
+            apply.update(step_count, apply.constant(np.float32(0)))
+    return total, elements * micro_batches
+
+
+def large_count_name(placement):
+    """Device variable counting automatic loss scaling's large gradient elements produced on ``placement``
+    (None in a model without blocks)."""
+    return LARGE_COUNT if placement is None else f"{LARGE_COUNT}.stage{placement[0]}.ipu{placement[1]}"
 
 
 def summed_over_processes(programs):
     """The device variables the processes sum between ``accumulate`` and ``apply``: the gradient
     accumulators and automatic loss scaling's count of large gradient elements."""
     names = [accumulator_name(name) for name in programs.trained]
-    return names + [LARGE_COUNT] if LARGE_COUNT in programs.initial else names
+    return names + [name for name in programs.initial if name.startswith(LARGE_COUNT)]
 
 
 def _mean_of_sum(summed, micro_batches, running, processes):
@@ -230,15 +249,25 @@ def running_count_name(param):
     return f"{ACCUM_COUNT}.{param}"
 
 
-def _running_count(graph, apply, initial, name):
-    """The micro-batch count ``name`` of a Running mean: counted up by ``graph``, reset by ``apply``;
-    returns the count including the current micro-batch."""
+def shared_count_name(placement):
+    """Device variable counting the micro-batches of a Running mean for the accumulators on ``placement`` (a
+    (stage or phase, IPU) pair, or None in a model without blocks): PopART keeps one counter per IPU and
+    pipeline stage, beside the accumulators that read it, so no count crosses an IPU-Link."""
+    return ACCUM_COUNT if placement is None else f"{ACCUM_COUNT}.stage{placement[0]}.ipu{placement[1]}"
+
+
+def _running_count(graph, apply, initial, name, placement):
+    """The micro-batch count ``name`` of a Running mean: counted up by ``graph`` and reset by ``apply``, both
+    on ``placement`` (that of the accumulators reading it); returns the count including the current
+    micro-batch."""
     count = graph.add_input(name, (), "float32", kind="optimizer_state")
     initial[name] = np.zeros((), dtype=np.float32)
-    counted = count + graph.constant(np.float32(1))
+    with graph.placed(placement):
+        counted = count + graph.constant(np.float32(1))
     graph.update(count, counted)
     step_count = apply.add_input(name, (), "float32", kind="optimizer_state")
-    apply.update(step_count, apply.constant(np.float32(0)))
+    with apply.placed(placement):
+        apply.update(step_count, apply.constant(np.float32(0)))
     return counted
 
 
