@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from popsim import _exchange
+from popsim import _opcodes as oc
 
 TILES_PER_IPU = 4
 
@@ -163,3 +164,16 @@ def test_copy_runs_and_copy_plan_rows_follow_the_greedy_rule(segments, isz, gaps
     tiles, sizes = np.zeros(len(dst), np.int64), np.ones(len(dst), np.int64)
     rows = _exchange.copy_plan(index, index, src[order], tiles, dst, tiles, sizes, isz, 1, 1, 1)[0]
     assert rows.tolist() == want
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=7, max_size=7), st.integers(1, 3))))
+def test_split_rows_equals_a_mask_of_the_rows_of_one_repetition(rows):
+    """split_rows (one pass in C) equals its NumPy statement: the rows of several repetitions in order, and
+    the columns src, dst, count, stride of the others in order."""
+    at = oc.COPY_COLUMNS.index("reps")
+    table = np.array([r[:at] + [reps] + r[at + 1 :] for r, reps in rows], np.int32).reshape(-1, len(oc.COPY_COLUMNS))
+    single = table[:, at] == 1
+    general, runs = _exchange.split_rows(table)
+    assert general.dtype == runs.dtype == np.int32
+    np.testing.assert_array_equal(general, table[~single])
+    np.testing.assert_array_equal(runs, table[single][:, : len(oc.RUN_COLUMNS)])

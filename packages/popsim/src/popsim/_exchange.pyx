@@ -109,9 +109,25 @@ cdef inline void runs_close(Runs* r) noexcept nogil:
 def split_rows(rows):
     """(rows of several repetitions, the others as compact rows) of one Copy's exchange rows, each part in
     its order. A compact row (_opcodes.RUN_COLUMNS) drops a single repetition's outer step and count, and
-    the element size its RUNS phase holds for the whole Copy: 16 bytes a row instead of 28."""
-    single = rows[:, CP_REPS] == 1
-    return rows[~single], np.ascontiguousarray(rows[single][:, [CP_SRC, CP_DST, CP_COUNT, CP_STRIDE]])
+    the element size its RUNS phase holds for the whole Copy: 16 bytes a row instead of 28. One pass to count,
+    one to fill (a mask and two fancy-indexed copies cost several passes over millions of rows)."""
+    cdef const copy_t[:, ::1] table = np.ascontiguousarray(rows, np.int32).reshape(-1, COPY_COLS)
+    cdef Py_ssize_t n = table.shape[0], i, j, g = 0, c = 0, singles = 0
+    for i in range(n):
+        singles += table[i, CP_REPS] == 1
+    general, compact = np.empty((n - singles, COPY_COLS), np.int32), np.empty((singles, RUN_COLS), np.int32)
+    cdef copy_t[:, ::1] gv = general, cv = compact
+    with nogil:
+        for i in range(n):
+            if table[i, CP_REPS] == 1:
+                cv[c, RN_SRC], cv[c, RN_DST] = table[i, CP_SRC], table[i, CP_DST]
+                cv[c, RN_COUNT], cv[c, RN_STRIDE] = table[i, CP_COUNT], table[i, CP_STRIDE]
+                c += 1
+            else:
+                for j in range(COPY_COLS):
+                    gv[g, j] = table[i, j]
+                g += 1
+    return general, compact
 
 
 def block_elements(const offset_t[::1] base, const offset_t[::1] tiles, const offset_t[::1] sizes, offset_t itemsize):
