@@ -280,7 +280,12 @@ class Lowerer:
         more cycles, by estimate, than exchanging them whole into the output's blocks: the busiest tile's
         further row set-ups against the bytes the busiest receiver no longer receives, counted at
         ``broadcast_rows.SAVING_SHARE`` (the phase's busiest tile may be another copy's)."""
-        extra = cost.row_cycles(self.target, np.bincount(rows.block, minlength=len(mapping.tiles)) - 1)
+        further = np.bincount(rows.block, minlength=len(mapping.tiles)) - 1
+        if further.any():
+            # Each further row is a vertex whose state stays resident for the whole program (where popops'
+            # broadcast vertices read a repeating operand without per-row state): not modelled, so not chosen.
+            return False
+        extra = cost.row_cycles(self.target, further)
         overhead = np.bincount(mapping.tiles, extra).max()
         whole = np.bincount(mapping.tiles, mapping.stops - mapping.starts).max()
         saved = sum((whole - c.mapping.tile_bytes(1)[1].max()) * x.itemsize for x, c in broadcasts)
