@@ -44,6 +44,14 @@ def _runs_both_ways(srcs, index):
     )
 
 
+def _part_order(index, pairs):
+    """The elements of a reduction (flat positions of ``index``) in the order ``_reduce_on_source_tiles``
+    stages them: by tile, then their part's element count, then row; a part's elements in index order."""
+    rows, group = index.shape
+    tile, part_of, _, _, counts = pairs
+    return np.lexsort((np.repeat(np.arange(rows), group), counts[part_of], tile))  # stable
+
+
 def _codelet(name):
     """(instruction kind, sub-op) of an elementwise codelet."""
     if name == "where":
@@ -424,11 +432,11 @@ class Lowerer:
         return out
 
     def _local_pairs(self, srcs, index, out_mapping, grain, splits):
-        """The parts of a reduction's elements that ``_reduce_on_source_tiles`` reduces on their tiles, when
-        their partials exchange fewer elements than the elements themselves (``splits`` == 1: those not on
-        their output's tile by ``out_mapping``; else every element and the chunk partials); else None. A part
-        is the elements of one row on one tile, or, when they are many, a share of them of at least ``grain``
-        elements for each of the tile's workers (a vertex's row runs on one worker)."""
+        """The parts of a reduction's elements that ``_reduce_on_source_tiles`` reduces on their tiles, as
+        (each element's tile, each element's part, each part's tile, row and element count), when some tile
+        holds two elements of a row and that plan pays (``_local_pays``); else None. A part is the elements of
+        one row on one tile, or, when they are many, a share of them of at least ``grain`` elements for each
+        of the tile's workers (a vertex's row runs on one worker)."""
         if index.min() < 0:
             return None
         rows, group = index.shape
@@ -456,7 +464,7 @@ class Lowerer:
         the elements whole (or of the long rows' chunks, as ``reduce_index`` splits them)."""
         t, dtype = self.target, srcs[0].dtype
         rows, group = index.shape
-        tile, part_of, part_tile, part_row, counts = pairs
+        tile, _, part_tile, part_row, _ = pairs
         out_tile = np.repeat(out_mapping.tiles, out_mapping.stops - out_mapping.starts)
         rows_on = np.bincount(out_tile).max()
 
@@ -469,8 +477,7 @@ class Lowerer:
         first = cost.reduce_cycles(t, parts_on, -(-elements_on // np.maximum(parts_on, 1)), dtype).max()
         local = first + t.bsp_sync_cycles + cost.exchange_cycles(t, busiest(out_tile[part_row][sent]))
         local += cost.reduce_cycles(t, rows_on, per_row, dtype)
-        order = np.lexsort((np.repeat(np.arange(rows), group), counts[part_of], tile))
-        if self._in_place_source(srcs, index.reshape(-1)[order]) is None:
+        if self._in_place_source(srcs, index.reshape(-1)[_part_order(index, pairs)]) is None:
             copied = elements_on.max() * dtype.itemsize * t.exchange_bytes_per_cycle // t.store_bytes_per_cycle
             local += cost.exchange_cycles(t, copied) + t.bsp_sync_cycles
         if splits == 1:
@@ -493,7 +500,7 @@ class Lowerer:
         rows, group = index.shape
         tile, pair_of, pair_tile, pair_row, counts = pairs
         flat = index.reshape(-1)
-        order = np.lexsort((np.repeat(np.arange(rows), group), counts[pair_of], tile))  # stable: index order kept
+        order = _part_order(index, pairs)
         p_order = np.lexsort((pair_row, counts, pair_tile))
         on, per_tile = np.unique(pair_tile[p_order], return_counts=True)
         partials = self.new((p_order.size,), partial, TileMapping.on_tiles(per_tile, on))
@@ -522,13 +529,12 @@ class Lowerer:
 
     def _reduce_vertices(self, op, staged, out, group, source_elements=None):
         """Vertices reducing ``staged`` into ``out``: element j of ``out`` is ``op`` over the next ``group``
-        elements of ``staged`` (one count, or an array of one count per element of ``out``), taken in order
-        from its start, or, given ``source_elements`` (the staged element each of those in turn is), from there:
-        consecutive there for each vertex."""
+        elements of ``staged`` (one count, or an array of one count per element of ``out``), read from its
+        start on; given ``source_elements`` (which element of ``staged`` each of those is), read there instead
+        (each vertex's elements are consecutive there). Each run of equal counts in a block is one vertex."""
         cs = self.dg.add_compute_set(f"reduce-{op}")
         m = out.mapping
         counts = np.broadcast_to(np.asarray(group, np.int64), (out.size,))
-        # One vertex per run of equal counts within a block of out.
         first = np.zeros(out.size, bool)
         first[m.starts] = True
         first[1:] |= counts[1:] != counts[:-1]
