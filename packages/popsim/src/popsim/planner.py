@@ -44,6 +44,14 @@ def _runs_both_ways(srcs, index):
     )
 
 
+def _part_order(index, pairs):
+    """The elements of a reduction (flat positions of ``index``) in the order ``_reduce_on_source_tiles``
+    stages them: by tile, then their part's element count, then row; a part's elements in index order."""
+    rows, group = index.shape
+    tile, part_of, _, _, counts = pairs
+    return np.lexsort((np.repeat(np.arange(rows), group), counts[part_of], tile))  # stable
+
+
 def _codelet(name):
     """(instruction kind, sub-op) of an elementwise codelet."""
     if name == "where":
@@ -395,16 +403,23 @@ class Lowerer:
 
         Rows small enough go whole to the tile of their output (one stage). Long rows are split into
         chunks on many tiles; the chunk partials are exchanged to the output's tiles and reduced again.
+        When the sources' tiles hold several elements of a row, as popops::reduce does, each tile first
+        reduces the elements of each row it holds (``_reduce_on_source_tiles``) and only those partials are
+        reduced onward as above, if that exchanges fewer elements.
         """
         rows, group = index.shape
-        out = self.new(shape, dtype)
-        if rows == 0:
-            return out
-        if group == 0:
-            return self._copy_fill(out, IDENTITY[op])
+        if rows == 0 or group == 0:
+            out = self.new(shape, dtype)
+            return out if rows == 0 else self._copy_fill(out, IDENTITY[op])
         grain = max(64, self.target.min_bytes_per_tile // src_dtype.itemsize)
         splits = max(1, min(math.ceil(group / grain), self.target.num_tiles // rows))
         partial = self.partials_type if (op == "sum" and dtype == DType.float16) else dtype
+        out_mapping = TileMapping.linear(rows, dtype.itemsize, self.target)
+        pairs = self._local_pairs(srcs, index, out_mapping, grain, splits)
+        if pairs is not None:
+            partials, index = self._reduce_on_source_tiles(op, srcs, index, src_dtype, partial, pairs)
+            return self.reduce_index(op, [partials], index, shape, dtype, partial)
+        out = self.new(shape, dtype)
         if splits == 1:
             staged = self.gather(
                 (rows, group), src_dtype, srcs, index, out.mapping.scaled(group), IDENTITY[op], "reduce-gather"
@@ -439,14 +454,123 @@ class Lowerer:
         self._reduce_vertices(op, gathered, out, splits)
         return out
 
-    def _reduce_vertices(self, op, staged, out, group):
+    def _local_pairs(self, srcs, index, out_mapping, grain, splits):
+        """The parts of a reduction's elements that ``_reduce_on_source_tiles`` reduces on their tiles, as
+        (each element's tile, each element's part, each part's tile, row and element count), when some tile
+        holds two elements of a row and that plan pays (``_local_pays``); else None. A part is the elements of
+        one row on one tile, or, when they are many, a share of them of at least ``grain`` elements for each
+        of the tile's workers (a vertex's row runs on one worker)."""
+        if index.min() < 0:
+            return None
+        rows, group = index.shape
+        tile_of = np.concatenate([np.repeat(s.mapping.tiles, s.mapping.stops - s.mapping.starts) for s in srcs])
+        tile = tile_of[index.reshape(-1)]
+        keys, pair_of, counts = np.unique(tile * rows + np.repeat(np.arange(rows), group), return_inverse=True,
+                                          return_counts=True)  # fmt: skip
+        if keys.size == index.size:  # no tile holds two elements of one row
+            return None
+        pair_of = pair_of.reshape(-1)
+        by_pair = np.argsort(pair_of, kind="stable")
+        rank = np.empty(index.size, np.int64)  # each element's place among its pair's, in index order
+        rank[by_pair] = np.arange(index.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        share = np.maximum(grain, -(-counts // self.target.workers))
+        parts, part_of, part_counts = np.unique(pair_of * group + rank // share[pair_of], return_inverse=True,
+                                                return_counts=True)  # fmt: skip
+        part_tile, part_row = keys[parts // group] // rows, keys[parts // group] % rows
+        pairs = tile, part_of.reshape(-1), part_tile, part_row, part_counts
+        return pairs if self._local_pays(srcs, index, pairs, out_mapping, splits) else None
+
+    def _local_pays(self, srcs, index, pairs, out_mapping, splits):
+        """Whether reducing on the source tiles first (``pairs`` from ``_local_pairs``) costs fewer cycles, by
+        estimate, than the plan without it: its first stage's busiest tile, the on-tile copy that stage needs
+        unless it reads its sources in place, and a sync each, against the exchange and final reduction of
+        the elements whole (or of the long rows' chunks, as ``reduce_index`` splits them)."""
+        t, dtype = self.target, srcs[0].dtype
+        rows, group = index.shape
+        tile, _, part_tile, part_row, _ = pairs
+        out_tile = np.repeat(out_mapping.tiles, out_mapping.stops - out_mapping.starts)
+        rows_on = np.bincount(out_tile).max()
+
+        def busiest(tiles):  # elements the busiest tile receives
+            return np.bincount(tiles, minlength=1).max() * dtype.itemsize
+
+        sent = part_tile != out_tile[part_row]
+        per_row = np.bincount(part_row, minlength=rows).max()
+        parts_on, elements_on = np.bincount(part_tile), np.bincount(tile)
+        first = cost.reduce_cycles(t, parts_on, -(-elements_on // np.maximum(parts_on, 1)), dtype).max()
+        local = first + t.bsp_sync_cycles + cost.exchange_cycles(t, busiest(out_tile[part_row][sent]))
+        local += cost.reduce_cycles(t, rows_on, per_row, dtype)
+        if self._in_place_source(srcs, index.reshape(-1)[_part_order(index, pairs)]) is None:
+            copied = elements_on.max() * dtype.itemsize * t.exchange_bytes_per_cycle // t.store_bytes_per_cycle
+            local += cost.exchange_cycles(t, copied) + t.bsp_sync_cycles
+        if splits == 1:
+            away = (tile.reshape(rows, group) != out_tile[:, None]).reshape(-1)
+            whole = cost.exchange_cycles(t, busiest(np.repeat(out_tile, group)[away]))
+            whole += cost.reduce_cycles(t, rows_on, group, dtype)
+        else:
+            chunk = math.ceil(group / splits)
+            whole = cost.exchange_cycles(t, chunk * dtype.itemsize) + cost.reduce_cycles(t, 1, chunk, dtype)
+            whole += cost.exchange_cycles(t, rows_on * splits * dtype.itemsize) + t.bsp_sync_cycles
+            whole += cost.reduce_cycles(t, rows_on, splits, dtype)
+        return local < whole
+
+    def _reduce_on_source_tiles(self, op, srcs, index, src_dtype, partial, pairs):
+        """Reduce each row's elements on the tiles holding them into one ``partial`` per (row, tile) pair
+        (``_local_pairs`` gives the pairs); returns the partials and the (R, S) map of each row's partials,
+        in tile order (a row with fewer than S pads with -1). Elements of a pair keep their order in
+        ``index``; a tile's pairs are ordered by element count, then row, so its pairs of one count run as
+        one vertex."""
+        rows, group = index.shape
+        tile, pair_of, pair_tile, pair_row, counts = pairs
+        flat = index.reshape(-1)
+        order = _part_order(index, pairs)
+        p_order = np.lexsort((pair_row, counts, pair_tile))
+        on, per_tile = np.unique(pair_tile[p_order], return_counts=True)
+        partials = self.new((p_order.size,), partial, TileMapping.on_tiles(per_tile, on))
+        in_place = self._in_place_source(srcs, flat[order])
+        if in_place is None:
+            on, per_tile = np.unique(tile[order], return_counts=True)
+            staged = self.gather((flat.size,), src_dtype, srcs, flat[order], TileMapping.on_tiles(per_tile, on),
+                                 name="reduce-local")  # fmt: skip
+            self._reduce_vertices(op, staged, partials, counts[p_order])
+        else:
+            self._reduce_vertices(op, srcs[0], partials, counts[p_order], in_place)
+        by_row = np.lexsort((pair_tile[p_order], pair_row[p_order]))  # partial positions, row by row
+        per_row = np.bincount(pair_row, minlength=rows)
+        index = np.full((rows, per_row.max()), -1, np.int64)
+        index[np.arange(per_row.max()) < per_row[:, None]] = by_row
+        return partials, index
+
+    @staticmethod
+    def _in_place_source(srcs, elements):
+        """``elements`` (the pairs' source elements, pair by pair) when they are consecutive elements of the one
+        source, holding one block per tile, so the vertices read them where they are; else None."""
+        tiles = srcs[0].mapping.tiles
+        if len(srcs) != 1 or np.unique(tiles).size != tiles.size or np.any(np.diff(elements) != 1):
+            return None
+        return elements
+
+    def _reduce_vertices(self, op, staged, out, group, source_elements=None):
+        """Vertices reducing ``staged`` into ``out``: element j of ``out`` is ``op`` over the next ``group``
+        elements of ``staged`` (one count, or an array of one count per element of ``out``), read from its
+        start on; given ``source_elements`` (which element of ``staged`` each of those is), read there instead
+        (each vertex's elements are consecutive there). Each run of equal counts in a block is one vertex."""
         cs = self.dg.add_compute_set(f"reduce-{op}")
         m = out.mapping
-        rows = m.stops - m.starts
-        source, target = staged.regions(m.starts * group, m.stops * group), out.regions(m.starts, m.stops)
-        cycles = cost.reduce_cycles(self.target, rows, group, staged.dtype)
+        counts = np.broadcast_to(np.asarray(group, np.int64), (out.size,))
+        first = np.zeros(out.size, bool)
+        first[m.starts] = True
+        first[1:] |= counts[1:] != counts[:-1]
+        starts = np.flatnonzero(first)
+        stops = np.r_[starts[1:], out.size]
+        offsets = np.r_[0, np.cumsum(counts)]
+        rows, per_row = stops - starts, counts[starts]
+        tiles = m.tiles[m.block_of(starts)]
+        base = offsets[starts] if source_elements is None else source_elements[offsets[starts]]
+        source, target = staged.regions(base, base + rows * per_row), out.regions(starts, stops)
+        cycles = cost.reduce_cycles(self.target, rows, per_row, staged.dtype)
         oc.reduce(
-            self.dg.add_vertices, cs, op, m.tiles, rows, cycles, source=source, out=target, rows=rows, group=group
+            self.dg.add_vertices, cs, op, tiles, rows, cycles, source=source, out=target, rows=rows, group=per_row
         )
 
     def _copy_fill(self, out, value):
