@@ -57,15 +57,7 @@ def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_lo
     opts.outputMode(poptorch.OutputMode.All)  # every micro-batch's loss: their mean is eager's batch loss
     opts.Training.gradientAccumulation(ACCUMULATION)
     trained = poptorch.trainingModel(model, opts, optimizer)
-    for _ in range(STEPS):
-        loss = trained(x, y)[1].mean()
-        eager_optimizer.zero_grad()
-        expected = reference(x, y)[1]
-        expected.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-        for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    _steps_equal_eager(trained, reference, eager_optimizer, x, y)
     trained.copyWeightsToHost()
     for got, want in zip(_momenta(model, optimizer), _momenta(reference, eager_optimizer), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -77,6 +69,19 @@ def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_lo
     # The zeros are written straight into each accumulator: the step holds no temporary of a weight's size.
     assert max(apply["memory_by_category"]["temporaries"]) < WEIGHT_BYTES_PER_TILE
     trained.destroy()
+
+
+def _steps_equal_eager(trained, reference, eager_optimizer, x, y):
+    """``STEPS`` calls of ``trained``: each step's mean micro-batch loss and every parameter equal eager's."""
+    for _ in range(STEPS):
+        loss = trained(x, y)[1].mean()
+        eager_optimizer.zero_grad()
+        expected = reference(x, y)[1]
+        expected.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+        for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_running_mean_counts_its_micro_batches_on_each_ipu_with_no_link_traffic(monkeypatch):
@@ -95,15 +100,7 @@ def test_running_mean_counts_its_micro_batches_on_each_ipu_with_no_link_traffic(
     opts.Training.gradientAccumulation(ACCUMULATION)
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
     trained = poptorch.trainingModel(model, opts, _sgd(model))
-    for _ in range(STEPS):
-        loss = trained(x, y)[1].mean()
-        eager_optimizer.zero_grad()
-        expected = reference(x, y)[1]
-        expected.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-        for got, want in zip(trained.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    _steps_equal_eager(trained, reference, eager_optimizer, x, y)
     programs = trained.profile.programs
     crossing = [s for s in programs["accumulate"]["steps"] if s.get("busiest_link_bytes", 0)]
     # Only the activation into IPU 1 and its gradient back to IPU 0 cross: no optimizer work does.
