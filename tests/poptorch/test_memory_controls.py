@@ -214,8 +214,8 @@ def _recomputation_trades_cycles_for_memory(monkeypatch, recompute, every):
 
 def test_recomputation_from_checkpoints_trades_cycles_for_tile_memory(monkeypatch):
     kept, roomy = _recomputation_trades_cycles_for_memory(monkeypatch, 4, 2)  # RecomputeAll, checkpoint every 2nd
-    # On tiles of 224 KiB the model only trains with recomputation.
-    tight = popsim.Target.small(num_tiles=4, tile_bytes=224 * 1024)
+    # On tiles of 208 KiB the model only trains with recomputation.
+    tight = popsim.Target.small(num_tiles=4, tile_bytes=208 * 1024)
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: tight)
     with pytest.raises(poptorch.Error, match="Out of memory on the simulated IPU"):
         _train(0, 0)
