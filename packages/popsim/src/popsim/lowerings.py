@@ -253,17 +253,23 @@ def _slice_written_in_place(graph, state, value, producer, aliases, at):
     return node.outputs[0].id
 
 
+def _readers(graph):
+    """({value id: indices of the nodes reading it, in order, once per input read}, ids of the values the
+    graph keeps: its outputs and its states' new values)."""
+    readers = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            readers.setdefault(v.id, []).append(i)
+    return readers, {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+
+
 def _slice_buffers_reused(graph, at, in_place, placement=None):
     """{slice value id: id of the elementwise result written into the slice's buffer}, as PopART computes an
     op in place on an operand nothing reads afterwards: a slice read once, by an elementwise node whose vertex
     (``at``: its own, or the fused reader's) makes a temporary of the slice's shape and dtype, on the slice's
     IPU (``placement``, on several). An optimizer's step on a replica's shard of a weight so updates the shard
     it sliced out, rather than a second buffer."""
-    readers = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            readers.setdefault(v.id, []).append(i)
-    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    readers, kept = _readers(graph)
     reused = {}
     for node in graph.nodes:
         value = node.outputs[0]
@@ -300,18 +306,14 @@ def _row_scatter_indices(graph):
     """Ids of the row indices a scatter_add along axis 0 reads broadcast over whole rows (the embedding
     backward, as popir differentiates a lookup) and nothing else reads: they are never widened, and the
     scatter gets the [n, 1, ...] indices to add whole rows, as Poplar's multiUpdateAdd takes [n] indices."""
-    uses = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            uses.setdefault(v.id, []).append(node)
-    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    uses, kept = _readers(graph)
     rows = set()
-    for node in graph.nodes:
+    for i, node in enumerate(graph.nodes):
         if node.op != "scatter_add" or node.attrs["axis"] % len(node.inputs[0].shape):
             continue
         indices = node.inputs[1]
         source = indices.producer
-        if source is None or source.op != "broadcast_to" or indices.id in kept or uses[indices.id] != [node]:
+        if source is None or source.op != "broadcast_to" or indices.id in kept or uses[indices.id] != [i]:
             continue
         shape = source.inputs[0].shape
         if len(shape) == len(indices.shape) and shape[0] == indices.shape[0] and all(d == 1 for d in shape[1:]):
@@ -333,11 +335,7 @@ def _fusion(graph):
     """(ids of values computed inside their reader's vertex, for each node the index of the node whose vertex
     computes it). A value fuses when an elementwise node makes it, its only use is one input of another
     elementwise node of the same shape, and it is neither an output nor a state's new value."""
-    uses = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            uses.setdefault(v.id, []).append(i)
-    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    uses, kept = _readers(graph)
     reader = {}
     for i, node in enumerate(graph.nodes):
         out = node.outputs[0]
@@ -597,11 +595,7 @@ def _matmul_views(graph, at):
     reader sums them over batch axes. Outputs and state updates are never deferred. A deferred node reads
     its inputs where its last reader runs: ``at`` (where each node reads, as ``_fusion`` gives it) is
     updated so, so that no in-place update overwrites what a view still reads."""
-    uses = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            uses.setdefault(v.id, []).append(i)
-    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    uses, kept = _readers(graph)
     views = {}
     for i in reversed(range(len(graph.nodes))):
         node, out = graph.nodes[i], graph.nodes[i].outputs[0]
