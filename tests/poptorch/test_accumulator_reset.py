@@ -43,32 +43,18 @@ def _momenta(model, optimizer):
     return [optimizer.state[p]["momentum_buffer"].detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("strategy", [poptorch.ShardedExecution, poptorch.PipelinedExecution])
-def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_long_buffer(monkeypatch, strategy):
-    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
-    x, y = _data()
+def _split_and_eager(strategy):
+    """The eager reference and its optimizer, and the same network split over two IPUs with ``strategy``,
+    gradient accumulation and every micro-batch's loss returned (their mean is eager's batch loss)."""
     torch.manual_seed(0)
     reference = Net(blocks=False)
     eager_optimizer = _sgd(reference)
     torch.manual_seed(0)
     model = Net(blocks=True)
-    optimizer = _sgd(model)
-    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy())
-    opts.outputMode(poptorch.OutputMode.All)  # every micro-batch's loss: their mean is eager's batch loss
+    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(strategy)
+    opts.outputMode(poptorch.OutputMode.All)
     opts.Training.gradientAccumulation(ACCUMULATION)
-    trained = poptorch.trainingModel(model, opts, optimizer)
-    _steps_equal_eager(trained, reference, eager_optimizer, x, y)
-    trained.copyWeightsToHost()
-    for got, want in zip(_momenta(model, optimizer), _momenta(reference, eager_optimizer), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    apply = trained.profile.programs["apply"]
-    # Without replicas the step moves nothing between the IPUs: each reads and updates its own weights and
-    # accumulators (the reset's zeros used to be made on IPU 0 and copied to IPU 1).
-    assert {ipu for s in apply["steps"] for ipu in s.get("ipus", ())} == {0, 1}
-    assert all(s.get("busiest_link_bytes", 0) == 0 for s in apply["steps"])
-    # The zeros are written straight into each accumulator: the step holds no temporary of a weight's size.
-    assert max(apply["memory_by_category"]["temporaries"]) < WEIGHT_BYTES_PER_TILE
-    trained.destroy()
+    return reference, eager_optimizer, model, opts
 
 
 def _steps_equal_eager(trained, reference, eager_optimizer, x, y):
@@ -84,20 +70,34 @@ def _steps_equal_eager(trained, reference, eager_optimizer, x, y):
             torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", [poptorch.ShardedExecution, poptorch.PipelinedExecution])
+def test_accumulators_reset_on_their_own_ipu_with_no_link_traffic_and_no_step_long_buffer(monkeypatch, strategy):
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    x, y = _data()
+    reference, eager_optimizer, model, opts = _split_and_eager(strategy())
+    optimizer = _sgd(model)
+    trained = poptorch.trainingModel(model, opts, optimizer)
+    _steps_equal_eager(trained, reference, eager_optimizer, x, y)
+    trained.copyWeightsToHost()
+    for got, want in zip(_momenta(model, optimizer), _momenta(reference, eager_optimizer), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    apply = trained.profile.programs["apply"]
+    # Without replicas the step moves nothing between the IPUs: each reads and updates its own weights and
+    # accumulators (the reset's zeros used to be made on IPU 0 and copied to IPU 1).
+    assert {ipu for s in apply["steps"] for ipu in s.get("ipus", ())} == {0, 1}
+    assert all(s.get("busiest_link_bytes", 0) == 0 for s in apply["steps"])
+    # The zeros are written straight into each accumulator: the step holds no temporary of a weight's size.
+    assert max(apply["memory_by_category"]["temporaries"]) < WEIGHT_BYTES_PER_TILE
+    trained.destroy()
+
+
 def test_running_mean_counts_its_micro_batches_on_each_ipu_with_no_link_traffic(monkeypatch):
     # PopART keeps one Running-mean counter per IPU and pipeline stage, beside the accumulators that read it:
     # the count is made, read and reset on its own IPU (a single count used to be broadcast over the IPU-Link
     # every micro-batch).
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     x, y = _data()
-    torch.manual_seed(0)
-    reference = Net(blocks=False)
-    eager_optimizer = _sgd(reference)
-    torch.manual_seed(0)
-    model = Net(blocks=True)
-    opts = poptorch.Options().showCompilationProgressBar(False).setExecutionStrategy(poptorch.PipelinedExecution())
-    opts.outputMode(poptorch.OutputMode.All)
-    opts.Training.gradientAccumulation(ACCUMULATION)
+    reference, eager_optimizer, model, opts = _split_and_eager(poptorch.PipelinedExecution())
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
     trained = poptorch.trainingModel(model, opts, _sgd(model))
     _steps_equal_eager(trained, reference, eager_optimizer, x, y)

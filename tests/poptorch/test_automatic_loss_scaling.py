@@ -281,8 +281,15 @@ def test_gradient_accumulation_counts_every_micro_batch():
     model = HalfNet(4.0)
     reference = copy.deepcopy(model)
     micro_batches, steps = 2, 4
+    scales, _ = _accumulated_as_reference(model, reference, _opts(), micro_batches, steps)
+    assert scales == [8192.0, 4096.0, 8192.0, 4096.0]  # both ways: a large element in either micro-batch halves
+
+
+def _accumulated_as_reference(model, reference, opts, micro_batches, steps):
+    """Train ``model`` with gradient accumulation of ``micro_batches`` for ``steps`` steps under automatic
+    loss scaling: the scales and weights equal ``reference`` trained step by step on the host. Returns the
+    scales and the training model."""
     x = torch.randn(3 * micro_batches, 4).half()
-    opts = _opts()
     opts.Training.gradientAccumulation(micro_batches)
     optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
     training = poptorch.trainingModel(model, opts, optimizer)
@@ -292,9 +299,9 @@ def test_gradient_accumulation_counts_every_micro_batch():
         scales.append(4096.0 * _factor(optimizer))
     training.copyWeightsToHost()
     assert scales == _reference_accumulated(reference, x.chunk(micro_batches), 4096.0, steps)
-    assert scales == [8192.0, 4096.0, 8192.0, 4096.0]  # both ways: a large element in either micro-batch halves
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    return scales, training
 
 
 def _reference_accumulated(model, micro_batches, scale, steps):
@@ -375,18 +382,7 @@ def test_each_ipu_counts_its_own_large_gradient_elements_in_a_pipeline():
     reference = copy.deepcopy(model)
     model.net[2] = poptorch.BeginBlock(model.net[2], ipu_id=1)
     micro_batches, steps = 3, 3  # two pipeline stages need 2 x 2 - 1 micro-batches
-    x = torch.randn(3 * micro_batches, 4).half()
     opts = _opts().setExecutionStrategy(poptorch.PipelinedExecution())
-    opts.Training.gradientAccumulation(micro_batches)
-    optimizer = poptorch.optim.SGD(model.parameters(), lr=LR, loss_scaling=4096.0)
-    training = poptorch.trainingModel(model, opts, optimizer)
-    scales = []
-    for _ in range(steps):
-        training(x)
-        scales.append(4096.0 * _factor(optimizer))
-    training.copyWeightsToHost()
-    assert scales == _reference_accumulated(reference, x.chunk(micro_batches), 4096.0, steps)
-    for a, b in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    _, training = _accumulated_as_reference(model, reference, opts, micro_batches, steps)
     crossing = [s for s in training.profile.programs["accumulate"]["steps"] if s.get("busiest_link_bytes", 0)]
     assert sorted(s["origin"]["role"] for s in crossing) == ["backward", "forward"]
