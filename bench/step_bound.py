@@ -123,6 +123,13 @@ def copy_regions(flat, runs, arena_bytes):
     return np.minimum(src, arena_bytes - nbytes), dst, nbytes
 
 
+def mergeable(regions):
+    """How many regions continue another's source and destination bytes (so one memcpy could do both): a
+    plan's rows already coalesce what they can, so this says whether fewer regions could copy the same bytes."""
+    src, dst, nbytes = (x[np.lexsort(regions[1::-1])] for x in regions)  # by destination, then source
+    return int(((dst[:-1] + nbytes[:-1] == dst[1:]) & (src[:-1] + nbytes[:-1] == src[1:])).sum())
+
+
 def replay_seconds(arena, regions, threads):
     """Wall seconds to memcpy ``regions`` within ``arena`` on ``threads`` threads, each an equal share of the
     bytes (TileArena.copy releases the GIL)."""
@@ -194,7 +201,7 @@ class GemmFloor:
             for (m, k, n), c in shapes.items()
         ]
         self.macs = sum(c * m * k * n for (m, k, n), c in shapes.items())
-        self.blocks = sum(shapes.values())
+        self.blocks, self.shapes = sum(shapes.values()), len(shapes)
 
     def seconds(self):
         start = time.perf_counter()
@@ -396,9 +403,11 @@ def row(name):
     kernels = ("exchange_memcpy", "exchange_rows", "exchange_bandwidth", "gemm_numpy", "gemm_engine")
     detail = (
         "  ms: exchange by memcpy {:.2f}, as engine byte rows {:.2f}, its bytes alone at streaming bandwidth {:.2f}; "
-        "GEMMs by NumPy {:.2f}, by the engine {:.2f}; median region {:.0f} B"
+        "GEMMs by NumPy {:.2f}, by the engine {:.2f}; median region {:.0f} B, {:,} mergeable; {:,} GEMM blocks of "
+        "{} shapes"
     )
-    figures = [statistics.median(f[k]) * 1e3 for k in kernels] + [np.median(floor.regions[2])]
+    figures = [statistics.median(f[k]) * 1e3 for k in kernels]
+    figures += [np.median(floor.regions[2]), mergeable(floor.regions), floor.gemm.blocks, floor.gemm.shapes]
     return f"{line}\n{detail.format(*figures)}"
 
 

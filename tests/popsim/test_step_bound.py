@@ -102,3 +102,12 @@ def test_element_work_counts_each_element_read_and_written():
     g.output("y", ops.exp(g.add_input("x", (100,), "float32")))
     _, table, rows, times = _step_of(g, {"x": np.ones(100, np.float32)})
     assert step_bound.element_work(table, rows, times) == (100, 100 * 4 * 2)
+
+
+def test_mergeable_counts_regions_that_continue_both_source_and_destination():
+    # Sorted by destination: (0 -> 100, 8 B), (8 -> 108), (50 -> 112), (54 -> 116): the second continues the
+    # first on both sides, the third the second's destination only, the fourth the third on both sides.
+    src = np.array([50, 0, 8, 54], np.int64)
+    dst = np.array([112, 100, 108, 116], np.int64)
+    nbytes = np.array([4, 8, 4, 4], np.int64)
+    assert step_bound.mergeable((src, dst, nbytes)) == 2
