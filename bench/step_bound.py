@@ -335,6 +335,7 @@ def _engine_watch(exe):
 
 def measure(name):
     """The floor of model ``name``'s training step and its median figures over interleaved rounds."""
+    # Imported here: the floor's helpers above need only NumPy and popsim, so popsim's tests can pin them.
     import torch
     from models import LR, STEPS_PER_ROUND, _case, _timed, threads
 
