@@ -175,3 +175,21 @@ def test_streams_beyond_the_run_s_cycles_stay_in_its_rest():
     timeline, _ = _placed(program, _streams(1, 0), [0])
     assert not any("tensor" in i.label for i in timeline.intervals)
     assert timeline.makespan == program["total_cycles"]
+
+
+def test_steps_of_no_phase_run_on_every_ipu_at_their_program_positions():
+    steps = [
+        {"ipu": 0, "cycles": 15},
+        {"stage": 0, "role": "forward", "ipu": 0, "cycles": 100},
+        {"ipu": 0, "cycles": 50, "transfer": "host callback", "name": "host-call"},
+        {"stage": 1, "role": "forward", "ipu": 1, "cycles": 300},
+    ]
+    program = {"steps": steps, "total_cycles": sum(_span(s["cycles"]) for s in steps) + 25}
+    timeline = popsim.Timeline()
+    placed = popsim.place_phases(timeline, program, TARGET, set(), 0, [0, 1])
+    first, phase_0, call, phase_1, rest = placed
+    both = ("replica 0 IPU 0 compute", "replica 0 IPU 1 compute")
+    assert first.resources == both and first.start == 0 and phase_0.start == first.end
+    assert call.resources == (*both, "replica 0 host") and call.label["transfer"] == "host callback"
+    assert call.start == phase_0.end and phase_1.start == call.end and rest.start == phase_1.end
+    assert rest.end - rest.start == 25 and timeline.makespan == program["total_cycles"]

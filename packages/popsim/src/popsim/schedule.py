@@ -376,9 +376,11 @@ def place_phases(
     host link and the compute tiles of the IPUs it writes or reads (``_phase_streams``): an input streams in
     once the unit before the first unit that reads it is done, and its readers wait for it; an output
     streams out once its producing unit is done on its IPU, while the next unit's other IPUs go on; a stream
-    of no unit holds every IPU, an input at the run's start, an output at its end. The rest of the run's
-    cycles (steps of no phase, control), plus ``extra_cycles``, follow on every IPU once everything is done.
-    When the streams add up to more than that rest, they stay in it.
+    of no unit holds every IPU, an input at the run's start, an output at its end. Steps of no phase run on
+    every IPU (a host-side one on its transfer's lane too) after the unit begun before them. The rest of the
+    run's cycles (control, loop repeats), plus ``extra_cycles``, follow on every IPU once everything is done.
+    When the streams and steps of no phase add up to more than the run's cycles beyond its units, they stay
+    in that rest, after the units.
 
     Streaming-memory loads and stores hold the compute tiles, one after another with the compute, unless
     ``overlap`` (PopTorch's ``Liveness.OffChipAfterFwd``): then they hold only the streaming-memory lane, a
@@ -390,11 +392,12 @@ def place_phases(
     label = {"replica": replica, **label}
     work = _phase_work(program, target, replica)
     rest = max(0, program["total_cycles"] - _total(work)) + extra_cycles
-    at = _phase_streams(streams, list(work), ipus)
+    at, between = _phase_streams(streams, list(work), ipus), _unplaced_work(program, target, replica)
     streamed = sum(s.cycles for entries in at.values() for s, _ in entries)
+    streamed += sum(piece[1] for pieces in between.values() for piece in pieces)
     if streamed > rest:
-        at, streamed = {}, 0
-    link = transfer_lane(replica, 0, HOST_TRANSFER)
+        at, between, streamed = {}, {}, 0
+    link, everywhere = transfer_lane(replica, 0, HOST_TRANSFER), [compute_lane(replica, i) for i in ipus]
 
     def stream(entry, after):  # one host stream on the host link and its IPUs' compute tiles
         s, held = entry
@@ -403,8 +406,15 @@ def place_phases(
         resources = [link, *(compute_lane(replica, ipu) for ipu in held)]
         return timeline.add(resources, s.cycles, after, not_before, **tags, **label)
 
+    def unplaced(index, after):  # the steps of no phase after unit ``index``, on every IPU
+        for lanes, cycles, transfer in between.get(index, []):
+            tags = {"transfer": transfer} if transfer else {"work": OUTSIDE_PHASES}
+            placed.append(timeline.add([*everywhere, *lanes], cycles, after, not_before, **tags, **label))
+            after = placed[-1:]
+        return after
+
     placed = [stream(entry, []) for entry in at.get((None, True), [])]
-    previous, last_pass, streamed_out = placed[:], None, []
+    previous, last_pass, streamed_out = unplaced(-1, placed[:]), None, []
     moved = [[], []]  # the streaming-memory transfers of the unit before the previous one and the previous one
     for index, ((phase, direction), unit) in enumerate(work.items()):
         edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
@@ -424,8 +434,8 @@ def place_phases(
         previous = list(done.values())
         for entry in at.get((index, False), []):
             streamed_out.append(stream(entry, [done[ipu] for ipu in entry[1] if ipu in done] or previous))
-    placed += streamed_out
-    everywhere = [compute_lane(replica, i) for i in ipus]
+            placed.append(streamed_out[-1])
+        previous = unplaced(index, previous)
     ends = previous + moved[0] + moved[1] + streamed_out
     for entry in at.get((None, False), []):
         placed.append(stream(entry, ends))
@@ -656,6 +666,23 @@ def _phase_work(program, target, replica):
             if not pieces or pieces[-1][0] != lanes or pieces[-1][3] != remote:
                 pieces.append([lanes, 0, transfer, remote])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    return work
+
+
+def _unplaced_work(program, target, replica):
+    """``{unit index: [[lanes, cycles, transfer], ...]}`` of a phased program's steps of no phase with their
+    syncs, each after the last unit (by index in order of first step, -1 before the first) begun before it:
+    consecutive steps holding the same lanes (a host-side transfer's) merged."""
+    work, units = {}, {}
+    for step in program["steps"]:
+        if "stage" in step:
+            units.setdefault((step["stage"], _pass_of(step)), len(units))
+            continue
+        pieces = work.setdefault(len(units) - 1, [])
+        lanes = _step_key(step, replica)[3]
+        if not pieces or pieces[-1][0] != lanes:
+            pieces.append([lanes, 0, step.get("transfer")])
+        pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 
