@@ -3,8 +3,11 @@ reads it and each output out just after the phase that makes it, on the host lin
 whose streams cannot overlap other work keeps its cycles, and a later phase's IPU works while an output made
 by an earlier phase streams out."""
 
+import copy
+
 import pytest
 import torch
+from sgd_step import train_one_step_like_eager
 
 import poptorch
 
@@ -27,18 +30,35 @@ class TwoPhases(torch.nn.Module):
         return early, out
 
 
-def _run(parallel):
-    """Outputs against eager's; the cycle count, the program's own cycles and the call's timeline."""
-    torch.manual_seed(0)
-    model = TwoPhases()
+class TwoPhasesWithLoss(TwoPhases):
+    """``early`` and a loss made in phase 1."""
+
+    def forward(self, x, y):
+        early, out = super().forward(x, y)
+        with poptorch.Block("1"):
+            return early, torch.nn.functional.mse_loss(out, x)
+
+
+def _options(parallel):
+    """Phases 0 and 1 on IPU 0 (serial) or on IPUs 0 and 1 (parallel)."""
     phases = (poptorch.Phase("0"), poptorch.Phase("1"))
     strategy = poptorch.ParallelPhasedExecution(*phases) if parallel else poptorch.SerialPhasedExecution(*phases)
     for p in range(2):
         strategy.phase(p).ipus(p if parallel else 0)
-    opts = poptorch.Options().showCompilationProgressBar(False).logCycleCount(True).setExecutionStrategy(strategy)
-    inference = poptorch.inferenceModel(model, opts)
+    return poptorch.Options().showCompilationProgressBar(False).logCycleCount(True).setExecutionStrategy(strategy)
+
+
+def _inputs():
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def _run(parallel):
+    """Outputs against eager's; the cycle count, the program's own cycles and the call's timeline."""
+    torch.manual_seed(0)
+    model = TwoPhases()
+    inference = poptorch.inferenceModel(model, _options(parallel))
+    x, y = _inputs()
     for got, want in zip(inference(x, y), model(x, y), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     program = inference.profile.programs["inference"]
@@ -83,3 +103,17 @@ def test_a_later_phase_s_ipu_works_while_an_earlier_output_streams_out():
     streams, work = _pieces(timeline)
     early = streams["output_0"]
     assert any(w["start"] < early["end"] and early["start"] < w["end"] for w in work[1])
+
+
+def test_a_training_step_streams_an_early_output_while_the_next_phase_computes():
+    torch.manual_seed(0)
+    model = TwoPhasesWithLoss()
+    trained = train_one_step_like_eager(model, copy.deepcopy(model), _options(True), *_inputs())
+    program = trained.profile.programs["train"]
+    assert trained.cycleCount() == program["run_timeline"]["makespan"] < program["total_cycles"]
+    streams, work = _pieces(program["run_timeline"])
+    early = streams["output_0"]
+    assert (early["phase"], early["pass"], early["ipu"]) == (0, "forward", 0)
+    later = [w for w in work[1] if w["pass"] == "forward"]
+    assert any(w["start"] < early["end"] and early["start"] < w["end"] for w in later)
+    trained.destroy()
