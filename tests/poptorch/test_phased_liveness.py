@@ -222,7 +222,8 @@ def test_off_chip_after_fwd_overlaps_transfers_with_compute_and_no_overlap_does_
 
 
 def test_off_chip_after_fwd_refuses_a_tile_the_overlap_takes_over_its_memory(monkeypatch):
-    tight = popsim.Target.small(num_tiles=4, tile_bytes=200 * 1024)
+    # Six phases peak at about 200 KB of a tile with OffChipAfterFwd, 135 KB with OffChipAfterFwdNoOverlap.
+    tight = popsim.Target.small(num_tiles=4, tile_bytes=192 * 1024)
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: tight)
     with pytest.raises(poptorch.Error, match=r"out of memory on .*\.OffChipAfterFwdNoOverlap does not overlap"):
         _train(poptorch.Liveness.OffChipAfterFwd, phases=6)
@@ -232,8 +233,10 @@ def test_off_chip_after_fwd_refuses_a_tile_the_overlap_takes_over_its_memory(mon
 def test_off_chip_after_fwd_holds_no_more_than_always_live_with_activations_parked(monkeypatch):
     """Three phases of narrow layers on a large batch (activations dominate): each parked activation is held,
     stored and loaded back within its AlwaysLive lifetime (from its forward producer to its last backward reader),
-    and loaded once per phase for all its readers there, so overlapping the transfers with the neighbouring phases
-    does not hold more than AlwaysLive does (it used to be counted on top of the allocator's peak and exceed it)."""
+    loaded once per phase for all its readers there, and off chip from the end of the phase after its store to the
+    start of the phase before its load (the peak, in the first backward phase, holds none of phase 0's), so with
+    the transfers overlapping the neighbouring phases the tiles hold less than AlwaysLive's (the overlap used to
+    be counted on top of the allocator's peak and exceed it)."""
     monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
     runs = {
         liveness: _train(liveness)
@@ -246,7 +249,7 @@ def test_off_chip_after_fwd_holds_no_more_than_always_live_with_activations_park
     live, _, overlapped = runs.values()
     torch.testing.assert_close(overlapped[:2], live[:2])
     peak = [run[2]["memory_max_tile_bytes"] for run in runs.values()]
-    assert peak[1] <= peak[2] <= peak[0]
+    assert peak[1] < peak[2] < peak[0]
     # One load of each parked value per phase and pass, for all its readers there.
     loads = [(s["stage"], s["role"], s["name"]) for s in overlapped[2]["steps"] if s["name"].startswith("remote load")]
     assert loads and len(loads) == len(set(loads))

@@ -32,7 +32,8 @@ def overlapped_lifetimes(placed, points, remote):
         if last in stores:
             last = max(last, units.end_after(last))
         extended.append((storage, first, last))
-    return extended
+    # In order of first use, as ``_liveness`` gives them: first fit in that order packs equal blocks tightly.
+    return sorted(extended, key=lambda block: block[1])
 
 
 class _Units:
