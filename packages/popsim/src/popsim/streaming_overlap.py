@@ -11,13 +11,14 @@ from popsim.remote import RemoteCopy
 def overlapped_lifetimes(placed, points, remote):
     """``placed`` ((storage, first point, last point) of each temporary storage, as ``executable._liveness``
     numbers ``points``, the program's ``provenance.program_points``) with the overlap's lifetimes: a load's
-    tile buffer is live from the first point of the unit (phase and pass) before the load's, while it loads,
-    and a storage whose last use is a store (into one of ``remote``, the streaming-memory storages) stays
-    live to the last point of the unit after the store's, until the store is done. Units are the points'
-    ``point_units``, numbered in order of first appearance (an unplaced point belongs to the unit before it);
-    the first unit of a pass has none before it, the last none after it (PopTorch leaves a gap of phases
-    between the passes, where those transfers overlap no compute)."""
-    units = _Units(point_units(points))
+    tile buffer is live from the first point of the compute of the unit (phase and pass) before the load's,
+    while it loads, and a storage whose last use is a store (into one of ``remote``, the streaming-memory
+    storages) stays live to the last point of the compute of the unit after the store's, until the store is
+    done. Units are the points' ``point_units``, numbered in order of first appearance (an unplaced point
+    belongs to the unit of the compute before it); the first unit of a pass has none before it, the last none
+    after it (PopTorch leaves a gap of phases between the passes, where those transfers overlap no compute).
+    A unit's compute is its points but the transfers: a store sits after the last reader of what it stores,
+    which may run in the next unit, but the schedule runs it with its own unit's transfers."""
     loaded, stores = {}, set()  # a load's buffer -> the load's point; the stores' points
     for point, step in enumerate(points):
         if isinstance(step, RemoteCopy):
@@ -25,6 +26,8 @@ def overlapped_lifetimes(placed, points, remote):
                 stores.add(point)
             else:
                 loaded[step.dst.storage] = point
+    transfers = stores.union(loaded.values())
+    units = _Units(point_units(points), transfers)
     extended = []
     for storage, first, last in placed:
         if storage in loaded:
@@ -37,17 +40,19 @@ def overlapped_lifetimes(placed, points, remote):
 
 
 class _Units:
-    """The unit of each program point and the points each unit spans."""
+    """The unit of each program point (``units``: each one's label, None where unplaced) and the points of
+    each unit's compute (its points but the ``transfers``)."""
 
-    def __init__(self, units):
+    def __init__(self, units, transfers):
         self.unit_of, keys, current = [], {}, None
-        for unit in units:
-            if unit is not None:
-                current = keys.setdefault(tuple(unit), len(keys))
-            self.unit_of.append(current)
-        self.spans = {}  # unit -> [first point, last point]
+        for point, unit in enumerate(units):
+            own = current if unit is None else keys.setdefault(tuple(unit), len(keys))
+            if point not in transfers:
+                current = own
+            self.unit_of.append(own)
+        self.spans = {}  # unit -> [first point, last point] of its compute
         for point, unit in enumerate(self.unit_of):
-            if unit is not None:
+            if unit is not None and point not in transfers:
                 self.spans.setdefault(unit, [point, point])[1] = point
         self.passes = [direction for _, direction in keys]  # each unit's pass, in order
 
@@ -61,9 +66,9 @@ class _Units:
     def start_before(self, point):
         """The first point of the unit before ``point``'s in its pass (``point`` when there is none)."""
         unit = self._beside(point, -1)
-        return point if unit is None else self.spans[unit][0]
+        return self.spans.get(unit, [point])[0]
 
     def end_after(self, point):
         """The last point of the unit after ``point``'s in its pass (``point`` when there is none)."""
         unit = self._beside(point, 1)
-        return point if unit is None else self.spans[unit][1]
+        return self.spans.get(unit, [point, point])[1]
