@@ -1,8 +1,6 @@
 """popsim.phase_schedule: a phase's IPUs run at the same time unless one reads another's values; IPUs that read
 each other both ways, and the phases themselves, run one after another."""
 
-import pytest
-
 import popsim
 
 TARGET = popsim.Target.small(num_tiles=4)
@@ -74,30 +72,6 @@ def test_overlapped_streaming_transfers_hide_under_the_neighbouring_phases_withi
     assert load_b.start >= store_b.end and computed[(1, "backward")].start == load_b.end
     assert computed[(1, "backward")].start <= load_a.start and load_a.end <= computed[(1, "backward")].end
     assert computed[(0, "backward")].start >= load_a.end
-
-
-def test_overlapped_streaming_transfers_hold_two_phases_data_on_the_tiles():
-    """A stored tensor lives until its store is done, during the next phase of its pass; a loaded buffer from
-    the start of the phase before its own in its pass, while it loads."""
-    program = _transfers_program()
-    points = ["a", "remote store a", "b", "remote store b", "remote load b", "grad b", "remote load a", "grad a"]
-    units = [[0, "forward"]] * 2 + [[1, "forward"]] * 2 + [[1, "backward"]] * 2 + [[0, "backward"]] * 2
-    program["liveness"] = {"points": points + ["stream outputs out"], "units": units + [None]}
-    tensors = [("a", 0, 1, 100), ("b", 2, 3, 200), ("remote load b", 4, 5, 200), ("remote load a", 6, 7, 100)]
-    program["tensors"] = [
-        {"name": name, "first": first, "last": last, "tile_runs": [[1, 2, nbytes]]}
-        for name, first, last, nbytes in tensors
-    ]
-    extra = popsim.streaming_overlap_bytes(program, TARGET)
-    # Peak 200 in program order; 300 with a beside b (forward), and with load a beside load b (backward).
-    assert extra.tolist() == [0, 100, 100, 0]
-
-
-def test_overlap_memory_needs_the_points_units():
-    program = _transfers_program()
-    program["liveness"] = {"points": ["a"]}
-    with pytest.raises(popsim.Error, match="no units"):
-        popsim.streaming_overlap_bytes(program, TARGET)
 
 
 HOST_LINK = "replica 0 host link"

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.errors import Error
 from popsim.timeline import (
     HOST_TRANSFER,
     STREAMING_MEMORY,
@@ -41,7 +40,7 @@ from popsim.timeline import (
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
 PASSES = ("forward", "backward")
 COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
-REMOTE_LOAD, REMOTE_STORE = "remote load ", "remote store "  # how streaming-memory transfers are named
+REMOTE_STORE = "remote store "  # how streaming-memory stores are named
 
 
 @dataclass(frozen=True)
@@ -387,7 +386,8 @@ def place_phases(
     unit's loads running while the unit before computes (once the one before that is done) and its stores
     while the next computes (the unit after that waits for them), within one pass: PopTorch leaves a gap of
     phases between the forward and backward passes, where the last forward unit's stores and the first
-    backward unit's loads overlap no compute. ``streaming_overlap_bytes`` is the tile memory this costs.
+    backward unit's loads overlap no compute. ``compile(..., overlap_streaming=True)`` places the tile memory
+    this holds (``streaming_overlap``).
     Returns the intervals."""
     label = {"replica": replica, **label}
     work = _phase_work(program, target, replica)
@@ -482,52 +482,6 @@ def _phase_streams(streams, units, ipus):
         phase, direction = units[unit] if found else (None, None)
         at.setdefault((unit, to_device), []).append((Stream(name, to_device, int(cycles), phase, direction), held))
     return at
-
-
-def streaming_overlap_bytes(program, target):
-    """Bytes each tile adds when a phased ``program``'s (a ``Profile.programs`` entry) streaming-memory
-    transfers overlap the neighbouring units' compute (``place_phases`` with ``overlap``): a load's buffer is
-    live from the start of the unit before its own, while it loads, and a tensor a store reads last stays
-    live to the end of the unit after the store's, until the store is done (both within one pass). The
-    increase of each tile's peak of live bytes over the program order's; an int64 array over the tiles of
-    ``target``."""
-    liveness = program.get("liveness", {})
-    units, labels = liveness.get("units"), liveness.get("points") or []
-    if units is None:
-        if any(_remote_direction(step) for step in program["steps"]):
-            raise Error("this profile's liveness has no units (phase and pass of each point): recompile the program")
-        units = []
-    unit_of, keys, current = [], {}, None  # each point's unit in order of first use (unplaced: the one before)
-    for unit in units:
-        if unit is not None:
-            current = keys.setdefault(tuple(unit), len(keys))
-        unit_of.append(current)
-    spans = {}  # unit -> [first point, last point]
-    for point, unit in enumerate(unit_of):
-        if unit is not None:
-            spans.setdefault(unit, [point, point])[1] = point
-    passes = [direction for _, direction in keys]  # each unit's pass, in order
-
-    def beside(unit, step):  # the unit ``step`` away from ``unit`` in the same pass, if any
-        other = unit + step
-        return other if unit is not None and 0 <= other < len(passes) and passes[other] == passes[unit] else None
-
-    count = len(units)
-    plain = np.zeros((count + 1, target.num_tiles), np.int64)
-    moved = np.zeros_like(plain)
-    for t in program.get("tensors", ()):
-        start, stop = max(t["first"], 0), count if t["last"] is None else min(t["last"], count - 1) + 1
-        later, earlier = start, stop
-        if t["name"].startswith(REMOTE_LOAD) and start < count and beside(unit_of[start], -1) is not None:
-            later = min(start, spans[beside(unit_of[start], -1)][0])
-        if 0 < stop <= len(labels) and labels[stop - 1].startswith(REMOTE_STORE):
-            after = beside(unit_of[stop - 1], 1)
-            earlier = stop if after is None else max(stop, spans[after][1] + 1)
-        for first, tiles, nbytes in t["tile_runs"]:
-            for live, (a, b) in ((plain, (start, stop)), (moved, (later, earlier))):
-                live[a, first : first + tiles] += nbytes
-                live[b, first : first + tiles] -= nbytes
-    return np.maximum(np.cumsum(moved, axis=0).max(axis=0) - np.cumsum(plain, axis=0).max(axis=0), 0)
 
 
 def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
