@@ -13,6 +13,7 @@ it and advances it between steps (capture registers no update for it).
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import operator
 import os
@@ -46,6 +47,7 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S
 # Path fragments of further files that are not the user's (Options.sourceLocationExcludes).
 _EXCLUDED = contextvars.ContextVar("poptorch_source_excludes", default=())
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
+_USER_PATHS_KEPT = 4096  # source files whose user/library verdict is remembered
 
 
 @dataclass
@@ -212,9 +214,10 @@ def _detach_grad_disabled_regions(program):
     gm = program.graph_module
     graph = gm.graph
     hop = torch.ops.higher_order.wrap_with_set_grad_enabled
-    for node in list(graph.nodes):
-        if node.target is not hop or node.args[0]:
-            continue
+    blocks = [node for node in graph.nodes if node.target is hop and not node.args[0]]
+    if not blocks:  # nothing to inline: the graph module's code stays as export generated it
+        return
+    for node in blocks:
         results = _inline_body(gm, node)
         # Each result the block hands out (a getitem of the block node) reaches its users detached.
         for user in list(node.users):
@@ -274,8 +277,18 @@ def _is_user_file(path):
     """Code of the user or of a library they use (transformers...): neither torch, poptorch nor generated."""
     if path.startswith("<"):  # <string>, <eval_with_key>: code torch generated
         return False
-    path = os.path.abspath(path)
-    if any(fragment in path for fragment in _EXCLUDED.get()):
+    if not os.path.isabs(path):  # resolved against the working directory, which may change: not kept
+        return _is_user_path.__wrapped__(os.path.abspath(path), _EXCLUDED.get())
+    return _is_user_path(path, _EXCLUDED.get())
+
+
+@functools.lru_cache(maxsize=_USER_PATHS_KEPT)
+def _is_user_path(path, excluded):
+    """``_is_user_file`` of an absolute path, for the excluded fragments ``excluded``. Export asks it of
+    every frame of every traced op (thousands of times per model, of the same few dozen files), hence
+    kept: the answer depends only on the path, the fragments and the two fixed install directories."""
+    path = os.path.normpath(path)
+    if any(fragment in path for fragment in excluded):
         return False
     return not (path.startswith(_TORCH_DIR) or path.startswith(_POPTORCH_DIR))
 
