@@ -13,7 +13,7 @@ import numpy as np
 
 from popir import DType
 from popsim import _opcodes as oc
-from popsim import broadcast_rows, cost
+from popsim import _reduce_plan, broadcast_rows, cost
 from popsim.device_graph import Regions
 from popsim.mapping import TileMapping
 from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
@@ -465,19 +465,20 @@ class Lowerer:
         rows, group = index.shape
         tile_of = np.concatenate([np.repeat(s.mapping.tiles, s.mapping.stops - s.mapping.starts) for s in srcs])
         tile = tile_of[index.reshape(-1)]
-        keys, pair_of, counts = np.unique(tile * rows + np.repeat(np.arange(rows), group), return_inverse=True,
-                                          return_counts=True)  # fmt: skip
-        if keys.size == index.size:  # no tile holds two elements of one row
+        # Each element's (row, tile) pair, numbered by tile then row, and its place among its pair's elements.
+        found = _reduce_plan.row_tile_pairs(tile, group)
+        if found is None:  # no tile holds two elements of one row
             return None
-        pair_of = pair_of.reshape(-1)
-        by_pair = np.argsort(pair_of, kind="stable")
-        rank = np.empty(index.size, np.int64)  # each element's place among its pair's, in index order
-        rank[by_pair] = np.arange(index.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        pair_of, rank, pair_tile, pair_row, counts = found
         share = np.maximum(grain, -(-counts // self.target.workers))
-        parts, part_of, part_counts = np.unique(pair_of * group + rank // share[pair_of], return_inverse=True,
-                                                return_counts=True)  # fmt: skip
-        part_tile, part_row = keys[parts // group] // rows, keys[parts // group] % rows
-        pairs = tile, part_of.reshape(-1), part_tile, part_row, part_counts
+        # A pair's parts are its consecutive shares of ``share`` elements, numbered pair after pair.
+        per_pair = -(-counts // share)
+        part_pair = np.repeat(np.arange(counts.size), per_pair)
+        part_first = np.cumsum(per_pair) - per_pair
+        sub = np.arange(part_pair.size) - part_first[part_pair]  # each part's place among its pair's
+        part_counts = np.minimum(share[part_pair], counts[part_pair] - sub * share[part_pair])
+        part_of = part_first[pair_of] + rank // share[pair_of]
+        pairs = tile, part_of, pair_tile[part_pair], pair_row[part_pair], part_counts
         return pairs if self._local_pays(srcs, index, pairs, out_mapping, splits) else None
 
     def _local_pays(self, srcs, index, pairs, out_mapping, splits):
