@@ -85,6 +85,7 @@ class Lowerer:
         self._scalars = {}  # (scalar tensor, IPU's first tile, tile count) -> its copy on each of those tiles
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
         self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
+        self._reduce_pairs = {}  # everything a reduction's _local_pairs depends on -> its result
         self.conv_layouts = {}  # everything a direct convolution's layout depends on -> its conv_plan.ConvLayout
 
     def budget_node(self, node, ipu):
@@ -415,7 +416,7 @@ class Lowerer:
         splits = max(1, min(math.ceil(group / grain), self.target.num_tiles // rows))
         partial = self.partials_type if (op == "sum" and dtype == DType.float16) else dtype
         out_mapping = TileMapping.linear(rows, dtype.itemsize, self.target)
-        pairs = self._local_pairs(srcs, index, out_mapping, grain, splits)
+        pairs = self._reused_local_pairs(srcs, index, out_mapping, grain, splits)
         if pairs is not None:
             partials, index = self._reduce_on_source_tiles(op, srcs, index, src_dtype, partial, pairs)
             return self.reduce_index(op, [partials], index, shape, dtype, partial)
@@ -453,6 +454,18 @@ class Lowerer:
         )
         self._reduce_vertices(op, gathered, out, splits)
         return out
+
+    def _reused_local_pairs(self, srcs, index, out_mapping, grain, splits):
+        """``_local_pairs``, worked out once per distinct reduction: a repeated layer's reductions (equal index
+        maps, source sizes, placements and dtypes, output placements) reuse those of its first instance."""
+        where = (self.target.first_tile, self.target.num_tiles, srcs[0].dtype, grain, splits)
+        key = (where, out_mapping.key(), _sources_key(srcs), _index_key(index))
+        if key not in self._reduce_pairs:
+            pairs = self._local_pairs(srcs, index, out_mapping, grain, splits)
+            for array in pairs or ():
+                array.flags.writeable = False  # shared by every reduction with this key
+            self._reduce_pairs[key] = pairs
+        return self._reduce_pairs[key]
 
     def _local_pairs(self, srcs, index, out_mapping, grain, splits):
         """The parts of a reduction's elements that ``_reduce_on_source_tiles`` reduces on their tiles, as
