@@ -202,6 +202,8 @@ def copy_plan(const offset_t[::1] index, const offset_t[::1] elements, const off
                         seen_v[j] = 1
                         fresh += 1
                 sv[st] += fresh
+                if num_ipus == 1:  # no IPU-Links to count (and no divisions to find the IPUs)
+                    continue
                 si, di = st // tiles_per_ipu, dt // tiles_per_ipu
                 if si != di:
                     bit = (<uint64_t> 1) << (di % 64)

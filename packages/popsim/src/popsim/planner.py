@@ -13,7 +13,7 @@ import numpy as np
 
 from popir import DType
 from popsim import _opcodes as oc
-from popsim import broadcast_rows, cost
+from popsim import _reduce_plan, broadcast_rows, cost
 from popsim.device_graph import Regions
 from popsim.mapping import TileMapping
 from popsim.matmul_plan import DEFAULT_AVAILABLE_MEMORY, plan_matmul
@@ -85,6 +85,7 @@ class Lowerer:
         self._scalars = {}  # (scalar tensor, IPU's first tile, tile count) -> its copy on each of those tiles
         self.in_place = {}  # popir value id -> the device variable its elementwise node writes in place
         self._matmul_plans = {}  # everything a matmul plan depends on -> its _MatmulLayout
+        self._reduce_pairs = {}  # everything a reduction's _local_pairs depends on -> its result
         self.conv_layouts = {}  # everything a direct convolution's layout depends on -> its conv_plan.ConvLayout
 
     def budget_node(self, node, ipu):
@@ -415,7 +416,7 @@ class Lowerer:
         splits = max(1, min(math.ceil(group / grain), self.target.num_tiles // rows))
         partial = self.partials_type if (op == "sum" and dtype == DType.float16) else dtype
         out_mapping = TileMapping.linear(rows, dtype.itemsize, self.target)
-        pairs = self._local_pairs(srcs, index, out_mapping, grain, splits)
+        pairs = self._reused_local_pairs(srcs, index, out_mapping, grain, splits)
         if pairs is not None:
             partials, index = self._reduce_on_source_tiles(op, srcs, index, src_dtype, partial, pairs)
             return self.reduce_index(op, [partials], index, shape, dtype, partial)
@@ -454,6 +455,18 @@ class Lowerer:
         self._reduce_vertices(op, gathered, out, splits)
         return out
 
+    def _reused_local_pairs(self, srcs, index, out_mapping, grain, splits):
+        """``_local_pairs``, worked out once per distinct reduction: a repeated layer's reductions (equal index
+        maps, source sizes, placements and dtypes, output placements) reuse those of its first instance."""
+        where = (self.target.first_tile, self.target.num_tiles, srcs[0].dtype, grain, splits)
+        key = (where, out_mapping.key(), _sources_key(srcs), _index_key(index))
+        if key not in self._reduce_pairs:
+            pairs = self._local_pairs(srcs, index, out_mapping, grain, splits)
+            for array in pairs or ():
+                array.flags.writeable = False  # shared by every reduction with this key
+            self._reduce_pairs[key] = pairs
+        return self._reduce_pairs[key]
+
     def _local_pairs(self, srcs, index, out_mapping, grain, splits):
         """The parts of a reduction's elements that ``_reduce_on_source_tiles`` reduces on their tiles, as
         (each element's tile, each element's part, each part's tile, row and element count), when some tile
@@ -465,19 +478,20 @@ class Lowerer:
         rows, group = index.shape
         tile_of = np.concatenate([np.repeat(s.mapping.tiles, s.mapping.stops - s.mapping.starts) for s in srcs])
         tile = tile_of[index.reshape(-1)]
-        keys, pair_of, counts = np.unique(tile * rows + np.repeat(np.arange(rows), group), return_inverse=True,
-                                          return_counts=True)  # fmt: skip
-        if keys.size == index.size:  # no tile holds two elements of one row
+        # Each element's (row, tile) pair, numbered by tile then row, and its place among its pair's elements.
+        found = _reduce_plan.row_tile_pairs(tile, group)
+        if found is None:  # no tile holds two elements of one row
             return None
-        pair_of = pair_of.reshape(-1)
-        by_pair = np.argsort(pair_of, kind="stable")
-        rank = np.empty(index.size, np.int64)  # each element's place among its pair's, in index order
-        rank[by_pair] = np.arange(index.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        pair_of, rank, pair_tile, pair_row, counts = found
         share = np.maximum(grain, -(-counts // self.target.workers))
-        parts, part_of, part_counts = np.unique(pair_of * group + rank // share[pair_of], return_inverse=True,
-                                                return_counts=True)  # fmt: skip
-        part_tile, part_row = keys[parts // group] // rows, keys[parts // group] % rows
-        pairs = tile, part_of.reshape(-1), part_tile, part_row, part_counts
+        # A pair's parts are its consecutive shares of ``share`` elements, numbered pair after pair.
+        per_pair = -(-counts // share)
+        part_pair = np.repeat(np.arange(counts.size), per_pair)
+        part_first = np.cumsum(per_pair) - per_pair
+        sub = np.arange(part_pair.size) - part_first[part_pair]  # each part's place among its pair's
+        part_counts = np.minimum(share[part_pair], counts[part_pair] - sub * share[part_pair])
+        part_of = part_first[pair_of] + rank // share[pair_of]
+        pairs = tile, part_of, pair_tile[part_pair], pair_row[part_pair], part_counts
         return pairs if self._local_pays(srcs, index, pairs, out_mapping, splits) else None
 
     def _local_pays(self, srcs, index, pairs, out_mapping, splits):
