@@ -7,6 +7,7 @@ import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim
+from poptorch._attributes import Attribute
 from poptorch._blocks import (
     IPU,
     AutoStage,
@@ -38,6 +39,7 @@ from poptorch._executor_api import (
     registerPreCompileHook,
 )
 from poptorch._host_io_ops import CPU, MultiConv, set_overlap_for_input, set_overlap_for_output
+from poptorch._logging import logger
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory
@@ -154,6 +156,7 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "Attribute",
     "CommGroupType",
     "AutoStage",
     "BeginBlock",
@@ -211,6 +214,7 @@ __all__ = [
     "ipuHardwareVersion",
     "isRunningOnIpu",
     "load",
+    "logger",
     "nop",
     "ipu_print_tensor",
     "optim",

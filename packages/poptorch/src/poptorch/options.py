@@ -597,6 +597,10 @@ class _PopartOptions(_Group):
         getattr(self._owner, _POPART_OPTIONS[key])(value)
         return self
 
+    def setEngineOptions(self, engine_options):
+        """Poplar engine options, as ``set("engineOptions", engine_options)``."""
+        return self._engine_options(engine_options)
+
     def _engine_options(self, options):
         """Poplar engine options: ``debug.allowOutOfMemory`` compiles (and here runs) a program whose tiles
         exceed their memory, so its profile shows where; other engine options are refused."""
@@ -616,6 +620,11 @@ class _PopartOptions(_Group):
     def setPatterns(self, patterns, level=None):
         """PopART graph patterns: refused, the simulator runs its own popir passes."""
         raise not_modelled("_Popart.setPatterns", "the simulator optimises graphs with its own passes; remove the call")
+
+
+class ConfigFileError(Error):
+    """A line of an options file (``Options.loadFromFile``) that is not a setter call, as PopTorch's
+    ``poptorch.options.ConfigFileError``."""
 
 
 def _config_value(node):
@@ -743,7 +752,7 @@ class Options(_NoAssignment):
                         raise ValueError("expected a setter call")
                     self._call(ast.unparse(call.func), [_config_value(a) for a in call.args])
                 except (SyntaxError, ValueError, AttributeError) as exc:
-                    raise Error(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
+                    raise ConfigFileError(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
         return self
 
     def from_json(self, text):
@@ -917,6 +926,10 @@ class Options(_NoAssignment):
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
             raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
         return self._set("sourceLocationExcludes", tuple(excludes))
+
+    def appendToLocationExcludes(self, *excludes):
+        """Add path fragments to those ``sourceLocationExcludes`` holds."""
+        return self.sourceLocationExcludes(self.source_location_excludes + excludes)
 
     def useOfflineIpuTarget(self, ipu_version=2):
         """Compile for an IPU of ``ipu_version`` (1, 2 or 21) without attaching to a device

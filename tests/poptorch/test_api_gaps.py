@@ -1,0 +1,75 @@
+"""PopTorch public names that real scripts call: each one works as PopTorch documents or is refused."""
+
+import logging
+
+import pytest
+import torch
+
+import poptorch
+import poptorch.options
+
+
+def _opts():
+    return poptorch.Options().showCompilationProgressBar(False)
+
+
+def test_set_engine_options_sets_what_the_simulator_models():
+    opts = _opts()
+    assert opts.allow_out_of_memory is False
+    assert opts._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"}) is opts._Popart
+    assert opts.allow_out_of_memory is True
+    with pytest.raises(poptorch.Error, match="'target.syncReplicasIndependently' is not modelled"):
+        opts._Popart.setEngineOptions({"target.syncReplicasIndependently": "true"})
+    with pytest.raises(poptorch.Error, match="takes a dict"):
+        opts._Popart.setEngineOptions("debug.allowOutOfMemory")
+
+
+def test_append_to_location_excludes_extends_the_list(tmp_path, monkeypatch):
+    library = "import torch\n\n\nclass Divide(torch.nn.Module):\n    def forward(self, x, y):\n        return x / y\n"
+    (tmp_path / "appended_library.py").write_text(library)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import appended_library
+
+    class _UsesLibrary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.divide = appended_library.Divide()
+
+        def forward(self, x, y):
+            return self.divide(x, y) + 1
+
+    opts = _opts().sourceLocationExcludes(["unrelated"]).appendToLocationExcludes("appended_library")
+    assert opts.source_location_excludes == ("unrelated", "appended_library")
+    opts.Precision.enableFloatingPointExceptions(True)
+    with pytest.raises(poptorch.Error, match="div produced") as info:
+        poptorch.inferenceModel(_UsesLibrary(), opts)(torch.ones(1, 2), torch.zeros(1, 2))
+    # The appended fragment skips the library's frame: the error names the caller's line.
+    assert "test_api_gaps.py" in info.value.location and "self.divide(x, y)" in info.value.location
+    with pytest.raises(poptorch.Error, match="list of path fragments"):
+        _opts().appendToLocationExcludes(3)
+
+
+def test_bad_options_file_line_raises_config_file_error(tmp_path):
+    path = tmp_path / "opts.txt"
+    path.write_text("deviceIterations(2)\nthis is not a call\n")
+    with pytest.raises(poptorch.options.ConfigFileError, match="opts.txt:2: cannot parse option") as info:
+        poptorch.Options().loadFromFile(str(path))
+    assert isinstance(info.value, poptorch.Error)
+
+
+def test_logger_is_the_one_set_log_level_controls():
+    assert poptorch.logger is logging.getLogger("poptorch")
+    level = poptorch.logger.level
+    try:
+        poptorch.setLogLevel("DEBUG")
+        assert poptorch.logger.isEnabledFor(logging.DEBUG)
+        poptorch.setLogLevel("ERR")
+        assert not poptorch.logger.isEnabledFor(logging.WARNING)
+    finally:
+        poptorch.logger.setLevel(level)
+
+
+def test_attribute_block_is_refused_naming_the_attributes():
+    with pytest.raises(poptorch.Error, match=r"poptorch.Attribute\(__outline\) is not modelled"):
+        with poptorch.Attribute(__outline={"layer": "Dense"}):
+            pass
