@@ -24,6 +24,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._cluster_ops import fps, nearest
 from poptorch._ctc_decoder import ctc_beam_search_decoder
 from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
@@ -206,6 +207,7 @@ __all__ = [
     "dynamic_slice",
     "dynamic_update",
     "for_loop",
+    "fps",
     "identity_loss",
     "inferenceModel",
     "hasMLIRSupportOnPlatform",
@@ -215,6 +217,7 @@ __all__ = [
     "isRunningOnIpu",
     "load",
     "logger",
+    "nearest",
     "nop",
     "ipu_print_tensor",
     "optim",
