@@ -73,3 +73,28 @@ def test_attribute_block_is_refused_naming_the_attributes():
     with pytest.raises(poptorch.Error, match=r"poptorch.Attribute\(__outline\) is not modelled"):
         with poptorch.Attribute(__outline={"layer": "Dense"}):
             pass
+
+
+class _Timed:
+    def step(self):
+        return 3
+
+
+def test_profiling_channel_without_libpvti_records_nothing():
+    # PopTorch documents a channel as a no-op when libpvti is missing, as it is on the simulator.
+    channel = poptorch.profiling.Channel("MyApp")
+    timed = _Timed()
+    assert channel.instrument(timed, "step") is timed and timed.step() == 3
+    with channel.tracepoint("TimeThis"):
+        value = timed.step()
+    assert value == 3
+    with pytest.raises(AttributeError, match="no method 'missing'"):
+        channel.instrument(timed, "missing")
+
+
+def test_testing_allclose_compares_structure_and_values():
+    a, b = torch.ones(2), torch.zeros(2)
+    assert poptorch.testing.allclose((a, [b]), (a.clone(), [b.clone()]))
+    assert not poptorch.testing.allclose((a, [b]), (a, [a]))
+    assert not poptorch.testing.allclose((a, [b]), (a, (b,)))
+    assert not poptorch.testing.allclose([a, b], [a])

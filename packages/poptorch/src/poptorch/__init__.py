@@ -6,7 +6,7 @@ from importlib.metadata import version as _version
 import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
-from poptorch import optim
+from poptorch import optim, profiling, testing
 from poptorch._attributes import Attribute
 from poptorch._blocks import (
     IPU,
@@ -221,9 +221,11 @@ __all__ = [
     "nop",
     "ipu_print_tensor",
     "optim",
+    "profiling",
     "registerCustomArgParser",
     "registerPostCompileHook",
     "registerPreCompileHook",
     "setLogLevel",
+    "testing",
     "trainingModel",
 ]
