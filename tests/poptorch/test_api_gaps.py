@@ -98,3 +98,32 @@ def test_testing_allclose_compares_structure_and_values():
     assert not poptorch.testing.allclose((a, [b]), (a, [a]))
     assert not poptorch.testing.allclose((a, [b]), (a, (b,)))
     assert not poptorch.testing.allclose([a, b], [a])
+
+
+class _Double(torch.nn.Module):
+    @poptorch.autocast(enabled=False)
+    def forward(self, x):
+        return x @ x
+
+
+def test_autocast_regions_without_casting_work_and_casting_ones_are_refused():
+    x = torch.randn(2, 2)
+    out = poptorch.inferenceModel(_Double(), _opts())(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x @ x)
+    with pytest.raises(poptorch.Error, match=r"poptorch.autocast\(\) is not modelled.*module.half\(\)"):
+        poptorch.autocast()
+    with pytest.raises(ValueError, match="enabled must be set to either True or False"):
+        poptorch.autocast(enabled=1)
+
+
+def test_autocast_enabled_option_is_stored_and_checked():
+    opts = poptorch.Options()
+    assert opts.Precision.autocast_enabled is True
+    assert opts.Precision.autocastEnabled(False).autocast_enabled is False
+    with pytest.raises(ValueError, match="autocastEnabled must be set to either True or False"):
+        opts.Precision.autocastEnabled("no")
+
+
+def test_config_file_error_is_exported_at_top_level():
+    assert poptorch.ConfigFileError is poptorch.options.ConfigFileError

@@ -8,6 +8,7 @@ import torch
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from poptorch import optim, profiling, testing
 from poptorch._attributes import Attribute
+from poptorch._autocast import autocast
 from poptorch._blocks import (
     IPU,
     AutoStage,
@@ -61,7 +62,7 @@ from poptorch.enums import (
     VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options, TensorLocationSettings
+from poptorch.options import ConfigFileError, Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -159,6 +160,7 @@ __all__ = [
     "AsynchronousDataAccessor",
     "Attribute",
     "CommGroupType",
+    "ConfigFileError",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -203,6 +205,7 @@ __all__ = [
     "UnsupportedOpError",
     "VariableRetrievalMode",
     "__version__",
+    "autocast",
     "cond",
     "dynamic_slice",
     "dynamic_update",

@@ -77,6 +77,7 @@ _DEFAULTS = {
     "Precision.floatingPointExceptions": False,
     "Precision.runningStatisticsAlwaysFloat": True,
     "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
+    "Precision.autocastEnabled": True,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
     "Distributed.localProcessId": 0,
@@ -352,6 +353,17 @@ class _PrecisionOptions(_Group):
                 "ops follow torch's type promotion (HalfUpcastToFloat); cast the float32 operand to half yourself",
             )
         return self._set("halfFloatCasting", HalfFloatCastingBehavior.HalfUpcastToFloat)
+
+    def autocastEnabled(self, autocast_enabled):
+        """Whether ``poptorch.autocast`` regions cast (default True). Enabled regions are refused by the
+        simulator (see ``poptorch.autocast``), so the model always runs in its own dtypes either way."""
+        if not isinstance(autocast_enabled, bool):
+            raise ValueError("autocastEnabled must be set to either True or False")
+        return self._set("autocastEnabled", autocast_enabled)
+
+    @property
+    def autocast_enabled(self):
+        return self._get("autocastEnabled")
 
     @property
     def partials_type(self):
