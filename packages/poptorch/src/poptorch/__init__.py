@@ -6,7 +6,7 @@ from importlib.metadata import version as _version
 import torch
 
 from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
-from poptorch import optim, profiling, testing
+from poptorch import experimental, optim, profiling, testing
 from poptorch._attributes import Attribute
 from poptorch._autocast import autocast
 from poptorch._blocks import (
@@ -209,6 +209,7 @@ __all__ = [
     "cond",
     "dynamic_slice",
     "dynamic_update",
+    "experimental",
     "for_loop",
     "fps",
     "identity_loss",

@@ -97,3 +97,10 @@ class MultiConvPlanType(enum.IntEnum):
 
     Parallel = 0
     Serial = 1
+
+
+class Compiler(enum.IntEnum):
+    """The backend ``poptorch.experimental.IPUContext`` / ``IPUScope`` compile with."""
+
+    PopART = 0
+    MLIR = 1
