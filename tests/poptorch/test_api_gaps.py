@@ -127,3 +127,11 @@ def test_autocast_enabled_option_is_stored_and_checked():
 
 def test_config_file_error_is_exported_at_top_level():
     assert poptorch.ConfigFileError is poptorch.options.ConfigFileError
+
+
+def test_use_on_chip_storage_none_clears_the_setting():
+    settings = poptorch.TensorLocationSettings().useOnChipStorage(False)
+    assert settings.off_chip()
+    assert not settings.useOnChipStorage(None).off_chip()
+    with pytest.raises(poptorch.Error, match="takes True or False"):
+        settings.useOnChipStorage(0)

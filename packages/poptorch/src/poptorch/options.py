@@ -451,7 +451,11 @@ class TensorLocationSettings:
         return self._record("minElementsForReplicatedTensorSharding", min_elements, _non_negative)
 
     def useOnChipStorage(self, use=True):
-        """Keep the tensors in tile memory (True) or in streaming memory (False)."""
+        """Keep the tensors in tile memory (True) or in streaming memory (False); None clears the setting
+        (back to the default, tile memory), as PopTorch's "keep it undefined"."""
+        if use is None:
+            self._values.pop("useOnChipStorage", None)
+            return self
         return self._record("useOnChipStorage", use, _bool)
 
     def useReplicatedTensorSharding(self, use=True):
