@@ -135,3 +135,13 @@ def test_use_on_chip_storage_none_clears_the_setting():
     assert not settings.useOnChipStorage(None).off_chip()
     with pytest.raises(poptorch.Error, match="takes True or False"):
         settings.useOnChipStorage(0)
+
+
+def test_ipu_print_tensor_refuses_formatting_it_does_not_model(capsys):
+    x = torch.ones(2)
+    with pytest.raises(poptorch.Error, match=r"ipu_print_tensor's formatting \(digits, open_bracket\) is not"):
+        poptorch.ipu_print_tensor(x, "x", digits=2, open_bracket="(")
+    with pytest.raises(TypeError, match="unexpected keyword arguments: colour"):
+        poptorch.ipu_print_tensor(x, "x", colour=True)
+    torch.testing.assert_close(poptorch.ipu_print_tensor(x, "x"), x)
+    assert "x: [1., 1.]" in capsys.readouterr().out
