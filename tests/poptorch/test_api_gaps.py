@@ -145,3 +145,10 @@ def test_ipu_print_tensor_refuses_formatting_it_does_not_model(capsys):
         poptorch.ipu_print_tensor(x, "x", colour=True)
     torch.testing.assert_close(poptorch.ipu_print_tensor(x, "x"), x)
     assert "x: [1., 1.]" in capsys.readouterr().out
+
+
+def test_sharing_strategy_is_exported_with_poptorchs_members():
+    import popdata
+
+    assert poptorch.SharingStrategy is popdata.SharingStrategy
+    assert [m.name for m in poptorch.SharingStrategy] == ["SharedMemory", "FileSystem", "Fork", "ForkServer"]

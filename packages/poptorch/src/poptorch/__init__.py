@@ -5,7 +5,7 @@ from importlib.metadata import version as _version
 
 import torch
 
-from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
+from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode, SharingStrategy
 from poptorch import experimental, optim, profiling, testing
 from poptorch._attributes import Attribute
 from poptorch._autocast import autocast
@@ -172,6 +172,7 @@ __all__ = [
     "Phase",
     "PipelinedExecution",
     "SerialPhasedExecution",
+    "SharingStrategy",
     "ShardedExecution",
     "Stage",
     "TensorLocationSettings",
