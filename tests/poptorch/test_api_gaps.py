@@ -152,3 +152,11 @@ def test_sharing_strategy_is_exported_with_poptorchs_members():
 
     assert poptorch.SharingStrategy is popdata.SharingStrategy
     assert [m.name for m in poptorch.SharingStrategy] == ["SharedMemory", "FileSystem", "Fork", "ForkServer"]
+
+
+def test_enum_values_are_poptorchs():
+    # Scripts may pass these as integers (per_replica_params tuples hold PopTorch's raw values).
+    assert poptorch.VariableRetrievalMode(2) is poptorch.VariableRetrievalMode.AllReplicas
+    assert poptorch.VariableRetrievalMode(0) is poptorch.VariableRetrievalMode.OnePerGroup
+    behaviours = poptorch.HalfFloatCastingBehavior
+    assert [behaviours(i).name for i in range(3)] == ["FloatDowncastToHalf", "HalfUpcastToFloat", "Default"]
