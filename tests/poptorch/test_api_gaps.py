@@ -1,5 +1,6 @@
 """PopTorch public names that real scripts call: each one works as PopTorch documents or is refused."""
 
+import importlib
 import logging
 
 import pytest
@@ -160,3 +161,8 @@ def test_enum_values_are_poptorchs():
     assert poptorch.VariableRetrievalMode(0) is poptorch.VariableRetrievalMode.OnePerGroup
     behaviours = poptorch.HalfFloatCastingBehavior
     assert [behaviours(i).name for i in range(3)] == ["FloatDowncastToHalf", "HalfUpcastToFloat", "Default"]
+
+
+def test_eager_mode_import_is_refused():
+    with pytest.raises(poptorch.Error, match=r"eager mode \(import poptorch.eager\) is not modelled"):
+        importlib.import_module("poptorch.eager")
