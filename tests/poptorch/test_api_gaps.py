@@ -44,8 +44,8 @@ def test_append_to_location_excludes_extends_the_list(tmp_path, monkeypatch):
     opts.Precision.enableFloatingPointExceptions(True)
     with pytest.raises(poptorch.Error, match="div produced") as info:
         poptorch.inferenceModel(_UsesLibrary(), opts)(torch.ones(1, 2), torch.zeros(1, 2))
-    # The appended fragment skips the library's frame: the error names the caller's line.
-    assert "test_api_gaps.py" in info.value.location and "self.divide(x, y)" in info.value.location
+    # The appended fragment skips the library's frame: the error names the caller's code instead.
+    assert "test_api_gaps.py" in info.value.location and "appended_library" not in info.value.location
     with pytest.raises(poptorch.Error, match="list of path fragments"):
         _opts().appendToLocationExcludes(3)
 
@@ -166,3 +166,16 @@ def test_enum_values_are_poptorchs():
 def test_eager_mode_import_is_refused():
     with pytest.raises(poptorch.Error, match=r"eager mode \(import poptorch.eager\) is not modelled"):
         importlib.import_module("poptorch.eager")
+
+
+def test_engine_options_auto_report_enables_profiling(tmp_path):
+    opts = _opts()
+    opts._Popart.setEngineOptions({"autoReport.all": "true", "autoReport.directory": str(tmp_path)})
+    assert opts.profile_dir == str(tmp_path)
+    poptorch.inferenceModel(torch.nn.Linear(2, 2), opts.modelName("engine"))(torch.ones(1, 2))
+    assert (tmp_path / "engine" / "profile.json").is_file()
+    unchanged = _opts()
+    unchanged._Popart.setEngineOptions({"autoReport.all": "false"})
+    assert unchanged.profile_dir is None
+    with pytest.raises(poptorch.Error, match="writes nothing without autoReport.all"):
+        _opts()._Popart.setEngineOptions({"autoReport.directory": str(tmp_path)})

@@ -16,6 +16,8 @@ import os
 import torch
 
 from poptorch import _blocks, _device_ids, _distributed, _logging
+from poptorch._auto_report import _DIRECTORY as REPORT_DIRECTORY
+from poptorch._auto_report import _SWITCHES as REPORT_SWITCHES
 from poptorch.enums import (
     CommGroupType,
     ConnectionType,
@@ -619,23 +621,37 @@ class _PopartOptions(_Group):
 
     def _engine_options(self, options):
         """Poplar engine options: ``debug.allowOutOfMemory`` compiles (and here runs) a program whose tiles
-        exceed their memory, so its profile shows where; other engine options are refused."""
+        exceed their memory, so its profile shows where; ``autoReport.all`` (or another profile output) set
+        to true writes the profile into ``autoReport.directory`` as ``enableProfiling`` does (PopTorch's
+        enableProfiling sets these options); other engine options are refused."""
         if not isinstance(options, dict):
             raise Error(f"_Popart.set('engineOptions', ...) takes a dict of Poplar engine options, got {options!r}")
+        options = dict(options)
+        directory = options.pop(REPORT_DIRECTORY, None)
+        reports = [_engine_flag(name, options.pop(name)) for name in REPORT_SWITCHES if name in options]
         for name, value in options.items():
             if name not in _ENGINE_OPTIONS:
                 raise not_modelled(
-                    f"The Poplar engine option {name!r}", "the simulator models only debug.allowOutOfMemory"
+                    f"The Poplar engine option {name!r}",
+                    "the simulator models only debug.allowOutOfMemory and the autoReport profile outputs",
                 )
-            flag = value if isinstance(value, bool) else _ENGINE_FLAGS.get(str(value).lower())
-            if flag is None:
-                raise Error(f"The Poplar engine option {name!r} takes 'true' or 'false', got {value!r}")
-            self._owner._set(_ENGINE_OPTIONS[name], flag)
+            self._owner._set(_ENGINE_OPTIONS[name], _engine_flag(name, value))
+        if any(reports):
+            self._owner.enableProfiling(directory)
+        elif directory is not None:
+            raise Error(f"{REPORT_DIRECTORY} writes nothing without autoReport.all (or another profile output) 'true'")
         return self
 
     def setPatterns(self, patterns, level=None):
         """PopART graph patterns: refused, the simulator runs its own popir passes."""
         raise not_modelled("_Popart.setPatterns", "the simulator optimises graphs with its own passes; remove the call")
+
+
+def _engine_flag(name, value):
+    flag = value if isinstance(value, bool) else _ENGINE_FLAGS.get(str(value).lower())
+    if flag is None:
+        raise Error(f"The Poplar engine option {name!r} takes 'true' or 'false', got {value!r}")
+    return flag
 
 
 class ConfigFileError(Error):
