@@ -5,8 +5,10 @@ from importlib.metadata import version as _version
 
 import torch
 
-from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode
-from poptorch import optim
+from popdata import AsynchronousDataAccessor, DataLoader, DataLoaderMode, SharingStrategy
+from poptorch import experimental, optim, profiling, testing
+from poptorch._attributes import Attribute
+from poptorch._autocast import autocast
 from poptorch._blocks import (
     IPU,
     AutoStage,
@@ -23,6 +25,7 @@ from poptorch._blocks import (
     recomputationCheckpoint,
     removeBlocks,
 )
+from poptorch._cluster_ops import fps, nearest
 from poptorch._ctc_decoder import ctc_beam_search_decoder
 from poptorch._custom_op import custom_op
 from poptorch._executor import PoplarExecutor
@@ -38,6 +41,7 @@ from poptorch._executor_api import (
     registerPreCompileHook,
 )
 from poptorch._host_io_ops import CPU, MultiConv, set_overlap_for_input, set_overlap_for_output
+from poptorch._logging import logger
 from poptorch._logging import set_level as _set_level
 from poptorch._losses import identity_loss, ipu_print_tensor
 from poptorch._memory import serializedMatMul, set_available_memory
@@ -58,7 +62,7 @@ from poptorch.enums import (
     VariableRetrievalMode,
 )
 from poptorch.errors import Error, RecoverableError, UnrecoverableError, UnsupportedOpError
-from poptorch.options import Options, TensorLocationSettings
+from poptorch.options import ConfigFileError, Options, TensorLocationSettings
 
 __version__ = _version("poptorch")
 
@@ -154,7 +158,9 @@ class _WithLoss(torch.nn.Module):
 __all__ = [
     "AnchorMode",
     "AsynchronousDataAccessor",
+    "Attribute",
     "CommGroupType",
+    "ConfigFileError",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -166,6 +172,7 @@ __all__ = [
     "Phase",
     "PipelinedExecution",
     "SerialPhasedExecution",
+    "SharingStrategy",
     "ShardedExecution",
     "Stage",
     "TensorLocationSettings",
@@ -199,10 +206,13 @@ __all__ = [
     "UnsupportedOpError",
     "VariableRetrievalMode",
     "__version__",
+    "autocast",
     "cond",
     "dynamic_slice",
     "dynamic_update",
+    "experimental",
     "for_loop",
+    "fps",
     "identity_loss",
     "inferenceModel",
     "hasMLIRSupportOnPlatform",
@@ -211,12 +221,16 @@ __all__ = [
     "ipuHardwareVersion",
     "isRunningOnIpu",
     "load",
+    "logger",
+    "nearest",
     "nop",
     "ipu_print_tensor",
     "optim",
+    "profiling",
     "registerCustomArgParser",
     "registerPostCompileHook",
     "registerPreCompileHook",
     "setLogLevel",
+    "testing",
     "trainingModel",
 ]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from poptorch import _host_print
+from poptorch.options import not_modelled
 
 REDUCTIONS = ("sum", "mean", "none")
 
@@ -79,11 +80,39 @@ def _print_backward(ctx, grad):
 _ipu_print_tensor.register_autograd(_print_backward, setup_context=_print_setup)
 
 
-def ipu_print_tensor(tensor, title="", print_gradient=True):
+def ipu_print_tensor(tensor, title="", print_gradient=True, **formatting):
     """Return ``tensor`` unchanged and print it (prefixed by ``title``) each time the model runs, on the
     device as on the CPU; in training, the gradient reaching it prints in the backward pass too (unless
-    ``print_gradient`` is False). Use the returned tensor, so the print stays part of the model."""
+    ``print_gradient`` is False). Use the returned tensor, so the print stays part of the model.
+    PopTorch's formatting arguments (``summarise_threshold``, ``digits``...) are refused: values print in
+    NumPy's format."""
+    _check_print_formatting(formatting)
     return _ipu_print_tensor(tensor, title, bool(print_gradient))
+
+
+# PopTorch's ipu_print_tensor formatting arguments, which the simulator does not model.
+_PRINT_FORMATTING = (
+    "summarise_threshold",
+    "edge_items",
+    "max_line_width",
+    "digits",
+    "float_format",
+    "separator",
+    "open_bracket",
+    "close_bracket",
+)
+
+
+def _check_print_formatting(formatting):
+    unknown = sorted(set(formatting) - set(_PRINT_FORMATTING))
+    if unknown:
+        raise TypeError(f"ipu_print_tensor() got unexpected keyword arguments: {', '.join(unknown)}")
+    if formatting:
+        raise not_modelled(
+            f"ipu_print_tensor's formatting ({', '.join(sorted(formatting))})",
+            "tensors print in NumPy's format (', ' separators, summarised above 1000 elements with 3 edge "
+            "items at each end); remove the formatting arguments",
+        )
 
 
 @torch.library.custom_op("poptorch::ctc_loss", mutates_args=())

@@ -52,9 +52,9 @@ class ConnectionType(enum.IntEnum):
 class HalfFloatCastingBehavior(enum.IntEnum):
     """What an op mixing float16 and float32 inputs computes in (torch's rule is HalfUpcastToFloat)."""
 
-    Default = 0
-    FloatDowncastToHalf = 1
-    HalfUpcastToFloat = 2
+    FloatDowncastToHalf = 0  # PopTorch's values: code may pass them as integers
+    HalfUpcastToFloat = 1
+    Default = 2
 
 
 class CommGroupType(enum.IntEnum):
@@ -72,7 +72,7 @@ class VariableRetrievalMode(enum.IntEnum):
     """Which replicas' values of a grouped variable the host reads: the first of each group, or all."""
 
     OnePerGroup = 0
-    AllReplicas = 1
+    AllReplicas = 2  # PopTorch's value: per_replica_params may hold it as an integer
 
 
 class MatMulSerializationMode(enum.Enum):
@@ -97,3 +97,10 @@ class MultiConvPlanType(enum.IntEnum):
 
     Parallel = 0
     Serial = 1
+
+
+class Compiler(enum.IntEnum):
+    """The backend ``poptorch.experimental.IPUContext`` / ``IPUScope`` compile with."""
+
+    PopART = 0
+    MLIR = 1

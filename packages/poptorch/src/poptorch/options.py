@@ -16,6 +16,8 @@ import os
 import torch
 
 from poptorch import _blocks, _device_ids, _distributed, _logging
+from poptorch._auto_report import _DIRECTORY as REPORT_DIRECTORY
+from poptorch._auto_report import _SWITCHES as REPORT_SWITCHES
 from poptorch.enums import (
     CommGroupType,
     ConnectionType,
@@ -77,6 +79,7 @@ _DEFAULTS = {
     "Precision.floatingPointExceptions": False,
     "Precision.runningStatisticsAlwaysFloat": True,
     "Precision.halfFloatCasting": HalfFloatCastingBehavior.HalfUpcastToFloat,
+    "Precision.autocastEnabled": True,
     "Distributed.processId": 0,
     "Distributed.numProcesses": 1,
     "Distributed.localProcessId": 0,
@@ -353,6 +356,17 @@ class _PrecisionOptions(_Group):
             )
         return self._set("halfFloatCasting", HalfFloatCastingBehavior.HalfUpcastToFloat)
 
+    def autocastEnabled(self, autocast_enabled):
+        """Whether ``poptorch.autocast`` regions cast (default True). Enabled regions are refused by the
+        simulator (see ``poptorch.autocast``), so the model always runs in its own dtypes either way."""
+        if not isinstance(autocast_enabled, bool):
+            raise ValueError("autocastEnabled must be set to either True or False")
+        return self._set("autocastEnabled", autocast_enabled)
+
+    @property
+    def autocast_enabled(self):
+        return self._get("autocastEnabled")
+
     @property
     def partials_type(self):
         return self._get("partialsType")
@@ -439,7 +453,11 @@ class TensorLocationSettings:
         return self._record("minElementsForReplicatedTensorSharding", min_elements, _non_negative)
 
     def useOnChipStorage(self, use=True):
-        """Keep the tensors in tile memory (True) or in streaming memory (False)."""
+        """Keep the tensors in tile memory (True) or in streaming memory (False); None clears the setting
+        (back to the default, tile memory), as PopTorch's "keep it undefined"."""
+        if use is None:
+            self._values.pop("useOnChipStorage", None)
+            return self
         return self._record("useOnChipStorage", use, _bool)
 
     def useReplicatedTensorSharding(self, use=True):
@@ -597,25 +615,48 @@ class _PopartOptions(_Group):
         getattr(self._owner, _POPART_OPTIONS[key])(value)
         return self
 
+    def setEngineOptions(self, engine_options):
+        """Poplar engine options, as ``set("engineOptions", engine_options)``."""
+        return self._engine_options(engine_options)
+
     def _engine_options(self, options):
         """Poplar engine options: ``debug.allowOutOfMemory`` compiles (and here runs) a program whose tiles
-        exceed their memory, so its profile shows where; other engine options are refused."""
+        exceed their memory, so its profile shows where; ``autoReport.all`` (or another profile output) set
+        to true writes the profile into ``autoReport.directory`` as ``enableProfiling`` does (PopTorch's
+        enableProfiling sets these options); other engine options are refused."""
         if not isinstance(options, dict):
             raise Error(f"_Popart.set('engineOptions', ...) takes a dict of Poplar engine options, got {options!r}")
+        options = dict(options)
+        directory = options.pop(REPORT_DIRECTORY, None)
+        reports = [_engine_flag(name, options.pop(name)) for name in REPORT_SWITCHES if name in options]
         for name, value in options.items():
             if name not in _ENGINE_OPTIONS:
                 raise not_modelled(
-                    f"The Poplar engine option {name!r}", "the simulator models only debug.allowOutOfMemory"
+                    f"The Poplar engine option {name!r}",
+                    "the simulator models only debug.allowOutOfMemory and the autoReport profile outputs",
                 )
-            flag = value if isinstance(value, bool) else _ENGINE_FLAGS.get(str(value).lower())
-            if flag is None:
-                raise Error(f"The Poplar engine option {name!r} takes 'true' or 'false', got {value!r}")
-            self._owner._set(_ENGINE_OPTIONS[name], flag)
+            self._owner._set(_ENGINE_OPTIONS[name], _engine_flag(name, value))
+        if any(reports):
+            self._owner.enableProfiling(directory)
+        elif directory is not None:
+            raise Error(f"{REPORT_DIRECTORY} writes nothing without autoReport.all (or another profile output) 'true'")
         return self
 
     def setPatterns(self, patterns, level=None):
         """PopART graph patterns: refused, the simulator runs its own popir passes."""
         raise not_modelled("_Popart.setPatterns", "the simulator optimises graphs with its own passes; remove the call")
+
+
+def _engine_flag(name, value):
+    flag = value if isinstance(value, bool) else _ENGINE_FLAGS.get(str(value).lower())
+    if flag is None:
+        raise Error(f"The Poplar engine option {name!r} takes 'true' or 'false', got {value!r}")
+    return flag
+
+
+class ConfigFileError(Error):
+    """A line of an options file (``Options.loadFromFile``) that is not a setter call, as PopTorch's
+    ``poptorch.options.ConfigFileError``."""
 
 
 def _config_value(node):
@@ -743,7 +784,7 @@ class Options(_NoAssignment):
                         raise ValueError("expected a setter call")
                     self._call(ast.unparse(call.func), [_config_value(a) for a in call.args])
                 except (SyntaxError, ValueError, AttributeError) as exc:
-                    raise Error(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
+                    raise ConfigFileError(f"{filepath}:{number}: cannot parse option {line!r}: {exc}") from None
         return self
 
     def from_json(self, text):
@@ -917,6 +958,10 @@ class Options(_NoAssignment):
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
             raise Error(f"sourceLocationExcludes takes a list of path fragments, got {excludes!r}")
         return self._set("sourceLocationExcludes", tuple(excludes))
+
+    def appendToLocationExcludes(self, *excludes):
+        """Add path fragments to those ``sourceLocationExcludes`` holds."""
+        return self.sourceLocationExcludes(self.source_location_excludes + excludes)
 
     def useOfflineIpuTarget(self, ipu_version=2):
         """Compile for an IPU of ``ipu_version`` (1, 2 or 21) without attaching to a device
