@@ -1,9 +1,10 @@
 """An operand broadcast over its output's leading axes only (a [C] bias over [N, C]) is read *repeating*, as
 popops' BroadcastVectorInner reads it: each tile receives the operand's distinct elements once, and each block
 of the output is one vertex reading that copy cyclically (output element j reads copy element
-(phase + j) % period), whatever N. Its vertex state is of fixed size (the period and phase beside its
-fields), the results are bit for bit those of the operand exchanged already broadcast, and the exchange moves
-fewer bytes than that broadcast would."""
+(phase + j) % period), whatever N. An operand constant over aligned runs (a [N, 1] row statistic over [N, C])
+is read *held*, as BroadcastVectorOuter reads it: element j reads copy element (phase + j) // period. The
+vertex state is of fixed size (the period and phase beside its fields), the results are bit for bit those of
+the operand exchanged already broadcast, and the exchange moves fewer bytes than that broadcast would."""
 
 import numpy as np
 import pytest
@@ -21,10 +22,14 @@ TARGET = popsim.Target.small(num_tiles=4)
 DTYPES = ("float32", "float16", "int32")
 
 
-def _graph(shape, operand, dtype, op):
+def _graph(shape, operand, dtype, op, statistic=None):
+    """``op`` of x and a parameter b of shape ``operand``, and with a ``statistic`` shape, an input s of that
+    shape in the same vertex (a row statistic beside the bias, as a layer norm's)."""
     g = popir.Graph("repeat")
     x = g.add_input("x", shape, dtype)
     b = g.add_input("b", operand, dtype, kind="parameter")
+    if statistic is not None:
+        x = x - g.add_input("s", statistic, dtype)
     if op == "add":
         g.output("y", x + b)
     elif op == "maximum":
@@ -42,27 +47,39 @@ def _values(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-@settings(max_examples=25, deadline=None)
+# Where b sits: a [C] bias (repeating), a [N, 1] statistic (held), a [C] bias beside a [N, 1] statistic.
+LAYOUTS = ("repeating", "held", "both")
+
+
+@settings(max_examples=30, deadline=None)
 @given(
     st.lists(st.integers(1, 5), min_size=1, max_size=2),
     st.integers(8, 40),
     st.sampled_from([2, 3, 4, 7]),
     st.sampled_from(DTYPES),
     st.sampled_from(["add", "maximum", "where", "fused"]),
+    st.sampled_from(LAYOUTS),
     st.integers(0, 2**16),
 )
-def test_a_repeating_operand_gives_the_bits_of_the_broadcast_operand_and_numpy(lead, c, tiles, dtype, op, seed):
-    shape, operand = (*lead, 3, c), (c,)
+def test_repeating_and_held_operands_give_the_bits_of_the_broadcast_operand_and_numpy(
+    lead, c, tiles, dtype, op, layout, seed
+):
+    shape = (*lead, 3, c)
+    operand = (*lead, 3, 1) if layout == "held" else (c,)
+    statistic = (*lead, 3, 1) if layout == "both" else None
     target = popsim.Target.small(num_tiles=tiles, min_bytes_per_tile=8)
     rng = np.random.default_rng(seed)
     feeds, bias = {"x": _values(rng, shape, dtype)}, _values(rng, operand, dtype)
-    exe = popsim.compile(_graph(shape, operand, dtype, op), target)
+    if statistic:
+        feeds["s"] = _values(rng, statistic, dtype)
+    exe = popsim.compile(_graph(shape, operand, dtype, op, statistic), target)
     exe.write_variable("b", bias)
     got = exe.run(feeds)["y"]
-    whole = popsim.compile(_graph(shape, shape, dtype, op), target)
+    whole_feeds = {**feeds, "s": np.ascontiguousarray(np.broadcast_to(feeds["s"], shape))} if statistic else feeds
+    whole = popsim.compile(_graph(shape, shape, dtype, op, statistic and shape), target)
     whole.write_variable("b", np.ascontiguousarray(np.broadcast_to(bias, shape)))
-    assert got.tobytes() == whole.run(feeds)["y"].tobytes()
-    want = popir.interpreter.run(_graph(shape, operand, dtype, op), {**feeds, "b": bias})["y"]
+    assert got.tobytes() == whole.run(whole_feeds)["y"].tobytes()
+    want = popir.interpreter.run(_graph(shape, operand, dtype, op, statistic), {**feeds, "b": bias})["y"]
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
@@ -92,6 +109,29 @@ def test_each_row_reads_its_source_elements_cyclically_from_its_tile_s_copy(lead
         np.testing.assert_array_equal(read, index[rows.starts[r] : rows.stops[r]])
     want_wraps = (rows.starts % period + rows.stops - rows.starts - 1) // period
     np.testing.assert_array_equal(broadcast_rows.wraps(rows, period), want_wraps)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 6), st.integers(1, 12), st.integers(1, 5), st.integers(0, 2**16))
+def test_each_row_reads_its_held_elements_in_order_from_its_tile_s_copy_or_is_refused(lead, size, run, tiles, seed):
+    """Against NumPy's broadcast of a [lead, size, 1] operand over [lead, size, run] (size 1 standing for a
+    channel operand [1, size, 1] whose blocks may wrap to the next image): where ``held_copies`` gives
+    copies, a row's output element j reads copy element at + (phase + j) // run, holding the source element
+    the broadcast puts there; it refuses only when a row's runs do not read successive copy elements."""
+    rng = np.random.default_rng(seed)
+    stat = rng.integers(0, 2) == 1  # a row statistic, else a channel operand repeating per image
+    x_shape = (lead, size, 1) if stat else (1, size, 1)
+    index = np.broadcast_to(np.arange(int(np.prod(x_shape))).reshape(x_shape), (lead, size, run)).reshape(-1)
+    mapping = _random_mapping(rng, index.size, tiles)
+    rows = broadcast_rows.cut_rows(mapping, [])
+    copies = broadcast_rows.held_copies(index, rows, int(np.prod(x_shape)), run, mapping, [])
+    if copies is None:
+        assert not stat  # a row statistic's rows always read successive elements
+        return
+    for r in range(len(rows.starts)):
+        j = np.arange(rows.stops[r] - rows.starts[r])
+        read = copies.index[copies.at[r] + (rows.starts[r] % run + j) // run]
+        np.testing.assert_array_equal(read, index[rows.starts[r] : rows.stops[r]])
 
 
 def _compiled(n, c=40):

@@ -365,18 +365,6 @@ cdef inline double scalar(const byte_t* p, int dt) noexcept nogil:
     return v
 
 
-cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf, bint is_scalar,
-                       double value) noexcept nogil:
-    """Elements start..start+n-1 of an operand into ``buf``; a scalar operand (one element the vertex
-    broadcasts, see _opcodes.py) gives ``value`` in every slot."""
-    cdef Py_ssize_t i
-    if is_scalar:
-        for i in range(n):
-            buf[i] = value
-    else:
-        load(p, dt, start, n, buf)
-
-
 cdef inline Py_ssize_t operand_at(int forms, int i, Py_ssize_t s, Py_ssize_t period, Py_ssize_t phase) noexcept nogil:
     """The element of operand ``i`` that output element ``s`` reads under the operand-forms mask ``forms``
     (_opcodes' OPERAND FORMS): (phase + s) % period when it repeats, else s (a scalar's reader ignores it)."""
@@ -387,11 +375,25 @@ cdef inline Py_ssize_t operand_at(int forms, int i, Py_ssize_t s, Py_ssize_t per
 
 cdef inline Py_ssize_t unwrapped(int forms, Py_ssize_t s, Py_ssize_t cnt, Py_ssize_t period,
                                  Py_ssize_t phase) noexcept nogil:
-    """``cnt`` cut so that output elements s..s+cnt-1 read their repeating operands (if any) without wrapping:
-    a stretch over which every operand is a contiguous slice (or one element)."""
+    """``cnt`` cut so that output elements s..s+cnt-1 cross no multiple of the period of their repeating or
+    held operands (if any): a stretch over which every operand is a contiguous slice or one element."""
     if forms >> REPEAT_SHIFT:
         return min(cnt, period - (phase + s) % period)
     return cnt
+
+
+cdef inline void read_operand(const byte_t* p, int dt, int forms, int i, Py_ssize_t s, Py_ssize_t cnt,
+                              Py_ssize_t period, Py_ssize_t phase, double* buf, double value) noexcept nogil:
+    """Output elements s..s+cnt-1's elements of operand ``i`` (a stretch ``unwrapped`` cut) into ``buf``: a
+    scalar's ``value``, a held operand's element (phase + s) // period, or the elements operand_at gives."""
+    cdef Py_ssize_t j
+    if forms >> (HELD_SHIFT + i) & 1:
+        value = scalar(p + ((phase + s) // period) * itemsize_of(dt), dt)
+    elif not forms >> i & 1:
+        load(p, dt, operand_at(forms, i, s, period, phase), cnt, buf)
+        return
+    for j in range(cnt):
+        buf[j] = value
 
 
 cdef inline bint forms_ok(int forms, Py_ssize_t period, Py_ssize_t phase) noexcept nogil:
@@ -930,7 +932,7 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
     cdef double* a
     cdef double* b
     cdef double* c
-    if prog[X_FLOAT32]:
+    if prog[X_FLOAT32] and not forms >> HELD_SHIFT:
         run_expression_float32(base, row, prog)
         return
     for leaf in range(leaves):
@@ -939,9 +941,8 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
     while s < n:
         cnt = unwrapped(forms, s, min(EXPR_BLOCK, n - s), period, phase)
         for leaf in range(leaves):
-            fetch(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf],
-                  operand_at(forms, leaf, s, period, phase), cnt, regs + leaf * EXPR_BLOCK, scalars & (1 << leaf),
-                  values[leaf])
+            read_operand(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf], forms, leaf, s, cnt, period,
+                         phase, regs + leaf * EXPR_BLOCK, values[leaf])
         for j in range(ops):
             o = prog + (1 + j) * NCOLS
             d = regs + o[O_DST] * EXPR_BLOCK
@@ -984,7 +985,8 @@ cdef inline int itemsize_of(int dt) noexcept nogil:
 cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogil:
     """A UNARY, BINARY or WHERE vertex; its P0 is the operands' forms mask (_opcodes' OPERAND FORMS): bit i
     marks operand i (a, b, c) as a scalar it broadcasts, bit REPEAT_SHIFT + i as repeating over P1 elements
-    from P2. Returns 0, or TRAPPED for a sub-op without a codelet or a phase outside its period."""
+    from P2, bit HELD_SHIFT + i as holding each element for P1 outputs from P2. Returns 0, or TRAPPED for a
+    sub-op without a codelet or a phase outside its period. Held operands take the general (double) path."""
     cdef int op = <int> row[C_OP]
     cdef int sub = <int> row[C_SUB]
     cdef Py_ssize_t n = row[C_N], period = row[C_P1], phase = row[C_P2]
@@ -1012,16 +1014,18 @@ cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogi
         va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
         while s < n:
             cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
-            fetch(base + row[C_A], dta, operand_at(forms, 0, s, period, phase), cnt, bufa, scalars & 1, va)
+            read_operand(base + row[C_A], dta, forms, 0, s, cnt, period, phase, bufa, va)
             if not unary(sub, bufa, cnt):
                 return TRAPPED
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == K_BINARY:
-        if dta == DT_FLOAT16 and dtb == DT_FLOAT16 and dto == DT_FLOAT16 and has_float32_path(sub) and scalars != 3:
+        if (dta == DT_FLOAT16 and dtb == DT_FLOAT16 and dto == DT_FLOAT16 and has_float32_path(sub) and scalars != 3
+                and not forms >> HELD_SHIFT):
             binary_float16(sub, base, row, forms)
             return 0
-        if dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3:
+        if (dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3
+                and not forms >> HELD_SHIFT):
             fa = <const float*> (base + row[C_A])
             fb = <const float*> (base + row[C_B])
             if forms == 0:
@@ -1042,14 +1046,14 @@ cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogi
         vb = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
         while s < n:
             cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
-            fetch(base + row[C_A], dta, operand_at(forms, 0, s, period, phase), cnt, bufa, scalars & 1, va)
-            fetch(base + row[C_B], dtb, operand_at(forms, 1, s, period, phase), cnt, bufb, scalars & 2, vb)
+            read_operand(base + row[C_A], dta, forms, 0, s, cnt, period, phase, bufa, va)
+            read_operand(base + row[C_B], dtb, forms, 1, s, cnt, period, phase, bufb, vb)
             if not binary(sub, bufa, bufb, cnt, dta == DT_INT32):
                 return TRAPPED
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     else:
-        if not scalars & 1 and dtb == dto and (dto == DT_FLOAT32 or dto == DT_INT32):
+        if not scalars & 1 and dtb == dto and (dto == DT_FLOAT32 or dto == DT_INT32) and not forms >> HELD_SHIFT:
             # 4-byte results are bit copies of one of the two operands (either may be a scalar), stretch by
             # stretch up to each wrap of the repeating operands.
             while s < n:
@@ -1067,9 +1071,9 @@ cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogi
         vb = scalar(base + row[C_C], dtb) if scalars & 4 else 0.0
         while s < n:
             cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
-            fetch(base + row[C_A], DT_BOOL, operand_at(forms, 0, s, period, phase), cnt, bufc, scalars & 1, vc)
-            fetch(base + row[C_B], dtb, operand_at(forms, 1, s, period, phase), cnt, bufa, scalars & 2, va)
-            fetch(base + row[C_C], dtb, operand_at(forms, 2, s, period, phase), cnt, bufb, scalars & 4, vb)
+            read_operand(base + row[C_A], DT_BOOL, forms, 0, s, cnt, period, phase, bufc, vc)
+            read_operand(base + row[C_B], dtb, forms, 1, s, cnt, period, phase, bufa, va)
+            read_operand(base + row[C_C], dtb, forms, 2, s, cnt, period, phase, bufb, vb)
             for i in range(cnt):
                 bufa[i] = ps_pick(bufc[i] != 0, bufa[i], bufb[i])
             store(base + row[C_OUT], dto, s, cnt, bufa)

@@ -257,11 +257,15 @@ BUILDERS = {
 # broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per tile;
 # bit REPEAT_SHIFT + i set when field i *repeats*: it holds ``period`` elements and output element j reads its
 # element (phase + j) % period (popops' BroadcastVectorInner: a [C] operand over a contiguous stretch of an
-# [N, C] output, one vertex whatever N, its state fixed: pointer, period and phase). Otherwise field i holds n
-# elements. All repeating operands of a vertex share its ``period`` and ``phase`` (0 <= phase < period). An
-# EXPR program's header has the same mask for its leaves a..f; its vertices carry period and phase.
+# [N, C] output, one vertex whatever N, its state fixed: pointer, period and phase); bit HELD_SHIFT + i set
+# when field i is *held*: output element j reads its element (phase + j) // period, which it holds ceil((phase
+# + n) / period) of (popops' BroadcastVectorOuter: a [N, 1] row statistic over [N, C] rows). Otherwise field
+# i holds n elements. All repeating and held operands of a vertex share its ``period`` and ``phase`` (0 <=
+# phase < period). An EXPR program's header has the same mask for its leaves a..f; its vertices carry period
+# and phase.
 REPEAT_SHIFT = 8
-# Words of vertex state a vertex with a repeating operand adds (its period and phase).
+HELD_SHIFT = 16
+# Words of vertex state a vertex with a repeating or held operand adds (its period and phase).
 REPEAT_STATE_WORDS = 2
 
 # A fused elementwise vertex (EXPR) reads at most len(EXPR_FIELDS) leaves and runs at most EXPR_MAX_OPS ops,
@@ -317,7 +321,7 @@ def enums():
         ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
         ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
         ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
-        ("operand_forms", {"REPEAT_SHIFT": REPEAT_SHIFT}),
+        ("operand_forms", {"REPEAT_SHIFT": REPEAT_SHIFT, "HELD_SHIFT": HELD_SHIFT}),
         ("conv_geometry", _columns("CG", CONV_GEOMETRY, "CG_LEN")),
         ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
         ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),

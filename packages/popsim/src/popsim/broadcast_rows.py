@@ -114,3 +114,19 @@ def repeating_reads(copies, rows):
     block = np.searchsorted(copies.mapping.tiles, rows.tiles)
     first = copies.mapping.starts[block]
     return first, copies.mapping.stops[block] - first, copies.at - first
+
+
+def held_copies(index, rows, size, g, mapping, runs):
+    """The copies a *held* operand's rows read (one source element per aligned run of ``g`` output elements,
+    the operand constant over each run: a [N, 1] row statistic over [N, C]), with ``at`` the copy element each
+    row starts at, or None when some row's successive runs do not read successive elements of its tile's
+    copy (a channel operand whose block wraps to the next image). ``rows`` are ``mapping`` cut at ``runs``."""
+    runs_rows = cut_rows(mapping, [*runs, g])
+    copies = tile_copies(index, runs_rows, size, True)
+    parent = np.searchsorted(rows.starts, runs_rows.starts, side="right") - 1
+    first = np.r_[True, parent[1:] != parent[:-1]]
+    at = copies.at[first]
+    step = (rows.starts[parent] % g + runs_rows.starts - rows.starts[parent]) // g
+    if not (copies.at == at[parent] + step).all():
+        return None
+    return TileCopies(copies.index, copies.mapping, at)

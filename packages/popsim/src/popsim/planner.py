@@ -239,14 +239,15 @@ class Lowerer:
     def _vertex_rows(self, out, inputs, names):
         """The vertices of an elementwise op writing ``out`` from ``inputs``: their rows (broadcast_rows.Rows),
         each field's Regions (by ``names``, and "out"), each row's operand-forms mask and the period and phase
-        of its repeating operands (_opcodes' OPERAND FORMS).
+        of its repeating or held operands (_opcodes' OPERAND FORMS), and each row's wraps of them.
 
         Same-shaped inputs are exchanged into the output's placement and read block by block. A scalar goes
         to each tile once and the vertices broadcast it. An input broadcast over the output whose element by
         element exchange would bring some element to a tile twice goes to each tile once too (the distinct
-        elements its vertices read): one broadcast over leading axes only is read *repeating*, a block per
-        vertex; any other is read in rows, the output's blocks cut into stretches over which it is a
-        contiguous slice or one broadcast element: identical operands reach a tile once."""
+        elements its vertices read): one broadcast over leading axes only is read *repeating* and one constant
+        over aligned runs (a row statistic) *held*, a block per vertex; any other is read in rows, the output's
+        blocks cut into stretches over which it is a contiguous slice or one broadcast element: identical
+        operands reach a tile once."""
         m = out.mapping
         tiles = np.unique(m.tiles)
         placed = self._operand_forms(out, inputs)
@@ -256,23 +257,11 @@ class Lowerer:
             # Each further row would be a vertex whose state stays resident for the whole program: such
             # operands are exchanged whole instead.
             placed = [("block", self.broadcast_like(p[1], out.shape, m)) if p[0] == "rows" else p for p in placed]
-            rows = broadcast_rows.cut_rows(m, [])
-        copies = {
-            i: broadcast_rows.tile_copies(p[2], rows, p[1].size, p[0] == "rows" and p[4])
-            for i, p in enumerate(placed)
-            if p[0] in ("rows", "repeat")
-        }
-        period = next((p[3] for p in placed if p[0] == "repeat"), None)
-        wraps = broadcast_rows.wraps(rows, period) if period else np.zeros(len(rows.starts), np.int64)
-        if copies and not self._rows_pay(m, rows, wraps, [(placed[i][1], c) for i, c in copies.items()]):
-            placed = [
-                ("block", self.broadcast_like(p[1], out.shape, m)) if i in copies else p for i, p in enumerate(placed)
-            ]
-            copies, wraps = {}, np.zeros_like(wraps)
+            rows, runs = broadcast_rows.cut_rows(m, []), []
+        copies, reads = self._broadcast_copies(out, placed, rows, runs)
         n = rows.stops - rows.starts
         fields = {"out": out.regions(rows.starts, rows.stops)}
         forms = np.zeros(len(rows.starts), np.int64)
-        reads = {"period": np.zeros_like(forms), "phase": np.zeros_like(forms), "wraps": wraps}
         for i, (name, (form, x, *how)) in enumerate(zip(names, placed)):
             if form == "block":
                 fields[name] = x.regions(rows.starts, rows.stops)
@@ -286,22 +275,56 @@ class Lowerer:
             c = copies[i]
             x = self.gather((c.index.size,), x.dtype, [x], c.index, c.mapping, name="broadcast")
             if form == "repeat":
-                first, reads["period"], reads["phase"] = broadcast_rows.repeating_reads(c, rows)
+                first = c.at - reads["phase"]
                 fields[name] = x.regions(first, first + reads["period"])
                 forms |= 1 << (oc.REPEAT_SHIFT + i)
+            elif form == "held":
+                fields[name] = x.regions(c.at, c.at - (-(reads["phase"] + n) // reads["period"]))
+                forms |= 1 << (oc.HELD_SHIFT + i)
             else:
                 constant = how[2]
                 fields[name] = x.regions(c.at, c.at + (1 if constant else n))
                 forms |= int(constant) << i
         return rows, fields, forms, reads
 
+    def _broadcast_copies(self, out, placed, rows, runs):
+        """The tile copies ({input's position: broadcast_rows.TileCopies}) of the inputs ``placed`` reads in
+        ``rows`` (cut at ``runs``), and the rows' period, phase and wraps of the repeating and held ones. A held
+        input whose runs do not read its tile's copy in order, or whose period and phase differ from the
+        repeating ones' (the vertex has one pair), is exchanged whole (``placed`` is updated in place), and so
+        is every input when reading the copies would cost more than exchanging them (``_rows_pay``)."""
+        m = out.mapping
+        zeros = np.zeros(len(rows.starts), np.int64)
+        copies, reads, shared = {}, {"period": zeros, "phase": zeros, "wraps": zeros}, None
+        for i, p in enumerate(placed):
+            if p[0] in ("rows", "repeat"):
+                copies[i] = broadcast_rows.tile_copies(p[2], rows, p[1].size, p[0] == "rows" and p[4])
+            if p[0] == "repeat":
+                _, period, phase = broadcast_rows.repeating_reads(copies[i], rows)
+                reads, shared = {"period": period, "phase": phase}, p[3]
+        for i, p in enumerate(placed):
+            if p[0] != "held":
+                continue
+            c = broadcast_rows.held_copies(p[2], rows, p[1].size, p[3], m, runs)
+            phase = rows.starts % p[3]
+            if c is None or shared is not None and not ((reads["period"] == p[3]) & (reads["phase"] == phase)).all():
+                placed[i] = ("block", self.broadcast_like(p[1], out.shape, m))
+                continue
+            copies[i], reads, shared = c, {"period": np.full_like(zeros, p[3]), "phase": phase}, p[3]
+        reads["wraps"] = broadcast_rows.wraps(rows, shared) if shared else zeros
+        if copies and not self._rows_pay(m, rows, reads["wraps"], [(placed[i][1], c) for i, c in copies.items()]):
+            for i in copies:
+                placed[i] = ("block", self.broadcast_like(placed[i][1], out.shape, m))
+            return {}, {"period": zeros, "phase": zeros, "wraps": zeros}
+        return copies, reads
+
     def _operand_forms(self, out, inputs):
         """How each input is first meant to be read (``_vertex_rows``): ("scalar", copy, element on each tile),
-        ("repeat", x, index, period), ("rows", x, index, run length, constant) or ("block", x exchanged into
-        the output's placement). Repeating operands of one vertex share a period: only the first period's
-        inputs repeat, others are read in rows."""
+        ("repeat", x, index, period), ("held", x, index, run length), ("rows", x, index, run length, constant)
+        or ("block", x exchanged into the output's placement). Repeating operands of one vertex share a period,
+        held ones a run length: only the first one's inputs take the form, others are read in rows."""
         m, shape = out.mapping, out.shape
-        placed, period = [], None
+        placed, period, run = [], None, None
         for x in inputs:
             if x.size == 1 and m.size > 1:
                 placed.append(("scalar", *self._scalar_on_tiles(x, np.unique(m.tiles))))
@@ -313,6 +336,9 @@ class Lowerer:
                     if broadcast_rows.repeats(x.size, g, constant) and period in (None, g):
                         period = g
                         placed.append(("repeat", x, index, g))
+                    elif constant and run in (None, g):
+                        run = g
+                        placed.append(("held", x, index, g))
                     else:
                         placed.append(("rows", x, index, g, constant))
                     continue

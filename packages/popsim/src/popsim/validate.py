@@ -96,21 +96,24 @@ def _elementwise_check(what, n, sizes, dtypes, params, program):
 
 
 def _forms(mask):
-    """(scalars, repeats): the two masks an operand-forms mask holds."""
-    return mask & ((1 << oc.REPEAT_SHIFT) - 1), mask >> oc.REPEAT_SHIFT
+    """(scalars, repeats, held): the three masks an operand-forms mask holds."""
+    low = (1 << oc.REPEAT_SHIFT) - 1
+    return mask & low, mask >> oc.REPEAT_SHIFT & low, mask >> oc.HELD_SHIFT
 
 
 def _check_forms(what, mask, count, n, params):
     """The element count each of ``count`` operands must hold under the operand-forms ``mask`` (one element, a
-    repeating ``period``, or n: _opcodes' OPERAND FORMS), after checking the mask and the period and phase."""
-    scalars, repeats = _forms(mask)
-    _need(what, (scalars < (1 << count)) & (repeats < (1 << count)), "scalars mask {} names absent operands", mask)
-    _need(what, scalars & repeats == 0, "operands marked both scalar and repeating (mask {})", mask)
+    repeating ``period``, the runs a held operand spans, or n: _opcodes' OPERAND FORMS), after checking the
+    mask and the period and phase."""
+    scalars, repeats, held = _forms(mask)
+    named = (scalars < (1 << count)) & (repeats < (1 << count)) & (held < (1 << count))
+    _need(what, named, "scalars mask {} names absent operands", mask)
+    _need(what, (scalars & repeats | scalars & held | repeats & held) == 0, "operands of two forms (mask {})", mask)
     period, phase = params.get("period", 0), params.get("phase", 0)
-    ok = np.where(repeats > 0, (period >= 1) & (phase < period), (period == 0) & (phase == 0))
+    ok = np.where(repeats | held > 0, (period >= 1) & (phase < period), (period == 0) & (phase == 0))
     message = "period {} and phase {} must satisfy 0 <= phase < period (both 0 without repeating operands)"
     _need(what, ok, message, period, phase)
-    return [np.where(scalars >> i & 1, 1, np.where(repeats >> i & 1, period, n)) for i in range(count)]
+    return [_form_count(mask, i, n, period, phase) for i in range(count)]
 
 
 def _reduce_check(what, n, sizes, dtypes, params, program):
@@ -268,7 +271,7 @@ def _instruction_extents(table, rows):
     size = np.zeros((len(r), 7), np.int64)
     addr[:, :4] = r[:, [col["a"], col["b"], col["c"], col["out"]]]
     elementwise = np.isin(kind, _ELEMENTWISE)
-    scalar = [_form_count(np.where(elementwise, p0, 0), i, n, p1) for i in range(3)]
+    scalar = [_form_count(np.where(elementwise, p0, 0), i, n, p1, p2) for i in range(3)]
     for k, (a, b, c, out) in {
         oc.UNARY: (scalar[0] * isa, 0, 0, n * iso),
         oc.BINARY: (scalar[0] * isa, scalar[1] * isb, 0, n * iso),
@@ -288,9 +291,11 @@ def _instruction_extents(table, rows):
     return addr, size
 
 
-def _form_count(mask, i, n, period):
-    """Elements operand ``i`` of a compiled row spans under the operand-forms ``mask`` (arrays or integers)."""
-    return np.where(mask >> i & 1, 1, np.where(mask >> (oc.REPEAT_SHIFT + i) & 1, period, n))
+def _form_count(mask, i, n, period, phase):
+    """Elements operand ``i`` spans under the operand-forms ``mask`` (arrays or integers)."""
+    held = -(-(phase + n) // np.maximum(period, 1))
+    form = [mask >> i & 1, mask >> (oc.REPEAT_SHIFT + i) & 1, mask >> (oc.HELD_SHIFT + i) & 1]
+    return np.select([f == 1 for f in form], [1, period, held], n)
 
 
 def _expression_extents(table, row, addr, size):
@@ -311,7 +316,7 @@ def _expression_extents(table, row, addr, size):
     size[:] = 0
     addr[0], size[0] = table[row, col["out"]], n * _itemsizes(header[_HEAD["out_dt"]])
     for leaf in range(header[_HEAD["leaves"]]):
-        count = _form_count(header[_HEAD["scalars"]], leaf, n, table[row, col["p1"]])
+        count = _form_count(header[_HEAD["scalars"]], leaf, n, table[row, col["p1"]], table[row, col["p2"]])
         addr[1 + leaf] = table[row, oc.EXPR_LEAF_COLUMNS[leaf]]
         size[1 + leaf] = count * _itemsizes(header[_HEAD["leaf_dt"] + leaf])
 
