@@ -119,14 +119,20 @@ def repeating_reads(copies, rows):
 def held_copies(index, rows, size, g, mapping, runs):
     """The copies a *held* operand's rows read (one source element per aligned run of ``g`` output elements,
     the operand constant over each run: a [N, 1] row statistic over [N, C]), with ``at`` the copy element each
-    row starts at, or None when some row's successive runs do not read successive elements of its tile's
-    copy (a channel operand whose block wraps to the next image). ``rows`` are ``mapping`` cut at ``runs``."""
+    row starts at; each row's successive runs read successive copy elements. A tile's copy holds its distinct
+    source elements ascending where that order serves every row; otherwise (a channel operand whose block
+    wraps to the next image) the elements its rows' runs read, in their order. ``rows`` are ``mapping`` cut at
+    ``runs``."""
     runs_rows = cut_rows(mapping, [*runs, g])
-    copies = tile_copies(index, runs_rows, size, True)
     parent = np.searchsorted(rows.starts, runs_rows.starts, side="right") - 1
     first = np.r_[True, parent[1:] != parent[:-1]]
-    at = copies.at[first]
     step = (rows.starts[parent] % g + runs_rows.starts - rows.starts[parent]) // g
-    if not (copies.at == at[parent] + step).all():
-        return None
-    return TileCopies(copies.index, copies.mapping, at)
+    copies = tile_copies(index, runs_rows, size, True)
+    if (copies.at == copies.at[first][parent] + step).all():
+        return TileCopies(copies.index, copies.mapping, copies.at[first])
+    order = np.lexsort((runs_rows.starts, runs_rows.tiles))
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    tiles, counts = np.unique(runs_rows.tiles, return_counts=True)
+    in_order = index[runs_rows.starts][order]
+    return TileCopies(in_order, TileMapping.on_tiles(counts, tiles), position[first])

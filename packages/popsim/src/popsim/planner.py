@@ -290,9 +290,9 @@ class Lowerer:
     def _broadcast_copies(self, out, placed, rows, runs):
         """The tile copies ({input's position: broadcast_rows.TileCopies}) of the inputs ``placed`` reads in
         ``rows`` (cut at ``runs``), and the rows' period, phase and wraps of the repeating and held ones. A held
-        input whose runs do not read its tile's copy in order, or whose period and phase differ from the
-        repeating ones' (the vertex has one pair), is exchanged whole (``placed`` is updated in place), and so
-        is every input when reading the copies would cost more than exchanging them (``_rows_pay``)."""
+        input whose period and phase differ from the repeating ones' (the vertex has one pair) is exchanged
+        whole (``placed`` is updated in place), and so is every input when reading the copies would cost more
+        than exchanging them (``_rows_pay``)."""
         m = out.mapping
         zeros = np.zeros(len(rows.starts), np.int64)
         copies, reads, shared = {}, {"period": zeros, "phase": zeros, "wraps": zeros}, None
@@ -307,7 +307,7 @@ class Lowerer:
                 continue
             c = broadcast_rows.held_copies(p[2], rows, p[1].size, p[3], m, runs)
             phase = rows.starts % p[3]
-            if c is None or shared is not None and not ((reads["period"] == p[3]) & (reads["phase"] == phase)).all():
+            if shared is not None and not ((reads["period"] == p[3]) & (reads["phase"] == phase)).all():
                 placed[i] = ("block", self.broadcast_like(p[1], out.shape, m))
                 continue
             copies[i], reads, shared = c, {"period": np.full_like(zeros, p[3]), "phase": phase}, p[3]
