@@ -365,16 +365,40 @@ cdef inline double scalar(const byte_t* p, int dt) noexcept nogil:
     return v
 
 
-cdef inline void fetch(const byte_t* p, int dt, Py_ssize_t start, Py_ssize_t n, double* buf, bint is_scalar,
-                       double value) noexcept nogil:
-    """Elements start..start+n-1 of an operand into ``buf``; a scalar operand (one element the vertex
-    broadcasts, see _opcodes.py) gives ``value`` in every slot."""
-    cdef Py_ssize_t i
-    if is_scalar:
-        for i in range(n):
-            buf[i] = value
-    else:
-        load(p, dt, start, n, buf)
+cdef inline Py_ssize_t operand_at(int forms, int i, Py_ssize_t s, Py_ssize_t period, Py_ssize_t phase) noexcept nogil:
+    """The element of operand ``i`` that output element ``s`` reads under the operand-forms mask ``forms``
+    (_opcodes' OPERAND FORMS): (phase + s) % period when it repeats, else s (a scalar's reader ignores it)."""
+    if forms >> (REPEAT_SHIFT + i) & 1:
+        return (phase + s) % period
+    return s
+
+
+cdef inline Py_ssize_t unwrapped(int forms, Py_ssize_t s, Py_ssize_t cnt, Py_ssize_t period,
+                                 Py_ssize_t phase) noexcept nogil:
+    """``cnt`` cut so that output elements s..s+cnt-1 cross no multiple of the period of their repeating or
+    held operands (if any): a stretch over which every operand is a contiguous slice or one element."""
+    if forms >> REPEAT_SHIFT:
+        return min(cnt, period - (phase + s) % period)
+    return cnt
+
+
+cdef inline void read_operand(const byte_t* p, int dt, int forms, int i, Py_ssize_t s, Py_ssize_t cnt,
+                              Py_ssize_t period, Py_ssize_t phase, double* buf, double value) noexcept nogil:
+    """Output elements s..s+cnt-1's elements of operand ``i`` (a stretch ``unwrapped`` cut) into ``buf``: a
+    scalar's ``value``, a held operand's element (phase + s) // period, or the elements operand_at gives."""
+    cdef Py_ssize_t j
+    if forms >> (HELD_SHIFT + i) & 1:
+        value = scalar(p + ((phase + s) // period) * itemsize_of(dt), dt)
+    elif not forms >> i & 1:
+        load(p, dt, operand_at(forms, i, s, period, phase), cnt, buf)
+        return
+    for j in range(cnt):
+        buf[j] = value
+
+
+cdef inline bint forms_ok(int forms, Py_ssize_t period, Py_ssize_t phase) noexcept nogil:
+    """Whether a vertex's repeating operands (if any) have a period and a phase inside it."""
+    return forms >> REPEAT_SHIFT == 0 or 0 <= phase < period
 
 
 cdef inline int32_t to_int32(double v) noexcept nogil:
@@ -593,28 +617,29 @@ cdef inline void binary_float32(int op, const float* a, const float* b, float* o
             out[i] = a[i] / b[i]
 
 
-cdef void binary_float16(int op, byte_t* base, const offset_t* row, int scalars) noexcept nogil:
-    """add, sub, mul and div of float16 in float32 (a BINARY vertex's, at most one operand a scalar): float32
-    rounds these ops of float16 values as the double path does before its float16 rounding, so the results
-    are the same bits, without the trip through doubles."""
+cdef void binary_float16(int op, byte_t* base, const offset_t* row, int forms) noexcept nogil:
+    """add, sub, mul and div of float16 in float32 (a BINARY vertex's, at most one operand a scalar, either
+    may repeat): float32 rounds these ops of float16 values as the double path does before its float16
+    rounding, so the results are the same bits, without the trip through doubles."""
     cdef float fa[BLOCK]
     cdef float fb[BLOCK]
     cdef float fo[BLOCK]
     cdef const unsigned short* a = <const unsigned short*> (base + row[C_A])
     cdef const unsigned short* b = <const unsigned short*> (base + row[C_B])
     cdef unsigned short* out = <unsigned short*> (base + row[C_OUT])
-    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i, period = row[C_P1], phase = row[C_P2]
+    cdef int scalars = forms & ((1 << REPEAT_SHIFT) - 1)
     cdef float* splat = &fa[0] if scalars & 1 else &fb[0]
     if scalars:  # the scalar operand, widened once into every slot of its block
         ps_h2f_block(a if scalars & 1 else b, splat, 1)
         for i in range(1, BLOCK):
             splat[i] = splat[0]
     while s < n:
-        cnt = min(BLOCK, n - s)
+        cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
         if not scalars & 1:
-            ps_h2f_block(a + s, fa, cnt)
+            ps_h2f_block(a + operand_at(forms, 0, s, period, phase), fa, cnt)
         if not scalars & 2:
-            ps_h2f_block(b + s, fb, cnt)
+            ps_h2f_block(b + operand_at(forms, 1, s, period, phase), fb, cnt)
         binary_float32(op, fa, fb, fo, cnt)
         ps_f2h_block(fo, out + s, cnt)
         s += cnt
@@ -865,9 +890,10 @@ cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset
     does, leaves are read in place, and the last op writes the output itself."""
     cdef float regs[EXPR_REGS * EXPR_BLOCK]
     cdef const float* src[EXPR_REGS]
-    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i, period = row[C_P1], phase = row[C_P2]
     cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
-    cdef int scalars = <int> prog[X_SCALARS]
+    cdef int forms = <int> prog[X_SCALARS]
+    cdef int scalars = forms & ((1 << REPEAT_SHIFT) - 1)
     cdef float* out = <float*> (base + row[C_OUT])
     cdef float* d
     cdef const offset_t* o
@@ -877,10 +903,11 @@ cdef void run_expression_float32(byte_t* base, const offset_t* row, const offset
                 regs[leaf * EXPR_BLOCK + i] = (<const float*> (base + leaf_address(row, leaf)))[0]
             src[leaf] = regs + leaf * EXPR_BLOCK
     while s < n:
-        cnt = min(EXPR_BLOCK, n - s)
+        cnt = unwrapped(forms, s, min(EXPR_BLOCK, n - s), period, phase)
         for leaf in range(leaves):
             if not scalars & (1 << leaf):
-                src[leaf] = (<const float*> (base + leaf_address(row, leaf))) + s
+                src[leaf] = ((<const float*> (base + leaf_address(row, leaf)))
+                             + operand_at(forms, leaf, s, period, phase))
         for j in range(ops):
             o = prog + (1 + j) * NCOLS
             d = out + s if j == ops - 1 else regs + o[O_DST] * EXPR_BLOCK
@@ -896,25 +923,26 @@ cdef void run_expression(byte_t* base, const offset_t* row, const offset_t* prog
     add/sub/mul/div program (X_FLOAT32) runs on floats directly. The program was checked (expression_ok)."""
     cdef double regs[EXPR_REGS * EXPR_BLOCK]
     cdef double values[EXPR_LEAVES]
-    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i
+    cdef Py_ssize_t n = row[C_N], s = 0, cnt, i, period = row[C_P1], phase = row[C_P2]
     cdef int leaves = <int> prog[X_LEAVES], ops = <int> prog[X_OPS], leaf, j
-    cdef int scalars = <int> prog[X_SCALARS]
+    cdef int forms = <int> prog[X_SCALARS]
+    cdef int scalars = forms & ((1 << REPEAT_SHIFT) - 1)
     cdef const offset_t* o
     cdef double* d
     cdef double* a
     cdef double* b
     cdef double* c
-    if prog[X_FLOAT32]:
+    if prog[X_FLOAT32] and not forms >> HELD_SHIFT:
         run_expression_float32(base, row, prog)
         return
     for leaf in range(leaves):
         if scalars & (1 << leaf):
             values[leaf] = scalar(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf])
     while s < n:
-        cnt = min(EXPR_BLOCK, n - s)
+        cnt = unwrapped(forms, s, min(EXPR_BLOCK, n - s), period, phase)
         for leaf in range(leaves):
-            fetch(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf], s, cnt, regs + leaf * EXPR_BLOCK,
-                  scalars & (1 << leaf), values[leaf])
+            read_operand(base + leaf_address(row, leaf), <int> prog[X_LEAF_DT + leaf], forms, leaf, s, cnt, period,
+                         phase, regs + leaf * EXPR_BLOCK, values[leaf])
         for j in range(ops):
             o = prog + (1 + j) * NCOLS
             d = regs + o[O_DST] * EXPR_BLOCK
@@ -955,79 +983,97 @@ cdef inline int itemsize_of(int dt) noexcept nogil:
 
 
 cdef Py_ssize_t run_elementwise(byte_t* base, const offset_t* row) noexcept nogil:
-    """A UNARY, BINARY or WHERE vertex; bit i of its P0 marks operand i (a, b, c) as a scalar it broadcasts.
-    Returns 0, or TRAPPED for a sub-op without a codelet."""
+    """A UNARY, BINARY or WHERE vertex; its P0 is the operands' forms mask (_opcodes' OPERAND FORMS): bit i
+    marks operand i (a, b, c) as a scalar it broadcasts, bit REPEAT_SHIFT + i as repeating over P1 elements
+    from P2, bit HELD_SHIFT + i as holding each element for P1 outputs from P2. Returns 0, or TRAPPED for a
+    sub-op without a codelet or a phase outside its period. Held operands take the general (double) path."""
     cdef int op = <int> row[C_OP]
     cdef int sub = <int> row[C_SUB]
-    cdef Py_ssize_t n = row[C_N]
+    cdef Py_ssize_t n = row[C_N], period = row[C_P1], phase = row[C_P2]
     cdef Py_ssize_t s = 0, cnt, i
     cdef double bufa[BLOCK]
     cdef double bufb[BLOCK]
     cdef double bufc[BLOCK]
     cdef int dta = <int> row[C_DTA], dtb = <int> row[C_DTB], dto = <int> row[C_DTOUT]
-    cdef int scalars = <int> row[C_P0]
+    cdef int forms = <int> row[C_P0]
+    cdef int scalars = forms & ((1 << REPEAT_SHIFT) - 1)
     cdef double va, vb, vc
     cdef float splat[BLOCK]
     cdef const float* fa
     cdef const float* fb
     cdef const float* fs
+    cdef const int32_t* wb
+    cdef const int32_t* wc
+    if not forms_ok(forms, period, phase):
+        return TRAPPED
     if op == K_UNARY:
-        if scalars == 0 and dta == DT_FLOAT32 and dto == DT_FLOAT32 and unary_float32(
+        if forms == 0 and dta == DT_FLOAT32 and dto == DT_FLOAT32 and unary_float32(
             sub, <const float*> (base + row[C_A]), <float*> (base + row[C_OUT]), n
         ):
             return 0
         va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
         while s < n:
-            cnt = min(BLOCK, n - s)
-            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
+            cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
+            read_operand(base + row[C_A], dta, forms, 0, s, cnt, period, phase, bufa, va)
             if not unary(sub, bufa, cnt):
                 return TRAPPED
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     elif op == K_BINARY:
-        if dta == DT_FLOAT16 and dtb == DT_FLOAT16 and dto == DT_FLOAT16 and has_float32_path(sub) and scalars != 3:
-            binary_float16(sub, base, row, scalars)
+        if (dta == DT_FLOAT16 and dtb == DT_FLOAT16 and dto == DT_FLOAT16 and has_float32_path(sub) and scalars != 3
+                and not forms >> HELD_SHIFT):
+            binary_float16(sub, base, row, forms)
             return 0
-        if dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3:
+        if (dta == DT_FLOAT32 and dtb == DT_FLOAT32 and dto == DT_FLOAT32 and has_float32_path(sub) and scalars != 3
+                and not forms >> HELD_SHIFT):
             fa = <const float*> (base + row[C_A])
             fb = <const float*> (base + row[C_B])
-            if scalars == 0:
+            if forms == 0:
                 binary_float32(sub, fa, fb, <float*> (base + row[C_OUT]), n)
                 return 0
-            # One scalar operand: repeat it over a block of floats and run the same loops block by block.
+            # A scalar operand repeats over a block of floats; a repeating one is read up to each wrap.
             for i in range(BLOCK):
                 splat[i] = fa[0] if scalars & 1 else fb[0]
             fs = splat
             while s < n:
-                cnt = min(BLOCK, n - s)
-                binary_float32(sub, fs if scalars & 1 else fa + s, fs if scalars & 2 else fb + s,
+                cnt = unwrapped(forms, s, min(BLOCK, n - s) if scalars else n - s, period, phase)
+                binary_float32(sub, fs if scalars & 1 else fa + operand_at(forms, 0, s, period, phase),
+                               fs if scalars & 2 else fb + operand_at(forms, 1, s, period, phase),
                                <float*> (base + row[C_OUT]) + s, cnt)
                 s += cnt
             return 0
         va = scalar(base + row[C_A], dta) if scalars & 1 else 0.0
         vb = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
         while s < n:
-            cnt = min(BLOCK, n - s)
-            fetch(base + row[C_A], dta, s, cnt, bufa, scalars & 1, va)
-            fetch(base + row[C_B], dtb, s, cnt, bufb, scalars & 2, vb)
+            cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
+            read_operand(base + row[C_A], dta, forms, 0, s, cnt, period, phase, bufa, va)
+            read_operand(base + row[C_B], dtb, forms, 1, s, cnt, period, phase, bufb, vb)
             if not binary(sub, bufa, bufb, cnt, dta == DT_INT32):
                 return TRAPPED
             store(base + row[C_OUT], dto, s, cnt, bufa)
             s += cnt
     else:
-        if not scalars & 1 and dtb == dto and (dto == DT_FLOAT32 or dto == DT_INT32):
-            # 4-byte results are bit copies of one of the two operands (either may be a scalar).
-            where32(base + row[C_A], <const int32_t*> (base + row[C_B]), 0 if scalars & 2 else 1,
-                    <const int32_t*> (base + row[C_C]), 0 if scalars & 4 else 1, <int32_t*> (base + row[C_OUT]), n)
+        if not scalars & 1 and dtb == dto and (dto == DT_FLOAT32 or dto == DT_INT32) and not forms >> HELD_SHIFT:
+            # 4-byte results are bit copies of one of the two operands (either may be a scalar), stretch by
+            # stretch up to each wrap of the repeating operands.
+            while s < n:
+                cnt = unwrapped(forms, s, n - s, period, phase)
+                wb = <const int32_t*> (base + row[C_B])
+                wc = <const int32_t*> (base + row[C_C])
+                wb += 0 if scalars & 2 else operand_at(forms, 1, s, period, phase)
+                wc += 0 if scalars & 4 else operand_at(forms, 2, s, period, phase)
+                where32(base + row[C_A] + operand_at(forms, 0, s, period, phase), wb, 0 if scalars & 2 else 1,
+                        wc, 0 if scalars & 4 else 1, <int32_t*> (base + row[C_OUT]) + s, cnt)
+                s += cnt
             return 0
         vc = scalar(base + row[C_A], DT_BOOL) if scalars & 1 else 0.0
         va = scalar(base + row[C_B], dtb) if scalars & 2 else 0.0
         vb = scalar(base + row[C_C], dtb) if scalars & 4 else 0.0
         while s < n:
-            cnt = min(BLOCK, n - s)
-            fetch(base + row[C_A], DT_BOOL, s, cnt, bufc, scalars & 1, vc)
-            fetch(base + row[C_B], dtb, s, cnt, bufa, scalars & 2, va)
-            fetch(base + row[C_C], dtb, s, cnt, bufb, scalars & 4, vb)
+            cnt = unwrapped(forms, s, min(BLOCK, n - s), period, phase)
+            read_operand(base + row[C_A], DT_BOOL, forms, 0, s, cnt, period, phase, bufc, vc)
+            read_operand(base + row[C_B], dtb, forms, 1, s, cnt, period, phase, bufa, va)
+            read_operand(base + row[C_C], dtb, forms, 2, s, cnt, period, phase, bufb, vb)
             for i in range(cnt):
                 bufa[i] = ps_pick(bufc[i] != 0, bufa[i], bufb[i])
             store(base + row[C_OUT], dto, s, cnt, bufa)
@@ -1285,7 +1331,9 @@ cdef Py_ssize_t run_instruction(byte_t* base, const offset_t* row, double fparam
     if op == K_UNARY or op == K_BINARY or op == K_WHERE:
         return run_elementwise(base, row)
     elif op == K_EXPR:
-        if not expression_ok(table + row[C_P0] * NCOLS):
+        if not expression_ok(table + row[C_P0] * NCOLS) or not forms_ok(
+            <int> table[row[C_P0] * NCOLS + X_SCALARS], row[C_P1], row[C_P2]
+        ):
             return TRAPPED
         run_expression(base, row, table + row[C_P0] * NCOLS)
     elif op == K_REDUCE:

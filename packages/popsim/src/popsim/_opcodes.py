@@ -137,9 +137,9 @@ VERTEX_FIELDS = {
     CONV: ("a", "b", "c", "out"),
 }
 VERTEX_PARAMS = {
-    UNARY: {"scalars": "p0"},
-    BINARY: {"scalars": "p0"},
-    WHERE: {"scalars": "p0"},
+    UNARY: {"scalars": "p0", "period": "p1", "phase": "p2"},
+    BINARY: {"scalars": "p0", "period": "p1", "phase": "p2"},
+    WHERE: {"scalars": "p0", "period": "p1", "phase": "p2"},
     REDUCE: {"rows": "p0", "group": "p1"},
     MATMUL: {"m": "p0", "k": "p1"},
     RNG: {"first": "p0"},
@@ -147,7 +147,7 @@ VERTEX_PARAMS = {
     GATHER: {"rows": "p0", "inner": "p1", "size": "p2"},
     SCATTER_ADD: {"rows": "p0", "inner": "p1", "size": "p2"},
     FILL: {},
-    EXPR: {},  # its P0 is the table row of its program, set when the program is flattened
+    EXPR: {"period": "p1", "phase": "p2"},  # its P0 is the table row of its program, set when flattened
     CONV: {"patch": "p0", "weights": "p1", "taps": "p2"},
 }
 
@@ -156,10 +156,11 @@ VERTEX_PARAMS = {
 # sub-op number or a field letter. ``add`` is a DeviceGraph's ``add_vertex`` (one vertex: ``tile``, ``n`` and
 # Regions) or ``add_vertices`` (a batch: tiles, n per vertex and Regions, parameters per vertex or one);
 # the builders only pass through, so the DeviceGraph checks everything as before.
-def elementwise(add, cs, codelet, tile, n, cycles, *, operands, out, scalars=0):
+def elementwise(add, cs, codelet, tile, n, cycles, *, operands, out, scalars=0, period=0, phase=0):
     """UNARY / BINARY / WHERE by ``codelet`` (a UNARY_OPS or BINARY_OPS name, or "where"): out = codelet(
-    *operands) over n elements; ``scalars`` has bit i set when operand i is one broadcast element. WHERE's
-    operands are (condition, value if true, value if false)."""
+    *operands) over n elements; ``scalars`` is the operands' forms mask (see OPERAND FORMS below), ``period``
+    and ``phase`` those of its repeating operands. WHERE's operands are (condition, value if true, value if
+    false)."""
     if codelet == "where":
         kind, sub = WHERE, SINGLE["default"]
     elif codelet in BINARY_OPS:
@@ -167,14 +168,15 @@ def elementwise(add, cs, codelet, tile, n, cycles, *, operands, out, scalars=0):
     else:
         kind, sub = UNARY, UNARY_OPS[codelet]
     fields = dict(zip("abc", operands)) | {"out": out}
-    return add(cs, kind, sub, tile, n, fields, cycles, scalars=scalars)
+    return add(cs, kind, sub, tile, n, fields, cycles, scalars=scalars, period=period, phase=phase)
 
 
-def expression(add, cs, tile, n, cycles, *, leaves, out, program):
+def expression(add, cs, tile, n, cycles, *, leaves, out, program, period=0, phase=0):
     """EXPR: the fused elementwise ``program`` (EXPR_HEADER and EXPR_OP_ROW rows) over up to
-    len(EXPR_FIELDS) ``leaves``, its result into out."""
+    len(EXPR_FIELDS) ``leaves``, its result into out; ``period`` and ``phase`` are those of the leaves the
+    program's forms mask marks as repeating (see OPERAND FORMS below)."""
     fields = {"out": out} | dict(zip(EXPR_FIELDS, leaves))
-    return add(cs, EXPR, SINGLE["default"], tile, n, fields, cycles, program=program)
+    return add(cs, EXPR, SINGLE["default"], tile, n, fields, cycles, program=program, period=period, phase=phase)
 
 
 def reduce(add, cs, op, tile, n, cycles, *, source, out, rows, group):
@@ -250,9 +252,21 @@ BUILDERS = {
     CONV: conv,
 }
 
-# Elementwise vertices (UNARY, BINARY, WHERE): bit i of their ``scalars`` parameter is set when field i (a, b,
-# c) holds one element the vertex broadcasts over all n (as popops' BroadcastScalar vertices do), so the
-# exchange moves one element per tile. An EXPR program's header has the same mask for its leaves a..f.
+# OPERAND FORMS. Elementwise vertices (UNARY, BINARY, WHERE) read each operand field in one of three forms,
+# set by their ``scalars`` parameter (a mask): bit i set when field i (a, b, c) holds one element the vertex
+# broadcasts over all n (as popops' BroadcastScalar vertices do), so the exchange moves one element per tile;
+# bit REPEAT_SHIFT + i set when field i *repeats*: it holds ``period`` elements and output element j reads its
+# element (phase + j) % period (popops' BroadcastVectorInner: a [C] operand over a contiguous stretch of an
+# [N, C] output, one vertex whatever N, its state fixed: pointer, period and phase); bit HELD_SHIFT + i set
+# when field i is *held*: output element j reads its element (phase + j) // period, which it holds ceil((phase
+# + n) / period) of (popops' BroadcastVectorOuter: a [N, 1] row statistic over [N, C] rows). Otherwise field
+# i holds n elements. All repeating and held operands of a vertex share its ``period`` and ``phase`` (0 <=
+# phase < period). An EXPR program's header has the same mask for its leaves a..f; its vertices carry period
+# and phase.
+REPEAT_SHIFT = 8
+HELD_SHIFT = 16
+# Words of vertex state a vertex with a repeating or held operand adds (its period and phase).
+REPEAT_STATE_WORDS = 2
 
 # A fused elementwise vertex (EXPR) reads at most len(EXPR_FIELDS) leaves and runs at most EXPR_MAX_OPS ops,
 # each into its own register. Its row's P0 is the table row of its program (the program's scalars mask is in
@@ -307,6 +321,7 @@ def enums():
         ("expr_op", {f"O_{n.upper()}": c for n, c in EXPR_OP.items()}),
         ("expr_limits", {"EXPR_LEAVES": len(EXPR_FIELDS), "EXPR_MAX_OPS": EXPR_MAX_OPS, "EXPR_REGS": EXPR_REGS}),
         ("expr_srcs", {"EXPR_SRCS": EXPR_SRCS}),
+        ("operand_forms", {"REPEAT_SHIFT": REPEAT_SHIFT, "HELD_SHIFT": HELD_SHIFT}),
         ("conv_geometry", _columns("CG", CONV_GEOMETRY, "CG_LEN")),
         ("phases", {f"PH_{n}": c for n, c in PHASES.items()}),
         ("phase_columns", _columns("PC", PHASE_COLUMNS, "PHASE_COLS")),

@@ -4,8 +4,10 @@ row statistic over [N, C]) without the broadcast being materialised by exchange.
 As popops' broadcast vertices (BroadcastVectorInner2D, BroadcastScalar2D) do, each tile receives the distinct
 source elements its vertices read, once, and each block of the output is cut into *rows*: stretches over
 which every broadcast operand's source element either steps by one (a contiguous slice of the tile's copy) or
-stays the same (one element of it, which the vertex broadcasts). NumPy only; the planner builds the copies
-and vertices.
+stays the same (one element of it, which the vertex broadcasts). An operand broadcast over leading axes only
+(a [C] bias over [N, C]) *repeats* instead: as popops' BroadcastVectorInner reads it, a whole block is one
+vertex reading the tile's copy cyclically (``repeating_reads``), whatever N. NumPy only; the planner builds
+the copies and vertices.
 """
 
 from typing import NamedTuple
@@ -36,6 +38,18 @@ def run_length(x_shape, shape):
             break
         g *= o
     return g, constant
+
+
+def repeats(x_size, g, constant):
+    """Whether an operand of ``x_size`` elements read with run length ``g`` (``run_length``) repeats: output
+    element i reads its element i % g (it is broadcast over leading axes only)."""
+    return not constant and x_size == g
+
+
+def wraps(rows, period):
+    """How often each row wraps an operand repeating every ``period`` output elements (its rows beyond the
+    first, as a 2D broadcast vertex steps through them)."""
+    return (rows.starts % period + rows.stops - rows.starts - 1) // period
 
 
 class Rows(NamedTuple):
@@ -89,3 +103,36 @@ def tile_copies(index, rows, size, constant):
     distinct = np.unique(keys)
     tiles, counts = np.unique(distinct // size, return_counts=True)
     return TileCopies(distinct % size, TileMapping.on_tiles(counts, tiles), np.searchsorted(distinct, first))
+
+
+def repeating_reads(copies, rows):
+    """(first element, period, phase) of each row reading a repeating operand from its tile's copy (its
+    ``tile_copies``): the row's output element j reads element (phase + j) % period of the tile's whole copy.
+    The copy holds a tile's distinct source elements ascending; a row reads consecutive source elements, mod
+    the operand's size, so consecutive ones lie side by side in the copy, and the operand's wrap from its last
+    element to its first is the copy's wrap from its last element to its first."""
+    block = np.searchsorted(copies.mapping.tiles, rows.tiles)
+    first = copies.mapping.starts[block]
+    return first, copies.mapping.stops[block] - first, copies.at - first
+
+
+def held_copies(index, rows, size, g, mapping, runs):
+    """The copies a *held* operand's rows read (one source element per aligned run of ``g`` output elements,
+    the operand constant over each run: a [N, 1] row statistic over [N, C]), with ``at`` the copy element each
+    row starts at; each row's successive runs read successive copy elements. A tile's copy holds its distinct
+    source elements ascending where that order serves every row; otherwise (a channel operand whose block
+    wraps to the next image) the elements its rows' runs read, in their order. ``rows`` are ``mapping`` cut at
+    ``runs``."""
+    runs_rows = cut_rows(mapping, [*runs, g])
+    parent = np.searchsorted(rows.starts, runs_rows.starts, side="right") - 1
+    first = np.r_[True, parent[1:] != parent[:-1]]
+    step = (rows.starts[parent] % g + runs_rows.starts - rows.starts[parent]) // g
+    copies = tile_copies(index, runs_rows, size, True)
+    if (copies.at == copies.at[first][parent] + step).all():
+        return TileCopies(copies.index, copies.mapping, copies.at[first])
+    order = np.lexsort((runs_rows.starts, runs_rows.tiles))
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    tiles, counts = np.unique(runs_rows.tiles, return_counts=True)
+    in_order = index[runs_rows.starts][order]
+    return TileCopies(in_order, TileMapping.on_tiles(counts, tiles), position[first])

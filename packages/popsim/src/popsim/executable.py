@@ -696,6 +696,10 @@ def _vertex_memory(target, programs):
     for cs in sets.values():
         for batch in cs.batches:
             state += np.bincount(batch.tiles, minlength=target.num_tiles) * (8 + 4 * len(batch.fields))
+            # A vertex reading a repeating operand also holds its period and phase (_opcodes' OPERAND FORMS).
+            if "period" in batch.params:
+                repeating = batch.tiles[batch.params["period"] > 0]
+                state += np.bincount(repeating, minlength=target.num_tiles) * (4 * oc.REPEAT_STATE_WORDS)
             # Each distinct fused expression is a codelet of its own, as popops generates one per map expression.
             key = (batch.kind, batch.sub) if batch.program is None else batch.program.tobytes()
             tiles.append(codelets.setdefault(key, len(codelets)) * target.num_tiles + batch.tiles)

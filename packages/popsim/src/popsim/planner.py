@@ -170,11 +170,11 @@ class Lowerer:
         ``out`` written in place), or per row of a block when an input is read by broadcast (``_vertex_rows``);
         inputs are exchanged into the output's placement."""
         out = self.new(shape, dtype) if out is None else out
-        rows, fields, scalars = self._vertex_rows(out, inputs, "abc")
+        rows, fields, scalars, reads = self._vertex_rows(out, inputs, "abc")
         cs = self.dg.add_compute_set(codelet)
         work_dtype = inputs[-1].dtype if inputs else dtype
         cycles = self._row_cycles(
-            out.mapping, rows, lambda n: cost.elementwise_cycles(self.target, n, work_dtype, codelet)
+            out.mapping, rows, reads["wraps"], lambda n: cost.elementwise_cycles(self.target, n, work_dtype, codelet)
         )
         operands = [fields[name] for name in "abc"[: len(inputs)]]
         n = rows.stops - rows.starts
@@ -188,6 +188,8 @@ class Lowerer:
             operands=operands,
             out=fields["out"],
             scalars=scalars,
+            period=reads["period"],
+            phase=reads["phase"],
         )
         return out
 
@@ -198,7 +200,7 @@ class Lowerer:
         exactly that of the separate ops. The last step's register is the result, written to a new tensor or
         ``out``."""
         out = self.new(shape, dtype) if out is None else out
-        rows, fields, scalars = self._vertex_rows(out, inputs, oc.EXPR_FIELDS)
+        rows, fields, scalars, reads = self._vertex_rows(out, inputs, oc.EXPR_FIELDS)
         program = np.zeros((1 + len(steps), oc.NCOLS), np.int64)
         head, op_row = oc.EXPR_HEAD, oc.EXPR_OP
         program[0, head["leaves"]] = len(inputs)
@@ -219,7 +221,9 @@ class Lowerer:
             row[op_row["integer"]] = operand == DType.int32
         ops = [(codelet, operand) for codelet, _, _, operand in steps]
         cs = self.dg.add_compute_set("+".join(codelet for codelet, _ in ops))
-        cycles = self._row_cycles(out.mapping, rows, lambda n: cost.expression_cycles(self.target, n, ops))
+        cycles = self._row_cycles(
+            out.mapping, rows, reads["wraps"], lambda n: cost.expression_cycles(self.target, n, ops)
+        )
         n = rows.stops - rows.starts
         # The scalars mask is the program's: one program per mask the rows use.
         for mask in np.unique(scalars):
@@ -229,45 +233,36 @@ class Lowerer:
             leaves = [chosen[name] for name in oc.EXPR_FIELDS[: len(inputs)]]
             oc.expression(
                 self.dg.add_vertices, cs, rows.tiles[pick], n[pick], cycles[pick], leaves=leaves, out=chosen["out"],
-                program=program.copy(),
+                program=program.copy(), period=reads["period"][pick], phase=reads["phase"][pick],
             )  # fmt: skip
         return out
 
     def _vertex_rows(self, out, inputs, names):
         """The vertices of an elementwise op writing ``out`` from ``inputs``: their rows (broadcast_rows.Rows),
-        each field's Regions (by ``names``, and "out") and each row's scalars mask.
+        each field's Regions (by ``names``, and "out"), each row's operand-forms mask and the period and phase
+        of its repeating or held operands (_opcodes' OPERAND FORMS), and each row's wraps of them.
 
         Same-shaped inputs are exchanged into the output's placement and read block by block. A scalar goes
         to each tile once and the vertices broadcast it. An input broadcast over the output whose element by
         element exchange would bring some element to a tile twice goes to each tile once too (the distinct
-        elements its vertices read), and the output's blocks are cut into rows over which it is read as a
-        contiguous slice or as one broadcast element: identical operands reach a tile once."""
-        m, shape = out.mapping, out.shape
+        elements its vertices read): one broadcast over leading axes only is read *repeating* and one constant
+        over aligned runs (a row statistic) *held*, a block per vertex; any other is read in rows, the output's
+        blocks cut into stretches over which it is a contiguous slice or one broadcast element: identical
+        operands reach a tile once."""
+        m = out.mapping
         tiles = np.unique(m.tiles)
-        placed, runs = [], []
-        for x in inputs:
-            if x.size == 1 and m.size > 1:
-                placed.append(("scalar", *self._scalar_on_tiles(x, tiles)))
-                continue
-            if x.shape != tuple(shape) and m.size:
-                g, constant = broadcast_rows.run_length(x.shape, shape)
-                index = np.broadcast_to(np.arange(x.size).reshape(x.shape), shape).reshape(-1)
-                if g >= broadcast_rows.MIN_ROW_ELEMENTS and broadcast_rows.may_repeat(g, constant, m):
-                    placed.append(("rows", x, index, constant))
-                    runs.append(g)
-                    continue
-            placed.append(("block", self.broadcast_like(x, shape, m)))
+        placed = self._operand_forms(out, inputs)
+        runs = [p[3] for p in placed if p[0] == "rows"]
         rows = broadcast_rows.cut_rows(m, runs)
-        copies = {
-            i: broadcast_rows.tile_copies(p[2], rows, p[1].size, p[3]) for i, p in enumerate(placed) if p[0] == "rows"
-        }
-        if copies and not self._rows_pay(m, rows, [(placed[i][1], c) for i, c in copies.items()]):
-            for i in copies:
-                placed[i] = ("block", self.broadcast_like(placed[i][1], shape, m))
-            rows, copies = broadcast_rows.cut_rows(m, []), {}
+        if runs and (np.bincount(rows.block) > 1).any():
+            # Each further row would be a vertex whose state stays resident for the whole program: such
+            # operands are exchanged whole instead.
+            placed = [("block", self.broadcast_like(p[1], out.shape, m)) if p[0] == "rows" else p for p in placed]
+            rows, runs = broadcast_rows.cut_rows(m, []), []
+        copies, reads = self._broadcast_copies(out, placed, rows, runs)
         n = rows.stops - rows.starts
         fields = {"out": out.regions(rows.starts, rows.stops)}
-        scalars = np.zeros(len(rows.starts), np.int64)
+        forms = np.zeros(len(rows.starts), np.int64)
         for i, (name, (form, x, *how)) in enumerate(zip(names, placed)):
             if form == "block":
                 fields[name] = x.regions(rows.starts, rows.stops)
@@ -275,39 +270,103 @@ class Lowerer:
             if form == "scalar":
                 (at,) = how
                 at = at[np.searchsorted(tiles, rows.tiles)]
-                constant = True
+                fields[name] = x.regions(at, at + 1)
+                forms |= 1 << i
+                continue
+            c = copies[i]
+            x = self.gather((c.index.size,), x.dtype, [x], c.index, c.mapping, name="broadcast")
+            if form == "repeat":
+                first = c.at - reads["phase"]
+                fields[name] = x.regions(first, first + reads["period"])
+                forms |= 1 << (oc.REPEAT_SHIFT + i)
+            elif form == "held":
+                fields[name] = x.regions(c.at, c.at - (-(reads["phase"] + n) // reads["period"]))
+                forms |= 1 << (oc.HELD_SHIFT + i)
             else:
-                c, constant = copies[i], how[1]
-                x = self.gather((c.index.size,), x.dtype, [x], c.index, c.mapping, name="broadcast")
-                at = c.at
-            fields[name] = x.regions(at, at + (1 if constant else n))
-            scalars |= int(constant) << i
-        return rows, fields, scalars
+                constant = how[2]
+                fields[name] = x.regions(c.at, c.at + (1 if constant else n))
+                forms |= int(constant) << i
+        return rows, fields, forms, reads
 
-    def _rows_pay(self, mapping, rows, broadcasts):
+    def _broadcast_copies(self, out, placed, rows, runs):
+        """The tile copies ({input's position: broadcast_rows.TileCopies}) of the inputs ``placed`` reads in
+        ``rows`` (cut at ``runs``), and the rows' period, phase and wraps of the repeating and held ones. A held
+        input whose period and phase differ from the repeating ones' (the vertex has one pair) is exchanged
+        whole (``placed`` is updated in place), and so is every input when reading the copies would cost more
+        than exchanging them (``_rows_pay``)."""
+        m = out.mapping
+        zeros = np.zeros(len(rows.starts), np.int64)
+        copies, reads, shared = {}, {"period": zeros, "phase": zeros, "wraps": zeros}, None
+        for i, p in enumerate(placed):
+            if p[0] in ("rows", "repeat"):
+                copies[i] = broadcast_rows.tile_copies(p[2], rows, p[1].size, p[0] == "rows" and p[4])
+            if p[0] == "repeat":
+                _, period, phase = broadcast_rows.repeating_reads(copies[i], rows)
+                reads, shared = {"period": period, "phase": phase}, p[3]
+        for i, p in enumerate(placed):
+            if p[0] != "held":
+                continue
+            c = broadcast_rows.held_copies(p[2], rows, p[1].size, p[3], m, runs)
+            phase = rows.starts % p[3]
+            if shared is not None and not ((reads["period"] == p[3]) & (reads["phase"] == phase)).all():
+                placed[i] = ("block", self.broadcast_like(p[1], out.shape, m))
+                continue
+            copies[i], reads, shared = c, {"period": np.full_like(zeros, p[3]), "phase": phase}, p[3]
+        reads["wraps"] = broadcast_rows.wraps(rows, shared) if shared else zeros
+        if copies and not self._rows_pay(m, rows, reads["wraps"], [(placed[i][1], c) for i, c in copies.items()]):
+            for i in copies:
+                placed[i] = ("block", self.broadcast_like(placed[i][1], out.shape, m))
+            return {}, {"period": zeros, "phase": zeros, "wraps": zeros}
+        return copies, reads
+
+    def _operand_forms(self, out, inputs):
+        """How each input is first meant to be read (``_vertex_rows``): ("scalar", copy, element on each tile),
+        ("repeat", x, index, period), ("held", x, index, run length), ("rows", x, index, run length, constant)
+        or ("block", x exchanged into the output's placement). Repeating operands of one vertex share a period,
+        held ones a run length: only the first one's inputs take the form, others are read in rows."""
+        m, shape = out.mapping, out.shape
+        placed, period, run = [], None, None
+        for x in inputs:
+            if x.size == 1 and m.size > 1:
+                placed.append(("scalar", *self._scalar_on_tiles(x, np.unique(m.tiles))))
+                continue
+            if x.shape != tuple(shape) and m.size:
+                g, constant = broadcast_rows.run_length(x.shape, shape)
+                index = np.broadcast_to(np.arange(x.size).reshape(x.shape), shape).reshape(-1)
+                if g >= broadcast_rows.MIN_ROW_ELEMENTS and broadcast_rows.may_repeat(g, constant, m):
+                    if broadcast_rows.repeats(x.size, g, constant) and period in (None, g):
+                        period = g
+                        placed.append(("repeat", x, index, g))
+                    elif constant and run in (None, g):
+                        run = g
+                        placed.append(("held", x, index, g))
+                    else:
+                        placed.append(("rows", x, index, g, constant))
+                    continue
+            placed.append(("block", self.broadcast_like(x, shape, m)))
+        return placed
+
+    def _rows_pay(self, mapping, rows, wraps, broadcasts):
         """Whether reading the ``broadcasts`` ((operand, its broadcast_rows.TileCopies)) in ``rows`` costs no
         more cycles, by estimate, than exchanging them whole into the output's blocks: the busiest tile's
-        further row set-ups against the bytes the busiest receiver no longer receives, counted at
-        ``broadcast_rows.SAVING_SHARE`` (the phase's busiest tile may be another copy's)."""
-        further = np.bincount(rows.block, minlength=len(mapping.tiles)) - 1
-        if further.any():
-            # Each further row is a vertex whose state stays resident for the whole program (where popops'
-            # broadcast vertices read a repeating operand without per-row state): not modelled, so not chosen.
-            return False
+        further row set-ups (rows beyond a block's first, and ``wraps`` of repeating operands) against the
+        bytes the busiest receiver no longer receives, counted at ``broadcast_rows.SAVING_SHARE`` (the phase's
+        busiest tile may be another copy's)."""
+        further = np.bincount(rows.block, wraps + 1, minlength=len(mapping.tiles)).astype(np.int64) - 1
         extra = cost.row_cycles(self.target, further)
         overhead = np.bincount(mapping.tiles, extra).max()
         whole = np.bincount(mapping.tiles, mapping.stops - mapping.starts).max()
         saved = sum((whole - c.mapping.tile_bytes(1)[1].max()) * x.itemsize for x, c in broadcasts)
         return overhead * self.target.exchange_bytes_per_cycle <= saved * broadcast_rows.SAVING_SHARE
 
-    def _row_cycles(self, mapping, rows, block_cycles):
+    def _row_cycles(self, mapping, rows, wraps, block_cycles):
         """Cycles of each row's vertex: a block's rows run as one vertex (popops' 2D vertices), costed as that
-        vertex over the whole block (``block_cycles`` of its element counts) plus a set-up per further row, all
-        on the block's first row."""
+        vertex over the whole block (``block_cycles`` of its element counts) plus a set-up per further row
+        (rows beyond the first, and ``wraps`` of repeating operands, each a row of popops' BroadcastVectorInner),
+        all on the block's first row."""
         blocks = mapping.stops - mapping.starts
-        per_block = np.asarray(block_cycles(blocks), np.int64) + cost.row_cycles(
-            self.target, np.bincount(rows.block, minlength=blocks.size) - 1
-        )
+        further = np.bincount(rows.block, wraps + 1, minlength=blocks.size).astype(np.int64) - 1
+        per_block = np.asarray(block_cycles(blocks), np.int64) + cost.row_cycles(self.target, further)
         first = np.r_[True, rows.block[1:] != rows.block[:-1]]
         return np.where(first, per_block[rows.block], 0)
 

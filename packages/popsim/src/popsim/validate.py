@@ -84,17 +84,36 @@ def _need(what, ok, message, *values):
 
 
 def _elementwise_check(what, n, sizes, dtypes, params, program):
-    scalars = params.get("scalars", 0)
     operands = [f for f in "abc" if f in sizes]
-    _need(what, scalars < (1 << len(operands)), "scalars mask {} names operands it does not have", scalars)
+    forms = _check_forms(what, params.get("scalars", 0), len(operands), n, params)
     _need(what, sizes["out"] == n, "field 'out' holds {} elements, n is {}", sizes["out"], n)
-    for i, name in enumerate(operands):
-        want = np.where(scalars >> i & 1, 1, n)
+    for name, want in zip(operands, forms):
         _need(what, sizes[name] == want, f"field {name!r} holds {{}} elements, needs {{}}", sizes[name], want)
     if "c" in sizes:  # WHERE: a bool condition selects between b and c, which share out's dtype
         _need(what, dtypes["a"] == "bool", "the condition (field 'a') must be bool")
         same = dtypes["b"] == dtypes["c"] == dtypes["out"]
         _need(what, same, "b, c and out must share a dtype")
+
+
+def _forms(mask):
+    """(scalars, repeats, held): the three masks an operand-forms mask holds."""
+    low = (1 << oc.REPEAT_SHIFT) - 1
+    return mask & low, mask >> oc.REPEAT_SHIFT & low, mask >> oc.HELD_SHIFT
+
+
+def _check_forms(what, mask, count, n, params):
+    """The element count each of ``count`` operands must hold under the operand-forms ``mask`` (one element, a
+    repeating ``period``, the runs a held operand spans, or n: _opcodes' OPERAND FORMS), after checking the
+    mask and the period and phase."""
+    scalars, repeats, held = _forms(mask)
+    named = (scalars < (1 << count)) & (repeats < (1 << count)) & (held < (1 << count))
+    _need(what, named, "scalars mask {} names absent operands", mask)
+    _need(what, (scalars & repeats | scalars & held | repeats & held) == 0, "operands of two forms (mask {})", mask)
+    period, phase = params.get("period", 0), params.get("phase", 0)
+    ok = np.where(repeats | held > 0, (period >= 1) & (phase < period), (period == 0) & (phase == 0))
+    message = "period {} and phase {} must satisfy 0 <= phase < period (both 0 without repeating operands)"
+    _need(what, ok, message, period, phase)
+    return [_form_count(mask, i, n, period, phase) for i in range(count)]
 
 
 def _reduce_check(what, n, sizes, dtypes, params, program):
@@ -167,8 +186,8 @@ def _expr_check(what, n, sizes, dtypes, params, program):
     _need(what, leaves == list(oc.EXPR_FIELDS[: len(leaves)]), f"leaves must be the first fields of {oc.EXPR_FIELDS}")
     _need(what, header[_HEAD["leaves"]] == len(leaves), "its program's leaf count differs from its fields")
     check_expression(program, what)
-    for i, name in enumerate(leaves):
-        want = np.where(header[_HEAD["scalars"]] >> i & 1, 1, n)
+    forms = _check_forms(what, header[_HEAD["scalars"]], len(leaves), n, params)
+    for i, (name, want) in enumerate(zip(leaves, forms)):
         _need(what, sizes[name] == want, f"field {name!r} holds {{}} elements, needs {{}}", sizes[name], want)
         _need(what, oc.DTYPE_CODES[dtypes[name]] == header[_HEAD["leaf_dt"] + i], f"leaf {name!r} dtype")
     _need(what, sizes["out"] == n, "field 'out' must hold n = {} elements", n)
@@ -202,7 +221,8 @@ def check_expression(program, what="EXPR program"):
     _need(what, 0 <= header[_HEAD["result"]] < leaves + ops, "result register out of range")
     dtypes = [header[_HEAD["out_dt"]], *header[_HEAD["leaf_dt"] : _HEAD["leaf_dt"] + leaves]]
     _need(what, all(d in _DTYPE_NAMES for d in dtypes), "unknown dtype code")
-    _need(what, 0 <= header[_HEAD["scalars"]] < (1 << leaves), "scalars mask names missing leaves")
+    mask = header[_HEAD["scalars"]]
+    _need(what, mask >= 0 and max(_forms(mask)) < (1 << leaves), "scalars mask names missing leaves")
     if header[_HEAD["float32"]]:
         fast = {oc.BINARY_OPS[name] for name in oc.BINARY_FLOAT32_OPS}
         _need(
@@ -251,7 +271,7 @@ def _instruction_extents(table, rows):
     size = np.zeros((len(r), 7), np.int64)
     addr[:, :4] = r[:, [col["a"], col["b"], col["c"], col["out"]]]
     elementwise = np.isin(kind, _ELEMENTWISE)
-    scalar = [np.where(elementwise & (p0 >> i & 1 == 1), 1, n) for i in range(3)]
+    scalar = [_form_count(np.where(elementwise, p0, 0), i, n, p1, p2) for i in range(3)]
     for k, (a, b, c, out) in {
         oc.UNARY: (scalar[0] * isa, 0, 0, n * iso),
         oc.BINARY: (scalar[0] * isa, scalar[1] * isb, 0, n * iso),
@@ -269,6 +289,13 @@ def _instruction_extents(table, rows):
         for j, extent in enumerate((a, b, c, out)):
             size[sel, j] = np.broadcast_to(extent, len(r))[sel]
     return addr, size
+
+
+def _form_count(mask, i, n, period, phase):
+    """Elements operand ``i`` spans under the operand-forms ``mask`` (arrays or integers)."""
+    held = -(-(phase + n) // np.maximum(period, 1))
+    form = [mask >> i & 1, mask >> (oc.REPEAT_SHIFT + i) & 1, mask >> (oc.HELD_SHIFT + i) & 1]
+    return np.select([f == 1 for f in form], [1, period, held], n)
 
 
 def _expression_extents(table, row, addr, size):
@@ -289,7 +316,7 @@ def _expression_extents(table, row, addr, size):
     size[:] = 0
     addr[0], size[0] = table[row, col["out"]], n * _itemsizes(header[_HEAD["out_dt"]])
     for leaf in range(header[_HEAD["leaves"]]):
-        count = 1 if header[_HEAD["scalars"]] >> leaf & 1 else n
+        count = _form_count(header[_HEAD["scalars"]], leaf, n, table[row, col["p1"]], table[row, col["p2"]])
         addr[1 + leaf] = table[row, oc.EXPR_LEAF_COLUMNS[leaf]]
         size[1 + leaf] = count * _itemsizes(header[_HEAD["leaf_dt"] + leaf])
 
