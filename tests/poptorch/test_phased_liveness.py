@@ -331,3 +331,18 @@ def test_off_chip_after_fwd_no_overlap_loads_a_value_again_in_each_phase(monkeyp
     loads = [[s["name"] for s in run["steps"] if s["name"].startswith("remote load")] for run in (serial, overlapped)]
     assert len(loads[0]) - len(loads[1]) == PHASES - 1
     assert len(set(loads[0])) < len(loads[0])
+
+
+def test_parallel_phases_load_a_value_read_in_neighbouring_phases_on_each_ipu(monkeypatch):
+    """Parallel phases alternate between IPUs, so neighbouring phases are on different IPUs (PopART's adjacent
+    phase is the one before on the same IPUs): a value read in two neighbouring backward phases is loaded on
+    each IPU, once per phase."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    steps = _train(poptorch.Liveness.OffChipAfterFwd, parallel=True, phases=4)[2]["steps"]
+    loads = [(s["stage"], s["ipu"], s["name"]) for s in steps if s["name"].startswith("remote load")]
+    assert len(set(loads)) == len(loads)
+    twice = {name for _, _, name in loads if sum(n == name for _, _, n in loads) == 2}
+    assert len(twice) == 4 - 1  # the output of every phase but the last
+    for name in twice:
+        (a, ipu_a), (b, ipu_b) = [(stage, ipu) for stage, ipu, n in loads if n == name]
+        assert abs(a - b) == 1 and ipu_a != ipu_b
