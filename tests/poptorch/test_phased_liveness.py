@@ -346,3 +346,15 @@ def test_parallel_phases_load_a_value_read_in_neighbouring_phases_on_each_ipu(mo
     for name in twice:
         (a, ipu_a), (b, ipu_b) = [(stage, ipu) for stage, ipu, n in loads if n == name]
         assert abs(a - b) == 1 and ipu_a != ipu_b
+
+
+def test_parallel_phases_store_a_value_on_its_ipu_in_its_phase(monkeypatch):
+    """A phase's output is read next by the following phase, on the other IPU: its store runs on the IPU that
+    holds it, in its own phase (as PopART stores in the producer's phase), not with the reader."""
+    monkeypatch.setattr(poptorch._device, "target_of", lambda options: ROOMY)
+    steps = _train(poptorch.Liveness.OffChipAfterFwd, parallel=True, phases=4)[2]["steps"]
+    stores = [s for s in steps if s["name"].startswith("remote store tanh")]
+    stores.sort(key=lambda s: int(s["name"].rpartition("%")[2]))  # in order of the tanh producing each
+    assert len(stores) == 2 * 4
+    for i, store in enumerate(stores):  # two tanh layers per phase, phases alternating between IPUs 0 and 1
+        assert (store["stage"], store["ipu"], store["role"]) == (i // 2, i // 2 % 2, "forward")

@@ -243,9 +243,17 @@ class Spiller:
             label = v.name or f"{v.producer.op} %{v.id}"  # the popir value, as profiles name it
             storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, label, "variable")
             self.dg.remote.add(storage)
-            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), self.nodes[index])
+            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), self._store_origin(index, v))
             self.dg.program.append(step)
             self.spilled[v.id] = storage
+
+    def _store_origin(self, index, value):
+        """The node the store of ``value`` after node ``index`` belongs to: that node, its last forward reader,
+        when on ``value``'s IPU (the value stays live there until then, as PopART moves a store into the
+        adjacent phase that reads it); else ``value``'s producer, as the store runs on the IPU holding it
+        (PopART stores in the producer's phase when the next reader is on another IPU)."""
+        reader, producer = self.nodes[index], value.producer
+        return reader if _ipu_of(reader) == _ipu_of(producer) else producer
 
     def operands(self, node, args, where):
         """``args`` of ``node`` with each stored value read from a tile buffer on ``where``: loaded once per
@@ -268,6 +276,10 @@ class Spiller:
         return out
 
 
+def _ipu_of(node):
+    return None if node.placement is None else node.placement[1]
+
+
 def _previous_on_ipu(nodes):
     """{(pass, placement): placement} of each placed unit of ``nodes`` (a later pass or not, and (phase, ipu))
     that follows another phase on the same IPU in the same pass: the placement of that phase."""
@@ -276,8 +288,8 @@ def _previous_on_ipu(nodes):
         if node.placement is None:
             continue
         later = node.role not in (None, "forward")
-        seen = last.get((later, node.placement[1]))
+        seen = last.get((later, _ipu_of(node)))
         if seen is not None and seen != node.placement:
             previous.setdefault((later, node.placement), seen)
-        last[(later, node.placement[1])] = node.placement
+        last[(later, _ipu_of(node))] = node.placement
     return previous

@@ -18,7 +18,7 @@ def overlapped_lifetimes(placed, points, remote):
     belongs to the unit of the compute before it); the first unit of a pass has none before it, the last none
     after it (PopTorch leaves a gap of phases between the passes, where those transfers overlap no compute).
     A unit's compute is its points but the transfers; a store belongs to the unit of the last reader of what
-    it stores (``remote.Spiller``), where the program and the schedule run it."""
+    it stores on its IPU (``remote.Spiller``), where the schedule runs it."""
     loaded, stores = {}, set()  # a load's buffer -> the load's point; the stores' points
     for point, step in enumerate(points):
         if isinstance(step, RemoteCopy):
