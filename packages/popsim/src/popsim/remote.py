@@ -175,10 +175,14 @@ SPILL_MODES = ("backward", "phase")
 @dataclass(frozen=True)
 class Spill:
     """Which activations ``Spiller`` moves to streaming memory: ``mode`` (one of ``SPILL_MODES``) says which
-    reads take a value off chip, and values of fewer than ``min_elements`` elements stay on the tiles."""
+    reads take a value off chip, and values of fewer than ``min_elements`` elements stay on the tiles. With
+    ``keep_adjacent`` a loaded value stays on chip into the next phase of its pass on the same IPU (PopART keeps
+    a tensor live in the adjacent execution phase rather than load it again: PopTorch's
+    ``Liveness.OffChipAfterFwd``, whose phases are adjacent; its other off-chip settings space them apart)."""
 
     mode: str
     min_elements: int = 0
+    keep_adjacent: bool = False
 
 
 class Spiller:
@@ -198,14 +202,17 @@ class Spiller:
         spill = Spill(spill) if isinstance(spill, str) else spill
         if spill is not None and spill.mode not in SPILL_MODES:
             raise Error(f"spill mode must be None or one of {SPILL_MODES}, got {spill.mode!r}")
-        self.dg = dg
+        self.dg, self.nodes = dg, graph.nodes
         self.due = {}  # node index -> values to store once that node has been lowered
         self.spilled = {}  # popir value id -> its storage in streaming memory
         self.loaded = {}  # (popir value id, pass, placement) or (value id, reader) -> its loaded tile buffer
+        self.previous = {}  # (pass, placement) -> the placement of the phase before it on its IPU, if kept on chip
         if spill is None:
             return
         mode = spill.mode
         nodes = graph.nodes
+        if spill.keep_adjacent:
+            self.previous = _previous_on_ipu(nodes)
 
         def segment(node):
             later = node.role not in (None, "forward")
@@ -226,7 +233,9 @@ class Spiller:
                 self.due.setdefault(at, []).append(v)
 
     def store_due(self, index, env):
-        """Store the values due after node ``index`` whose tile tensors are in ``env`` (popir value id ->)."""
+        """Store the values due after node ``index`` whose tile tensors are in ``env`` (popir value id ->). A
+        store belongs to node ``index`` (its origin: the unit, phase and pass, where the program runs it),
+        which may be a later phase's reader than the value's producer."""
         for v in self.due.get(index, ()):
             t = env[v.id]
             if getattr(t, "storage", None) is None or t.storage.category != "temporary":
@@ -234,22 +243,53 @@ class Spiller:
             label = v.name or f"{v.producer.op} %{v.id}"  # the popir value, as profiles name it
             storage = self.dg.add_tensor(t.shape, t.dtype, t.mapping, label, "variable")
             self.dg.remote.add(storage)
-            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), v.producer)
+            step = RemoteCopy(f"remote store {label}", storage, [t], np.arange(t.size), self._store_origin(index, v))
             self.dg.program.append(step)
             self.spilled[v.id] = storage
+
+    def _store_origin(self, index, value):
+        """The node the store of ``value`` after node ``index`` belongs to: that node, its last forward reader,
+        when on ``value``'s IPU (the value stays live there until then, as PopART moves a store into the
+        adjacent phase that reads it); else ``value``'s producer, as the store runs on the IPU holding it
+        (PopART stores in the producer's phase when the next reader is on another IPU)."""
+        reader, producer = self.nodes[index], value.producer
+        return reader if _ipu_of(reader) == _ipu_of(producer) else producer
 
     def operands(self, node, args, where):
         """``args`` of ``node`` with each stored value read from a tile buffer on ``where``: loaded once per
         unit (pass and placement, as PopART loads a phase's tensors at its start) for all a placed node's
-        readers there, afresh for an unplaced reader."""
+        readers there, afresh for an unplaced reader; with ``Spill.keep_adjacent``, the buffer of the phase
+        before on the same IPU in the pass when it loaded the value."""
         later = node.role not in (None, "forward")
         out = []
         for v, a in zip(node.inputs, args):
             if v.id in self.spilled:
                 key = (v.id, later, node.placement) if node.placement is not None else (v.id, node)
+                kept = self.loaded.get((v.id, later, self.previous.get((later, node.placement))))
+                if key not in self.loaded and kept is not None:
+                    self.loaded[key] = kept
                 if key not in self.loaded:
                     storage = self.spilled[v.id]
                     self.loaded[key] = load(self.dg, storage, where, f"remote load {storage.name}")
                 a = self.loaded[key]
             out.append(a)
         return out
+
+
+def _ipu_of(node):
+    return None if node.placement is None else node.placement[1]
+
+
+def _previous_on_ipu(nodes):
+    """{(pass, placement): placement} of each placed unit of ``nodes`` (a later pass or not, and (phase, ipu))
+    that follows another phase on the same IPU in the same pass: the placement of that phase."""
+    previous, last = {}, {}  # last: (pass, ipu) -> the placement of the latest phase seen there
+    for node in nodes:
+        if node.placement is None:
+            continue
+        later = node.role not in (None, "forward")
+        seen = last.get((later, _ipu_of(node)))
+        if seen is not None and seen != node.placement:
+            previous.setdefault((later, node.placement), seen)
+        last[(later, _ipu_of(node))] = node.placement
+    return previous

@@ -17,8 +17,8 @@ def overlapped_lifetimes(placed, points, remote):
     done. Units are the points' ``point_units``, numbered in order of first appearance (an unplaced point
     belongs to the unit of the compute before it); the first unit of a pass has none before it, the last none
     after it (PopTorch leaves a gap of phases between the passes, where those transfers overlap no compute).
-    A unit's compute is its points but the transfers: a store sits after the last reader of what it stores,
-    which may run in the next unit, but the schedule runs it with its own unit's transfers."""
+    A unit's compute is its points but the transfers; a store belongs to the unit of the last reader of what
+    it stores on its IPU (``remote.Spiller``), where the schedule runs it."""
     loaded, stores = {}, set()  # a load's buffer -> the load's point; the stores' points
     for point, step in enumerate(points):
         if isinstance(step, RemoteCopy):

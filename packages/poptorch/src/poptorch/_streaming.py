@@ -45,8 +45,8 @@ def activation_spill(options):
     ``setActivationLocation(useOnChipStorage(False))`` moves the forward activations that the backward pass
     reads, of at least its ``minElementsForOffChip`` elements, after their last forward reader."""
     mode = _blocks.spill_mode(options.execution_strategy)
-    if mode is not None:
-        return Spill(mode)
+    if mode is not None:  # OffChipAfterFwd numbers the phases adjacently: a value read in two stays on chip
+        return Spill(mode, keep_adjacent=_blocks.overlaps_streaming(options.execution_strategy))
     min_elements = options.TensorLocations.streamed.get("Activation")
     return None if min_elements is None else Spill("backward", min_elements)
 
