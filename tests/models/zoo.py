@@ -151,6 +151,26 @@ def vit():
     return Case(_transformers().ViTForImageClassification(config), kwargs=kwargs, inference_drops=("labels",))
 
 
+def swin():
+    """Shifted-window attention (a roll, window partitions, a relative position bias table) and patch merging;
+    its pooler averages tokens through adaptive pooling of a transposed tensor (a strided view)."""
+    config = _transformers().SwinConfig(
+        image_size=16,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=8,
+        depths=[2, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+        num_labels=CLASSES,
+    )
+    kwargs = {"pixel_values": _images(16), "labels": torch.tensor([1, 2])}
+    return Case(_transformers().SwinForImageClassification(config), kwargs=kwargs, inference_drops=("labels",))
+
+
 KV_HEADS = 2  # the decoder-only models' grouped-query attention: 4 query heads share 2 key/value heads
 DECODER_LIKE = {
     "vocab_size": VOCAB,
@@ -454,7 +474,15 @@ def _second(out):
 
 
 HUGGING_FACE = {"bert": bert, "gpt2": gpt2, "distilbert": distilbert, "roberta": roberta, "t5": t5, "vit": vit}
-HUGGING_FACE.update(llama=llama, qwen2=qwen2, albert=albert, electra=electra, deberta_v2=deberta_v2, bart=bart)
+HUGGING_FACE |= {
+    "swin": swin,
+    "llama": llama,
+    "qwen2": qwen2,
+    "albert": albert,
+    "electra": electra,
+    "deberta_v2": deberta_v2,
+    "bart": bart,
+}
 CONVOLUTIONAL = {"resnet18": resnet18, "unet": unet, "convnext": convnext, "mobilenet_v2": mobilenet_v2}
 RECURRENT = {"lstm": lstm, "gru": gru}
 ZOO = {**HUGGING_FACE, **CONVOLUTIONAL, **RECURRENT}
