@@ -207,6 +207,16 @@ def qwen2():
     return _causal_lm(_transformers().Qwen2ForCausalLM(config))
 
 
+def mixtral():
+    """A sparse mixture of experts: a router's top 2 of 4 SiLU-gated experts per token. The experts run as
+    batched matmuls over expert matrices gathered per token (fixed shapes); the default grouped one calls
+    torch.histc and a transformers custom op, which poptorch lists as unsupported operations."""
+    config = _transformers().MixtralConfig(
+        **DECODER_LIKE, num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"
+    )
+    return _causal_lm(_transformers().MixtralForCausalLM(config))
+
+
 def albert():
     """One transformer layer's weights shared by all three layers: the same module is called three times."""
     config = _transformers().AlbertConfig(
@@ -478,6 +488,7 @@ HUGGING_FACE |= {
     "swin": swin,
     "llama": llama,
     "qwen2": qwen2,
+    "mixtral": mixtral,
     "albert": albert,
     "electra": electra,
     "deberta_v2": deberta_v2,
