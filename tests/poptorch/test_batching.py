@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from sgd_step import eager_step
 
 import poptorch
 
@@ -31,9 +32,7 @@ def _eager_steps(model, x, y, steps, lr=0.1):
     """One SGD step per chunk of the batch."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for xs, ys in zip(x.chunk(steps), y.chunk(steps)):
-        optimizer.zero_grad()
-        model(xs, ys)[1].backward()
-        optimizer.step()
+        eager_step(model, optimizer, xs, ys)
 
 
 @pytest.mark.parametrize(("ga", "r"), [(2, 1), (1, 2), (2, 2), (4, 1)])

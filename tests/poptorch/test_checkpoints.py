@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from sgd_step import eager_step
 
 import poptorch
 
@@ -44,14 +45,6 @@ def _data(seed):
     return torch.randn(4, 4, generator=generator), torch.randint(0, 3, (4,), generator=generator)
 
 
-def _eager_step(model, optimizer, x, y):
-    optimizer.zero_grad()
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    return loss.detach()
-
-
 def _assert_same_state(model, eager):
     got, want = model.state_dict(), eager.state_dict()
     assert list(got) == list(want)
@@ -73,7 +66,7 @@ def _train_both(training, eager, eager_opt, seeds):
     for seed in seeds:
         x, y = _data(seed)
         _, loss = training(x, y)
-        torch.testing.assert_close(loss, _eager_step(eager, eager_opt, x, y), **TOL)
+        torch.testing.assert_close(loss, eager_step(eager, eager_opt, x, y), **TOL)
 
 
 def _saved(obj):
@@ -177,7 +170,7 @@ def test_cpu_or_empty_state_cannot_be_loaded_into_a_poptorch_optimizer():
     torch.manual_seed(0)
     model = Net()
     cpu = torch.optim.AdamW(model.parameters(), lr=0.02)
-    _eager_step(model, cpu, *_data(0))
+    eager_step(model, cpu, *_data(0))
     opt = poptorch.optim.AdamW(model.parameters(), lr=0.02)
     with pytest.raises(RuntimeError, match=r"^Only IPU optimizer states can be loaded onto the IPU\.$"):
         opt.load_state_dict(cpu.state_dict())
@@ -259,12 +252,12 @@ def test_ctrl_c_in_a_long_call_keeps_the_completed_steps_and_the_executor_usable
         training(x, y)
     assert len(runs) == 3
     for i in range(3):
-        _eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
+        eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
     _assert_same_state(model, eager)
     monkeypatch.undo()
     training(x, y)
     for i in range(6):
-        _eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
+        eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
     _assert_same_state(model, eager)
 
 

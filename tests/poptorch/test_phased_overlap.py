@@ -65,12 +65,15 @@ def test_independent_stages_of_a_phase_run_at_the_same_time():
     phases = program["phases"]
     assert cycles == phases["total_cycles"] < phases["serial_cycles"]
     assert cycles < sharded_cycles
+    # x streams into both IPUs of phase 0 before it, y into phase 1 once phase 0 is done.
+    streamed = {e["tensor"]: e for e in program["run_timeline"]["intervals"] if e.get("stream") == "in"}
     first = {e["ipu"]: e for e in phases["timeline"] if e["phase"] == 0}
-    assert first[0]["start"] == first[1]["start"] == 0  # the profile shows the overlap
+    assert first[0]["start"] == first[1]["start"] == streamed["x"]["end"]  # the profile shows the overlap
     later = [e for e in phases["timeline"] if e["phase"] == 1]
-    assert later and min(e["start"] for e in later) == max(e["end"] for e in first.values())
+    assert streamed["y"]["start"] == max(e["end"] for e in first.values())
+    assert later and min(e["start"] for e in later) == streamed["y"]["end"]
     # The call's timeline places the same phases on each IPU's lane.
-    pieces = [e for e in program["run_timeline"]["intervals"] if "phase" in e]
+    pieces = [e for e in program["run_timeline"]["intervals"] if "phase" in e and "stream" not in e]
     for entry in phases["timeline"]:
         key = (entry["phase"], entry["pass"], entry["ipu"])
         mine = [e for e in pieces if (e["phase"], e["pass"], e["ipu"]) == key]

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from sgd_step import eager_step
 
 import popsim
 import poptorch
@@ -63,11 +64,7 @@ def _eager():
     x, y = _data()
     losses = []
     for _ in range(STEPS):
-        optimizer.zero_grad()
-        loss = model(x, y)[1]
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+        losses.append(eager_step(model, optimizer, x, y))
     return losses, [p.detach().clone() for p in model.parameters()], _states(model, optimizer)
 
 
@@ -321,13 +318,10 @@ def test_padded_shards_train_like_eager_step_by_step_and_the_host_reads_the_whol
     opts.Training.gradientAccumulation(accumulation)
     trained = poptorch.trainingModel(model, opts, optimizer)
     for _ in range(STEPS):
-        eager_optimizer.zero_grad()
-        loss = reference(x, y)[1]
-        loss.backward()
-        eager_optimizer.step()
+        loss = eager_step(reference, eager_optimizer, x, y)
         losses = trained(x, y)[1]
         if accumulation == 1:  # else the model returns the losses of each replica's last micro-batch
-            torch.testing.assert_close(losses.mean(), loss.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(losses.mean(), loss, rtol=1e-5, atol=1e-6)
         for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     levels = _levels(trained.profile)
@@ -381,17 +375,13 @@ def test_a_state_the_host_already_holds_is_split_over_the_replicas(monkeypatch):
     model = OddNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(2):  # eager steps: the optimizer holds moments the device starts from
-        optimizer.zero_grad()
-        model(x, y)[1].backward()
-        optimizer.step()
+        eager_step(model, optimizer, x, y)
     reference = copy.deepcopy(model)
     eager_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
     eager_optimizer.load_state_dict(optimizer.state_dict())
     trained = poptorch.trainingModel(model, _options(True, 1, replicas, on_chip=True), optimizer)
     trained(x, y)
-    eager_optimizer.zero_grad()
-    reference(x, y)[1].backward()
-    eager_optimizer.step()
+    eager_step(reference, eager_optimizer, x, y)
     for got, expected in zip(trained.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
 

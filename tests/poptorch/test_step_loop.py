@@ -9,6 +9,7 @@ import torch
 from regressor import Regressor
 from regressor import quiet_options as _opts
 from regressor import regression_data as _data
+from sgd_step import eager_step
 
 import poptorch
 
@@ -71,9 +72,7 @@ def test_a_host_weight_edit_after_several_calls_is_uploaded(edit):
     x, y = _data()
     for _ in range(3):
         training(x, y)
-        eager_optimizer.zero_grad()
-        eager(x, y)[1].backward()
-        eager_optimizer.step()
+        eager_step(eager, eager_optimizer, x, y)
     with torch.no_grad():
         for net in (model, eager):  # reading the wrapped model's weight copies the device's back first
             if edit == "in_place":

@@ -47,7 +47,6 @@ from popsim.schedule import (
     stash_per_tile,
     step_schedule,
     stream_stretches,
-    streaming_overlap_bytes,
 )
 from popsim.target import Device, Target
 from popsim.timeline import Timeline, compute_lane, io_lane, link_lane, transfer_lane
@@ -101,6 +100,5 @@ __all__ = [
     "stash_per_tile",
     "transfer_lane",
     "step_schedule",
-    "streaming_overlap_bytes",
     "supported_ops",
 ]

@@ -9,7 +9,7 @@ from popsim._arena cimport TileArena
 from popsim._codelets cimport TRAPPED, run_instruction
 from popsim._exchange cimport copy_run, copy_single, prefetch_run, prefetch_single, ps_prefetch_read, stream_copy
 from popsim._opcodes_enums cimport *
-from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_pause, ps_quit, ps_quitting, ps_release,
+from popsim._team cimport (ps_add, ps_claim, ps_close, ps_load, ps_quit, ps_relax, ps_quitting, ps_release,
                            ps_set_once, ps_store, ps_team, pthread_create, pthread_detach, pthread_t)
 from popsim._types cimport byte_t, copy_t, offset_t
 
@@ -113,15 +113,16 @@ cdef void* helper_main(void* arg) noexcept nogil:
     cdef Engine* e = <Engine*> arg
     cdef ps_team* team = &e.team
     cdef long long seen = 0, gen
+    cdef int spins = 0
     while True:
         gen = ps_load(&team.gen)
         if gen != seen:
-            seen = gen
+            seen, spins = gen, 0
             work_on(e, team, gen)
         elif ps_quitting(team):
             break
         else:
-            ps_pause()
+            ps_relax(&spins)
     leave(e)
     return NULL
 
@@ -135,6 +136,7 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
     cdef long long gen = 0
     cdef const offset_t* ph
     cdef bint zero
+    cdef int spins
     while p < e.num_phases:
         ph = e.phases + PHASE_COLS * p
         kind, start, stop = ph[PC_KIND], ph[PC_A], ph[PC_B]
@@ -173,8 +175,9 @@ cdef void run_phases(Engine* e, ps_team* team, bint shared, offset_t* result) no
             ps_store(&team.ticket, gen << 32)
             ps_store(&team.gen, gen)
             work_on(e, team, gen)
+            spins = 0
             while ps_load(&team.done) < stop - start:
-                ps_pause()
+                ps_relax(&spins)
         else:
             bad += run_rows(e, kind, start, stop, ph[PC_C])
     if shared:

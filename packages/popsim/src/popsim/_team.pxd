@@ -3,6 +3,7 @@
 
 cdef extern from *:
     """
+    #include <sched.h>
     /* The engine's team: thread 0 walks the program and publishes each compute or exchange phase; helper
        threads claim chunks of its rows while they are running. Nobody waits for a helper that claimed
        nothing, so a helper thread the OS has descheduled (a busy machine) costs no barrier; thread 0 then
@@ -48,6 +49,18 @@ cdef extern from *:
         __builtin_ia32_pause();
     #endif
     }
+    /* One round of a wait: spin (a phase's rows are usually done within microseconds), then give the core
+       away. With more runnable threads than cores, the thread waited for may need this very core: spinning
+       on would hold it off for a whole time slice at each phase. */
+    #define PS_SPINS 4096
+    static inline void ps_relax(int* spins) {
+        if (*spins < PS_SPINS) {
+            ++*spins;
+            ps_pause();
+        } else {
+            sched_yield();
+        }
+    }
     """
     ctypedef struct ps_team:
         long long ticket, done, gen, helper_bad, kind, start, stop, chunk, itemsize
@@ -61,6 +74,7 @@ cdef extern from *:
     void ps_close(ps_team* t, long long gen) noexcept nogil
     long long ps_claim(ps_team* t, long long gen, long long* first) noexcept nogil
     void ps_pause() noexcept nogil
+    void ps_relax(int* spins) noexcept nogil
     long long ps_set_once(long long* p, long long v) noexcept nogil
 
 

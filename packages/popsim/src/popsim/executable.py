@@ -18,6 +18,7 @@ from popsim.placement import Placement
 from popsim.planner import Lowerer
 from popsim.profile import Profile
 from popsim.program import flatten_program, host_blocks
+from popsim.streaming_overlap import overlapped_lifetimes
 from popsim.target import Device, Target
 from popsim.validate import check_program
 
@@ -84,6 +85,7 @@ def compile(  # noqa: A001
     shards=None,
     conv_dithering=False,
     remote_loads="phase",
+    overlap_streaming=False,
 ):
     """Compile ``graphs`` (a popir.Graph or {program name: Graph}) for ``target``; returns an Executable.
 
@@ -102,6 +104,9 @@ def compile(  # noqa: A001
     ``remote_loads`` "phase" loads a remote variable once per phase for all its readers there ("shared_phase":
     the last forward phase and the first backward one are one phase), "reader" afresh for each reader (less
     tile memory, more transfers; ``remote.Loads``).
+    ``overlap_streaming`` places the tile memory of phased programs whose streaming-memory loads run during
+    the phase before and stores during the phase after (``schedule.place_phases`` with ``overlap``): those
+    tile buffers and stored tensors live that much longer (``streaming_overlap.overlapped_lifetimes``).
     ``shards`` ({remote variable name: replicas}) shards those over replicas (replicated tensor sharding):
     a replica holds and moves 1/replicas of each, which divides its streaming-memory bytes and transfer
     cycles (the simulated program still loads and updates the whole tensor on its tiles).
@@ -158,7 +163,7 @@ def compile(  # noqa: A001
         inputs, outputs = lower_graph(lw, g, variables, placement, name, spill, remote_loads)
         lowered[name] = (dg.program, inputs, outputs)
     place_on_readers(dg, [program for program, _, _ in lowered.values()])
-    return Executable(target, dg, variables, lowered, relax_memory)
+    return Executable(target, dg, variables, lowered, relax_memory, overlap_streaming)
 
 
 def _check_shards(shards, remote):
@@ -236,7 +241,7 @@ class Executable:
     skip compiling.
     """
 
-    def __init__(self, target, dg, variables, lowered, relax_memory):
+    def __init__(self, target, dg, variables, lowered, relax_memory, overlap_streaming=False):
         self.target = target
         self.num_threads = default_threads()
         self.host_callbacks = {}
@@ -257,6 +262,8 @@ class Executable:
         for name, (program, inputs, outputs) in lowered.items():
             allocator = base.copy()
             placed[name] = _liveness(program, inputs, outputs)
+            if overlap_streaming:
+                placed[name] = overlapped_lifetimes(placed[name], provenance.program_points(program), dg.remote)
             blocks = [(s, *s.mapping.tile_bytes(s.itemsize), first, last) for s, first, last in placed[name]]
             for (storage, *_), offsets in zip(blocks, allocator.place_all(blocks)):
                 alloc[storage.id] = offsets

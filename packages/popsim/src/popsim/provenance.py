@@ -133,7 +133,7 @@ def memory_map(dg, placed, program, num_tiles):
     liveness = {
         "points": labels,
         "modules": [origin_of(getattr(step, "origin", None)).get("module") for step in points] + [None],
-        "units": [_point_unit(step) for step in points] + [None],
+        "units": point_units(points) + [None],
         "bytes": {name: np.cumsum(curve[:-1]).tolist() for name, curve in live.items()},
         "tile_peak_points": tile_peak_points(spans, num_tiles),
     }
@@ -178,6 +178,11 @@ def tile_runs(tiles, nbytes):
     starts = np.flatnonzero(np.r_[True, (np.diff(tiles) != 1) | (np.diff(nbytes) != 0)])
     counts = np.diff(np.r_[starts, tiles.size])
     return np.stack([tiles[starts], counts, nbytes[starts]], axis=1).tolist()
+
+
+def point_units(points):
+    """``[stage or phase, pass]`` of each of ``points`` (``program_points``), None where unplaced."""
+    return [_point_unit(step) for step in points]
 
 
 def _point_unit(step):

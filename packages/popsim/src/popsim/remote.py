@@ -187,10 +187,11 @@ class Spiller:
 
     ``spill`` is None (nothing moves), a mode of ``SPILL_MODES`` or a ``Spill``. With mode "backward", a
     forward value that a later pass (backward, optimizer) reads is stored off chip after its last forward
-    reader and loaded afresh before each later reader; with "phase", so is every value read outside its own
-    segment, a segment being the nodes of one pipeline stage or phase (``placement[0]``) in one pass. Values
-    computed inside their reader's fused vertex, variables, inputs, constants and values smaller than the
-    ``Spill``'s ``min_elements`` never move.
+    reader and loaded afresh before each later reader (once per pass and placement for all a placed graph's
+    readers there); with "phase", so is every value read outside its own segment, a segment being the nodes
+    of one pipeline stage or phase (``placement[0]``) in one pass. Values computed inside their reader's
+    fused vertex, variables, inputs, constants and values smaller than the ``Spill``'s ``min_elements``
+    never move.
     """
 
     def __init__(self, dg, graph, spill):
@@ -200,6 +201,7 @@ class Spiller:
         self.dg = dg
         self.due = {}  # node index -> values to store once that node has been lowered
         self.spilled = {}  # popir value id -> its storage in streaming memory
+        self.loaded = {}  # (popir value id, pass, placement) or (value id, reader) -> its loaded tile buffer
         if spill is None:
             return
         mode = spill.mode
@@ -237,14 +239,17 @@ class Spiller:
             self.spilled[v.id] = storage
 
     def operands(self, node, args, where):
-        """``args`` of ``node`` with each stored value loaded afresh into a tile buffer on ``where``."""
-        loaded = {}
+        """``args`` of ``node`` with each stored value read from a tile buffer on ``where``: loaded once per
+        unit (pass and placement, as PopART loads a phase's tensors at its start) for all a placed node's
+        readers there, afresh for an unplaced reader."""
+        later = node.role not in (None, "forward")
         out = []
         for v, a in zip(node.inputs, args):
             if v.id in self.spilled:
-                if v.id not in loaded:
+                key = (v.id, later, node.placement) if node.placement is not None else (v.id, node)
+                if key not in self.loaded:
                     storage = self.spilled[v.id]
-                    loaded[v.id] = load(self.dg, storage, where, f"remote load {storage.name}")
-                a = loaded[v.id]
+                    self.loaded[key] = load(self.dg, storage, where, f"remote load {storage.name}")
+                a = self.loaded[key]
             out.append(a)
         return out

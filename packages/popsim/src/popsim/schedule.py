@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from popsim.errors import Error
 from popsim.timeline import (
     HOST_TRANSFER,
     STREAMING_MEMORY,
@@ -41,7 +40,7 @@ from popsim.timeline import (
 OUTSIDE_PHASES, OUTSIDE_STAGES = "outside phases", "outside stages"
 PASSES = ("forward", "backward")
 COPY = "inter-IPU copy"  # the transfer label of a pipeline's copies between stages
-REMOTE_LOAD, REMOTE_STORE = "remote load ", "remote store "  # how streaming-memory transfers are named
+REMOTE_STORE = "remote store "  # how streaming-memory stores are named
 
 
 @dataclass(frozen=True)
@@ -330,17 +329,18 @@ def stash_per_tile(program, target, stage_ipu):
     return stash
 
 
-def phase_schedule(program, target, depends, overlap=False):
+def phase_schedule(program, target, depends, overlap=False, streams=()):
     """The cycles of one run of a phased ``program`` (a ``Profile.programs`` entry; each placed step's
-    ``stage`` is its phase) compiled for ``target``, as ``place_phases`` lays it out on a Timeline of its own
-    (see there). Returns a dict with the serial and scheduled cycles and a timeline of each phase's IPUs."""
+    ``stage`` is its phase) compiled for ``target``, with its host ``streams`` (see ``place_phases``), as
+    ``place_phases`` lays it out on a Timeline of its own (see there). Returns a dict with the serial and
+    scheduled cycles and a timeline of each phase's IPUs' work."""
     timeline = Timeline()
     work = _phase_work(program, target, 0)
     ipus = {ipu for unit in work.values() for ipu in unit} | {0}
-    place_phases(timeline, program, target, depends, 0, sorted(ipus), overlap=overlap)
-    spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces
+    place_phases(timeline, program, target, depends, 0, sorted(ipus), overlap=overlap, streams=streams)
+    spans = {}  # (phase, pass, ipu) -> [start, end] over its pieces (its host streams apart)
     for i in timeline.intervals:
-        if "phase" in i.label:
+        if "phase" in i.label and "stream" not in i.label:
             span = spans.setdefault((i.label["phase"], i.label["pass"], i.label["ipu"]), [i.start, i.end])
             span[:] = min(span[0], i.start), max(span[1], i.end)
     entries = [{"phase": p, "pass": d, "ipu": u, "start": a, "end": b} for (p, d, u), (a, b) in spans.items()]
@@ -352,104 +352,136 @@ def phase_schedule(program, target, depends, overlap=False):
 
 
 def place_phases(
-    timeline, program, target, depends, replica, ipus, not_before=0, extra_cycles=0, overlap=False, **label
+    timeline,
+    program,
+    target,
+    depends,
+    replica,
+    ipus,
+    not_before=0,
+    extra_cycles=0,
+    overlap=False,
+    streams=(),
+    **label,
 ):
     """Lay one run of a phased ``program`` on ``ipus`` of ``replica`` out on ``timeline``. The phases run one
     after another, forward then backward as the steps order them; within one phase and pass (a unit), each
     IPU's work (its steps with their syncs, the inter-IPU copies into it included, which also hold their
     IPU-Links) starts once the IPUs it reads from are done (``depends``: ``(phase, pass, from_ipu, to_ipu)``),
-    so a phase costs its critical path; IPUs that read each other both ways run one after another. The steps
-    of no phase (host transfers, control), plus ``extra_cycles``, follow on every IPU.
+    so a phase costs its critical path; IPUs that read each other both ways run one after another.
+
+    The run's host ``streams`` (``(name, to_device, cycles, ((phase, pass, ipu), ...))``: the placed nodes
+    reading an input, or producing an output) sit at their program positions, each holding the replica's
+    host link and the compute tiles of the IPUs it writes or reads (``_phase_streams``): an input streams in
+    once the unit before the first unit that reads it is done, and its readers wait for it; an output
+    streams out once its producing unit is done on its IPU, while the next unit's other IPUs go on; a stream
+    of no unit holds every IPU, an input at the run's start, an output at its end. Steps of no phase run on
+    every IPU (a host-side one on its transfer's lane too) after the unit begun before them. The rest of the
+    run's cycles (control, loop repeats), plus ``extra_cycles``, follow on every IPU once everything is done.
+    When the streams and steps of no phase add up to more than the run's cycles beyond its units, they stay
+    in that rest, after the units.
 
     Streaming-memory loads and stores hold the compute tiles, one after another with the compute, unless
     ``overlap`` (PopTorch's ``Liveness.OffChipAfterFwd``): then they hold only the streaming-memory lane, a
     unit's loads running while the unit before computes (once the one before that is done) and its stores
     while the next computes (the unit after that waits for them), within one pass: PopTorch leaves a gap of
     phases between the forward and backward passes, where the last forward unit's stores and the first
-    backward unit's loads overlap no compute. ``streaming_overlap_bytes`` is the tile memory this costs.
+    backward unit's loads overlap no compute. ``compile(..., overlap_streaming=True)`` places the tile memory
+    this holds (``streaming_overlap``).
     Returns the intervals."""
     label = {"replica": replica, **label}
     work = _phase_work(program, target, replica)
-    outside = max(0, program["total_cycles"] - _total(work))
-    placed, previous, last_pass = [], [], None
+    rest = max(0, program["total_cycles"] - _total(work)) + extra_cycles
+    at, between = _phase_streams(streams, list(work), ipus), _unplaced_work(program, target, replica)
+    streamed = sum(s.cycles for entries in at.values() for s, _ in entries)
+    streamed += sum(piece[1] for pieces in between.values() for piece in pieces)
+    if streamed > rest:
+        at, between, streamed = {}, {}, 0
+    link, everywhere = transfer_lane(replica, 0, HOST_TRANSFER), [compute_lane(replica, i) for i in ipus]
+
+    def stream(entry, after):  # one host stream on the host link and its IPUs' compute tiles
+        s, held = entry
+        tags = {"phase": s.stage, "pass": s.direction, "ipu": held[0]} if s.stage is not None else {}
+        tags |= {"transfer": HOST_TRANSFER, **_stream_label(s)}
+        resources = [link, *(compute_lane(replica, ipu) for ipu in held)]
+        return timeline.add(resources, s.cycles, after, not_before, **tags, **label)
+
+    def unplaced(index, after):  # the steps of no phase after unit ``index``, on every IPU
+        for lanes, cycles, transfer in between.get(index, []):
+            tags = {"transfer": transfer} if transfer else {"work": OUTSIDE_PHASES}
+            placed.append(timeline.add([*everywhere, *lanes], cycles, after, not_before, **tags, **label))
+            after = placed[-1:]
+        return after
+
+    placed = [stream(entry, []) for entry in at.get((None, True), [])]
+    previous, last_pass, streamed_out = unplaced(-1, placed[:]), None, []
     moved = [[], []]  # the streaming-memory transfers of the unit before the previous one and the previous one
-    for (phase, direction), unit in work.items():
+    for index, ((phase, direction), unit) in enumerate(work.items()):
         edges = {(a, b) for p, d, a, b in depends if (p, d) == (phase, direction) and a in unit and b in unit}
         order, edges = _run_order(unit, edges)
         if direction != last_pass:  # between the passes, a gap of phases: the transfers overlap no compute
             moved = [previous + moved[0] + moved[1], []]
         done, settled, moved, last_pass = {}, moved[0], [moved[1], []], direction
+        inputs = [(stream(entry, previous), entry[1]) for entry in at.get((index, True), [])]
+        placed += [interval for interval, _ in inputs]
         for ipu in order:
             after = previous + settled + [done[a] for a, b in edges if b == ipu and a in done]
-            loads = []
-            for lanes, cycles, transfer, remote in unit[ipu]:
-                tags = {"phase": phase, "pass": direction, "ipu": ipu} | ({"transfer": transfer} if transfer else {})
-                if overlap and remote == "load":
-                    interval = timeline.add(lanes, cycles, settled, not_before, **tags, **label)
-                    loads.append(interval)
-                    moved[1].append(interval)
-                elif overlap and remote == "store":
-                    interval = timeline.add(
-                        lanes, cycles, [done[ipu]] if ipu in done else after, not_before, **tags, **label
-                    )
-                    moved[1].append(interval)
-                else:
-                    interval = timeline.add(
-                        [compute_lane(replica, ipu), *lanes], cycles, after + loads, not_before, **tags, **label
-                    )
-                    done[ipu] = interval
-                placed.append(interval)
+            after += [interval for interval, held in inputs if ipu in held]
+            tags = {"phase": phase, "pass": direction, "ipu": ipu}
+            placed += _place_ipu_work(
+                timeline, unit[ipu], tags, after, settled, done, moved, overlap, not_before, label
+            )
         previous = list(done.values())
-    lanes = [compute_lane(replica, i) for i in ipus]
-    rest = outside + extra_cycles
-    placed.append(timeline.add(lanes, rest, previous + moved[0] + moved[1], not_before, work=OUTSIDE_PHASES, **label))
+        for entry in at.get((index, False), []):
+            streamed_out.append(stream(entry, [done[ipu] for ipu in entry[1] if ipu in done] or previous))
+            placed.append(streamed_out[-1])
+        previous = unplaced(index, previous)
+    ends = previous + moved[0] + moved[1] + streamed_out
+    for entry in at.get((None, False), []):
+        placed.append(stream(entry, ends))
+        ends = placed[-1:]
+    placed.append(timeline.add(everywhere, rest - streamed, ends, not_before, work=OUTSIDE_PHASES, **label))
     return placed
 
 
-def streaming_overlap_bytes(program, target):
-    """Bytes each tile adds when a phased ``program``'s (a ``Profile.programs`` entry) streaming-memory
-    transfers overlap the neighbouring units' compute (``place_phases`` with ``overlap``): a load's buffer is
-    live from the start of the unit before its own, while it loads, and a tensor a store reads last stays
-    live to the end of the unit after the store's, until the store is done (both within one pass). The
-    increase of each tile's peak of live bytes over the program order's; an int64 array over the tiles of
-    ``target``."""
-    liveness = program.get("liveness", {})
-    units, labels = liveness.get("units"), liveness.get("points") or []
-    if units is None:
-        if any(_remote_direction(step) for step in program["steps"]):
-            raise Error("this profile's liveness has no units (phase and pass of each point): recompile the program")
-        units = []
-    unit_of, keys, current = [], {}, None  # each point's unit in order of first use (unplaced: the one before)
-    for unit in units:
-        if unit is not None:
-            current = keys.setdefault(tuple(unit), len(keys))
-        unit_of.append(current)
-    spans = {}  # unit -> [first point, last point]
-    for point, unit in enumerate(unit_of):
-        if unit is not None:
-            spans.setdefault(unit, [point, point])[1] = point
-    passes = [direction for _, direction in keys]  # each unit's pass, in order
+def _place_ipu_work(timeline, pieces, tags, after, settled, done, moved, overlap, not_before, label):
+    """Place the ``pieces`` (``_phase_work``) of one IPU's work in a unit (``tags``: its phase, pass and IPU)
+    after the intervals ``after``; with ``overlap``, its streaming-memory loads hold only their lane, after
+    ``settled``, and its stores after its compute (both added to ``moved[1]``). Records the IPU's last
+    compute interval in ``done``; returns the intervals."""
+    ipu, placed, loads = tags["ipu"], [], []
+    for lanes, cycles, transfer, remote in pieces:
+        kind = {"transfer": transfer} if transfer else {}
+        if overlap and remote == "load":
+            interval = timeline.add(lanes, cycles, settled, not_before, **tags, **kind, **label)
+            loads.append(interval)
+            moved[1].append(interval)
+        elif overlap and remote == "store":
+            waits = [done[ipu]] if ipu in done else after
+            interval = timeline.add(lanes, cycles, waits, not_before, **tags, **kind, **label)
+            moved[1].append(interval)
+        else:
+            resources = [compute_lane(label["replica"], ipu), *lanes]
+            interval = timeline.add(resources, cycles, after + loads, not_before, **tags, **kind, **label)
+            done[ipu] = interval
+        placed.append(interval)
+    return placed
 
-    def beside(unit, step):  # the unit ``step`` away from ``unit`` in the same pass, if any
-        other = unit + step
-        return other if unit is not None and 0 <= other < len(passes) and passes[other] == passes[unit] else None
 
-    count = len(units)
-    plain = np.zeros((count + 1, target.num_tiles), np.int64)
-    moved = np.zeros_like(plain)
-    for t in program.get("tensors", ()):
-        start, stop = max(t["first"], 0), count if t["last"] is None else min(t["last"], count - 1) + 1
-        later, earlier = start, stop
-        if t["name"].startswith(REMOTE_LOAD) and start < count and beside(unit_of[start], -1) is not None:
-            later = min(start, spans[beside(unit_of[start], -1)][0])
-        if 0 < stop <= len(labels) and labels[stop - 1].startswith(REMOTE_STORE):
-            after = beside(unit_of[stop - 1], 1)
-            earlier = stop if after is None else max(stop, spans[after][1] + 1)
-        for first, tiles, nbytes in t["tile_runs"]:
-            for live, (a, b) in ((plain, (start, stop)), (moved, (later, earlier))):
-                live[a, first : first + tiles] += nbytes
-                live[b, first : first + tiles] -= nbytes
-    return np.maximum(np.cumsum(moved, axis=0).max(axis=0) - np.cumsum(plain, axis=0).max(axis=0), 0)
+def _phase_streams(streams, units, ipus):
+    """Where ``place_phases`` puts each of ``streams``: ``{(unit index or None, to_device): [(Stream, IPUs it
+    holds), ...]}``, an input at the first of ``units`` (``(phase, pass)`` in run order) with a node reading it,
+    holding the IPUs of that unit's readers, an output at its producer's unit, on the producer's IPU; a
+    stream with no such unit (index None) holds every one of ``ipus``."""
+    index = {unit: i for i, unit in enumerate(units)}
+    at = {}
+    for name, to_device, cycles, passes in streams:
+        found = sorted({index[(p, d)] for p, d, _ in passes if (p, d) in index})
+        unit = (found[0] if to_device else found[-1]) if found else None
+        held = sorted({ipu for p, d, ipu in passes if index.get((p, d)) == unit}) if found else sorted(ipus)
+        phase, direction = units[unit] if found else (None, None)
+        at.setdefault((unit, to_device), []).append((Stream(name, to_device, int(cycles), phase, direction), held))
+    return at
 
 
 def place_steps(timeline, program, target, replica, ipus, cycles, not_before=0, stretches=None, **label):
@@ -588,6 +620,23 @@ def _phase_work(program, target, replica):
             if not pieces or pieces[-1][0] != lanes or pieces[-1][3] != remote:
                 pieces.append([lanes, 0, transfer, remote])
             pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
+    return work
+
+
+def _unplaced_work(program, target, replica):
+    """``{unit index: [[lanes, cycles, transfer], ...]}`` of a phased program's steps of no phase with their
+    syncs, each after the last unit (by index in order of first step, -1 before the first) begun before it:
+    consecutive steps holding the same lanes (a host-side transfer's) merged."""
+    work, units = {}, {}
+    for step in program["steps"]:
+        if "stage" in step:
+            units.setdefault((step["stage"], _pass_of(step)), len(units))
+            continue
+        pieces = work.setdefault(len(units) - 1, [])
+        lanes = _step_key(step, replica)[3]
+        if not pieces or pieces[-1][0] != lanes:
+            pieces.append([lanes, 0, step.get("transfer")])
+        pieces[-1][1] += step["cycles"] + target.bsp_sync_cycles
     return work
 
 

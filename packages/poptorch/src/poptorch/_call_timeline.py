@@ -53,7 +53,8 @@ def call_cycles(exe, programs, plan, options, marks, call):
     if plan_of.schedule is not None:
         profile["schedule"] = plan_of.schedule.as_dict()
     if plan_of.phased and call.runs:
-        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends, plan_of.overlap)
+        streams = plan_of.unmarked_streams(marks)
+        profile["phases"] = popsim.phase_schedule(profile, exe.target, plan_of.depends, plan_of.overlap, streams)
     if marks and call.runs:
         serial = plan_of.place({}).makespan
         profile["io_overlap"] = plan_of.io_figures(marks, serial, timeline.makespan)
@@ -76,7 +77,7 @@ class _Placement:
         self.overlap = _blocks.overlaps_streaming(options.execution_strategy)
         self.io_tiles = options.TensorLocations.num_io_tiles
         self.schedule = None
-        self.streams = _host_streams(graph, exe.target)
+        self.streams = _host_streams(graph, exe.target, with_ipu=self.phased)
         if plan.pipelined and call.runs:
             per_group = call.runs_per_step if call.step_cycles else len(call.runs)
             micro_batches = per_group // len(self.replicas)
@@ -133,7 +134,7 @@ class _Placement:
         d, a, replica = self.call.runs[index]
         label = {"device_iteration": d, "accumulation_step": a}
         if self.phased:
-            depends, target = self.depends, self.exe.target
+            depends, target, streams = self.depends, self.exe.target, self.unmarked_streams(marked)
             return popsim.place_phases(
                 timeline,
                 self.profile,
@@ -144,6 +145,7 @@ class _Placement:
                 not_before,
                 extra_cycles,
                 self.overlap,
+                streams,
                 **label,
             )
         cycles = self.call.run_cycles[index] + extra_cycles
@@ -151,9 +153,8 @@ class _Placement:
         target = self.exe.target
         key = (replica, frozenset(marked))
         if key not in self.stretches:
-            streams = [s for s in self.streams if s[0] not in marked]
             run = popsim.run_stretches(self.profile, target, replica)
-            self.stretches[key] = popsim.stream_stretches(run, streams, replica)
+            self.stretches[key] = popsim.stream_stretches(run, self.unmarked_streams(marked), replica)
         stretches = self.stretches[key]
         placed = popsim.place_steps(
             timeline, self.profile, target, replica, self.ipus, cycles, not_before, stretches, **label
@@ -162,6 +163,10 @@ class _Placement:
             return placed
         lanes = [popsim.compute_lane(replica, ipu) for ipu in self.ipus]
         return [timeline.add(lanes, cycles, not_before=not_before, replica=replica, **label)]
+
+    def unmarked_streams(self, marked):
+        """The run's host streams (``_host_streams``) but those of the tensors ``marked`` (streamed beside it)."""
+        return [s for s in self.streams if s[0] not in marked]
 
     def io_figures(self, marks, serial, overlapped):
         """The profile's ``io_overlap`` entry: the marked tensors, their transfers and the call's cycles with
@@ -277,20 +282,26 @@ def _pass_of(node):
     return "forward" if node.role in (None, "forward") else "backward"
 
 
-def _host_streams(graph, target):
+def _host_streams(graph, target, with_ipu=False):
     """``(name, to device, host cycles, ((stage, pass), ...))`` of each model input of ``graph`` with the placed
     passes that read it, and each output with the placed pass that produces it (none when unplaced), in the
-    order the run streams them (``popsim.step_schedule``, ``popsim.stream_stretches``)."""
+    order the run streams them (``popsim.step_schedule``, ``popsim.stream_stretches``); ``with_ipu``: each
+    pass ``(phase, pass, ipu)`` with the IPU of its node (``popsim.place_phases``)."""
+
+    def where(node):  # the placed node's (stage, pass) or (phase, pass, ipu)
+        stage, ipu = node.placement
+        return (stage, _pass_of(node), ipu) if with_ipu else (stage, _pass_of(node))
+
     readers = {id(v): (v, []) for v in graph.inputs if v.kind == "input"}  # id(input) -> (input, its passes)
     for node in graph.nodes:
         for value in node.inputs if node.placement is not None else ():
             if id(value) in readers:
-                readers[id(value)][1].append((node.placement[0], _pass_of(node)))
+                readers[id(value)][1].append(where(node))
     streams = [(v.name, True, v.type.nbytes, tuple(passes)) for v, passes in readers.values()]
     for name, value in graph.outputs.items():
         producer = value.producer
         placed = producer is not None and producer.placement is not None
-        passes = ((producer.placement[0], _pass_of(producer)),) if placed else ()
+        passes = (where(producer),) if placed else ()
         streams.append((name, False, value.type.nbytes, passes))
     # Each stream's share of the host cycles of all of them, which the run's cycles count as one transfer.
     shares, streamed = [], 0

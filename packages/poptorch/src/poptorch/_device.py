@@ -10,6 +10,12 @@ import popsim
 from poptorch import _blocks, _overlapped_io, _streaming
 from poptorch.errors import Error
 
+_OVERLAP_HINT = (
+    " With Liveness.OffChipAfterFwd each phase's streaming-memory loads run during the phase before (and its "
+    "stores during the phase after), so the tiles hold both phases' tensors at once: "
+    "Liveness.OffChipAfterFwdNoOverlap does not overlap them and needs less tile memory."
+)
+
 
 def target_of(options):
     """The simulated IPU ``options`` choose; tiles reserved by TensorLocations.numIOTiles hold no computation."""
@@ -23,7 +29,9 @@ def target_of(options):
 def compile_programs(graphs, options, num_ipus=1):
     """Compile ``{program: popir.Graph}`` for a device of ``num_ipus`` of the simulated IPUs chosen by
     ``options``; returns the executable. A variable in streaming memory is loaded once per phase for all its
-    readers there, or, when the program does not fit that way, afresh for each reader."""
+    readers there, or, when the program does not fit that way, afresh for each reader. With
+    ``Liveness.OffChipAfterFwd`` a phase's streaming-memory loads run during the phase before and its stores
+    during the phase after, so the allocator holds those tensors on the tiles that much longer."""
     available_memory = options.available_memory_proportion
     beyond = sorted(ipu for ipu in available_memory if ipu >= num_ipus)
     if beyond:
@@ -32,6 +40,7 @@ def compile_programs(graphs, options, num_ipus=1):
             f"(IPU0 to IPU{num_ipus - 1}): remove that key or place a block on that IPU"
         )
     remote = _streaming.remote_variables(graphs, options)
+    overlap = _blocks.overlaps_streaming(options.execution_strategy)
 
     def attempt(remote_loads):
         return popsim.compile(
@@ -45,6 +54,7 @@ def compile_programs(graphs, options, num_ipus=1):
             spill=_streaming.activation_spill(options),
             optimize=False,  # the executor optimised the programs before keying its cache on them
             remote_loads=remote_loads,
+            overlap_streaming=overlap,
         )
 
     try:
@@ -57,8 +67,8 @@ def compile_programs(graphs, options, num_ipus=1):
             return attempt("reader")
     except popsim.OutOfMemoryError as exc:
         raise Error(
-            f"Out of memory on the simulated IPU: {exc} From poptorch, compile anyway with "
-            """opts._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})."""
+            f"Out of memory on the simulated IPU: {exc}{_OVERLAP_HINT if overlap else ''} From poptorch, compile "
+            """anyway with opts._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})."""
         ) from exc
 
 
@@ -82,34 +92,6 @@ def check_pipeline_memory(exe, program, plan, options, training):
             f"bytes on {target.describe_tile(tile)}, which would need {int(used[tile] + stash[tile]):,} of its "
             f"{target.tile_bytes:,} bytes ({over.size} tile(s) over). Recompute the activations from each stage's "
             """inputs (opts._Popart.set("autoRecomputation", 3)), use more IPUs, or ShardedExecution."""
-        )
-
-
-def account_streaming_overlap(exe, program, options):
-    """With ``Liveness.OffChipAfterFwd`` a phase's streaming-memory loads run during the phase before and its
-    stores during the phase after, so the tiles hold both phases' data at once: add what that costs each tile
-    (``popsim.streaming_overlap_bytes``) to ``program``'s profile as the memory category
-    ``streaming_overlap``, and refuse, unless out-of-memory is allowed, a tile it takes over its memory. (The
-    executable may be shared with OffChipAfterFwdNoOverlap, which compiles alike: without overlap the category
-    is dropped again.)"""
-    profile, target = exe.profile.programs[program], exe.target
-    overlap = _blocks.overlaps_streaming(options.execution_strategy)
-    if not overlap and profile["memory"].pop("streaming_overlap", None) is None:
-        return
-    extra = popsim.streaming_overlap_bytes(profile, target) if overlap else 0
-    if overlap:
-        profile["memory"]["streaming_overlap"] = extra.tolist()
-    used = sum(np.asarray(profile["memory"][k], np.int64) for k in ("tensors", "vertex_state", "code")) + extra
-    profile["memory_max_tile_bytes"] = int(used.max())
-    over = np.flatnonzero(used > target.tile_bytes)
-    profile["tiles_over_budget"] = over.tolist()
-    if overlap and over.size and not options.allow_out_of_memory:
-        tile = int(over[np.argmax(used[over])])
-        raise Error(
-            f"Out of memory on the simulated IPU: with Liveness.OffChipAfterFwd each phase's streaming-memory loads "
-            f"run during the phase before (and its stores during the phase after), which takes {int(extra[tile]):,} "
-            f"more bytes on {target.describe_tile(tile)}, {int(used[tile]):,} of its {target.tile_bytes:,} bytes "
-            f"({over.size} tile(s) over). Use Liveness.OffChipAfterFwdNoOverlap, which does not overlap them."
         )
 
 

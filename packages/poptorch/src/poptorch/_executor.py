@@ -326,7 +326,6 @@ class PoplarExecutor(_executor_api.ExecutorQueries):
             bar.n = bar.total
             bar.refresh()
         _device.check_pipeline_memory(exe, programs.micro_batch, self._multi_ipu, self._options, self._training)
-        _device.account_streaming_overlap(exe, programs.micro_batch, self._options)
         if io_tiles:
             exe.profile.programs[programs.micro_batch]["io_tiles"] = io_tiles
         exe.host_callbacks = {name: op.run_arrays for name, op in host_ops.items()}  # this model's poptorch.CPU ops

@@ -1114,6 +1114,8 @@ class Options(_NoAssignment):
         key = {k: str(self._values[k]) for k in COMPILE_KEYS}
         # Phased Liveness moves activations to streaming memory without changing the graphs.
         key["liveness"] = str(_blocks.spill_mode(self.execution_strategy))
+        # Overlapping the transfers with the neighbouring phases holds their tensors longer on the tiles.
+        key["overlapStreaming"] = str(_blocks.overlaps_streaming(self.execution_strategy))
         # Whether the passes share the last phase decides how often its streamed variables are loaded.
         key["sharedPhase"] = str(_blocks.shares_last_phase(self.execution_strategy))
         # The strategy decides the step's schedule (pipelined or not) and the profile saved with the executable.
