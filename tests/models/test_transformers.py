@@ -22,9 +22,12 @@ def test_inference_equals_eager(name):
 def test_training_equals_eager(name, optimizer):
     case = build(name)
     check_training(case.model, optimizer, case.loss_of, case.args, case.kwargs)
+    model = case.model
     if name == "gpt2":
-        model = case.model
         assert model.lm_head.weight is model.transformer.wte.weight  # trained as one tensor, still tied
+    if name == "bart":  # the encoder's, the decoder's and the LM head's embeddings: still one tensor
+        shared = model.model.shared.weight
+        assert model.lm_head.weight is shared and model.model.encoder.embed_tokens.weight is shared
 
 
 def test_gpt2_default_config_returns_its_output_class_without_the_cache():

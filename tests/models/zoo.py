@@ -151,6 +151,136 @@ def vit():
     return Case(_transformers().ViTForImageClassification(config), kwargs=kwargs, inference_drops=("labels",))
 
 
+def swin():
+    """Shifted-window attention (a roll, window partitions, a relative position bias table) and patch merging;
+    its pooler averages tokens through adaptive pooling of a transposed tensor (a strided view)."""
+    config = _transformers().SwinConfig(
+        image_size=16,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=8,
+        depths=[2, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+        num_labels=CLASSES,
+    )
+    kwargs = {"pixel_values": _images(16), "labels": torch.tensor([1, 2])}
+    return Case(_transformers().SwinForImageClassification(config), kwargs=kwargs, inference_drops=("labels",))
+
+
+KV_HEADS = 2  # the decoder-only models' grouped-query attention: 4 query heads share 2 key/value heads
+DECODER_LIKE = {
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "intermediate_size": FFN,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 2 * KV_HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "max_position_embeddings": SEQ + 4,
+    "attention_dropout": 0.0,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _causal_lm(model):
+    """A causal LM case: it predicts its own (padded) token ids."""
+    ids = _ids()
+    kwargs = {"input_ids": ids, "attention_mask": _padding_mask(), "labels": ids}
+    return Case(model, kwargs=kwargs, inference_drops=("labels",))
+
+
+def llama():
+    """RMSNorm, rotary position embeddings, a SiLU-gated MLP and grouped-query attention."""
+    return _causal_lm(_transformers().LlamaForCausalLM(_transformers().LlamaConfig(**DECODER_LIKE)))
+
+
+def qwen2():
+    """Llama's layout with query/key/value biases; its second layer attends through a sliding window."""
+    config = _transformers().Qwen2Config(
+        **DECODER_LIKE, use_sliding_window=True, sliding_window=SEQ // 2, max_window_layers=1
+    )
+    return _causal_lm(_transformers().Qwen2ForCausalLM(config))
+
+
+def mixtral():
+    """A sparse mixture of experts: a router's top 2 of 4 SiLU-gated experts per token. The experts run as
+    batched matmuls over expert matrices gathered per token (fixed shapes); the default grouped one calls
+    torch.histc and a transformers custom op, which poptorch lists as unsupported operations."""
+    config = _transformers().MixtralConfig(
+        **DECODER_LIKE, num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"
+    )
+    return _causal_lm(_transformers().MixtralForCausalLM(config))
+
+
+def albert():
+    """One transformer layer's weights shared by all three layers: the same module is called three times."""
+    config = _transformers().AlbertConfig(
+        **{**BERT_LIKE, "num_hidden_layers": 3},
+        embedding_size=HIDDEN // 2,
+        num_hidden_groups=1,
+        classifier_dropout_prob=0.0,
+        num_labels=CLASSES,
+    )
+    kwargs = _text_kwargs(torch.tensor([0, 2]))
+    return Case(_transformers().AlbertForSequenceClassification(config), kwargs=kwargs, inference_drops=("labels",))
+
+
+def electra():
+    """ELECTRA's discriminator: factorised embeddings projected to the hidden size, a per-token binary loss.
+    No padding mask: with one, the model drops padded tokens by boolean indexing (a value-dependent shape,
+    which poptorch refuses)."""
+    config = _transformers().ElectraConfig(**BERT_LIKE, embedding_size=HIDDEN // 2)
+    kwargs = {"input_ids": _ids(), "labels": _ids(1) % 2}
+    return Case(_transformers().ElectraForPreTraining(config), kwargs=kwargs, inference_drops=("labels",))
+
+
+def deberta_v2():
+    """Disentangled relative attention (content-to-position and position-to-content) over log buckets.
+    The problem type is set: left unset, the loss drops negative labels by a value-dependent gather."""
+    config = _transformers().DebertaV2Config(
+        **BERT_LIKE,
+        relative_attention=True,
+        position_buckets=SEQ // 2,
+        max_relative_positions=SEQ,
+        pos_att_type=["p2c", "c2p"],
+        num_labels=CLASSES,
+        problem_type="single_label_classification",
+    )
+    kwargs = _text_kwargs(torch.tensor([1, 0]))
+    return Case(_transformers().DebertaV2ForSequenceClassification(config), kwargs=kwargs, inference_drops=("labels",))
+
+
+def bart():
+    """An encoder-decoder whose encoder, decoder and LM head share one embedding matrix."""
+    config = _transformers().BartConfig(
+        vocab_size=VOCAB,
+        d_model=HIDDEN,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=FFN,
+        decoder_ffn_dim=FFN,
+        max_position_embeddings=SEQ + 4,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        tie_word_embeddings=True,
+    )
+    labels = torch.randint(3, VOCAB, (BATCH, SEQ - 2), generator=torch.Generator().manual_seed(3))
+    # The decoder reads its inputs from the labels, so inference keeps them.
+    return Case(_transformers().BartForConditionalGeneration(config), kwargs=_text_kwargs(labels))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
@@ -215,6 +345,90 @@ class UNet(nn.Module):
         return out if target is None else (out, F.binary_cross_entropy_with_logits(out, target))
 
 
+class ChannelsLayerNorm(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW tensor (ConvNeXt's downsampling norm)."""
+
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """A 7x7 depthwise conv, LayerNorm over channels, a GELU MLP as 1x1 linears, a layer scale, a residual."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.expand = nn.Linear(dim, 4 * dim)
+        self.project = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.project(F.gelu(self.expand(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt's layout at a tiny width: a 4x4 patchify stem, two stages joined by a norm and a 2x2 conv."""
+
+    def __init__(self, dims=(8, 16)):
+        super().__init__()
+        layers = [nn.Conv2d(3, dims[0], 4, stride=4), ChannelsLayerNorm(dims[0], eps=1e-6), ConvNeXtBlock(dims[0])]
+        for cin, cout in zip(dims, dims[1:]):
+            layers += [ChannelsLayerNorm(cin, eps=1e-6), nn.Conv2d(cin, cout, 2, stride=2), ConvNeXtBlock(cout)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(dims[-1])
+        self.fc = nn.Linear(dims[-1], CLASSES)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, labels=None):
+        logits = self.fc(self.norm(self.features(x).mean((2, 3))))
+        return logits if labels is None else (logits, self.loss(logits, labels))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1x1 expansion, a 3x3 depthwise conv, a linear 1x1 projection, ReLU6."""
+
+    def __init__(self, cin, cout, stride, expand=2):
+        super().__init__()
+        mid = cin * expand
+        self.residual = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU6(),
+            nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU6(),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2's layout at a tiny width: a strided stem, three inverted residuals, global pooling."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU6())
+        self.blocks = nn.Sequential(
+            InvertedResidual(width, width, 1),
+            InvertedResidual(width, 2 * width, 2),
+            InvertedResidual(2 * width, 2 * width, 1),
+        )
+        self.fc = nn.Linear(2 * width, CLASSES)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, labels=None):
+        logits = self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
+        return logits if labels is None else (logits, self.loss(logits, labels))
+
+
 def _images(size):
     return torch.randn(BATCH, 3, size, size, generator=torch.Generator().manual_seed(0))
 
@@ -226,6 +440,14 @@ def resnet18():
 def unet():
     mask = (torch.rand(BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(1)) > 0.5).float()
     return Case(UNet(), (_images(8), mask), loss_of=_second)
+
+
+def convnext():
+    return Case(ConvNeXt(), (_images(16), torch.tensor([1, 2])), loss_of=_second)
+
+
+def mobilenet_v2():
+    return Case(MobileNetV2(), (_images(16), torch.tensor([1, 2])), loss_of=_second)
 
 
 FEATURES = 6  # per time step of the recurrent models' sequences
@@ -262,7 +484,17 @@ def _second(out):
 
 
 HUGGING_FACE = {"bert": bert, "gpt2": gpt2, "distilbert": distilbert, "roberta": roberta, "t5": t5, "vit": vit}
-CONVOLUTIONAL = {"resnet18": resnet18, "unet": unet}
+HUGGING_FACE |= {
+    "swin": swin,
+    "llama": llama,
+    "qwen2": qwen2,
+    "mixtral": mixtral,
+    "albert": albert,
+    "electra": electra,
+    "deberta_v2": deberta_v2,
+    "bart": bart,
+}
+CONVOLUTIONAL = {"resnet18": resnet18, "unet": unet, "convnext": convnext, "mobilenet_v2": mobilenet_v2}
 RECURRENT = {"lstm": lstm, "gru": gru}
 ZOO = {**HUGGING_FACE, **CONVOLUTIONAL, **RECURRENT}
 

@@ -144,6 +144,17 @@ def test_embedding_backward_adds_whole_rows_at_row_indices():
     assert all(rows_ < wide for rows_, wide in zip(figures[False], figures[True])), figures
 
 
+def test_row_scatter_adds_rows_longer_than_a_vertex_block():
+    """Whole-row adds of rows wider than the vertex's block buffers (a mixture of experts' gradient of its
+    gathered expert matrices): added block by block, the interpreter's bits, nothing written past the buffers
+    (which overran the stack and crashed the process)."""
+    rows, dim, n = 4, 1100, 6
+    feeds = _embedding_grad_feeds(rows, dim, n)
+    exe = popsim.compile(_embedding_grad_graph(rows, dim, n), SMALL)
+    want = popir.interpreter.run(_embedding_grad_graph(rows, dim, n), feeds)["added"]
+    np.testing.assert_array_equal(exe.run(feeds)["added"], want)
+
+
 def test_broadcast_row_indices_read_elsewhere_too_are_still_widened():
     g = popir.Graph("embedding_grad")
     table = g.add_input("table", (16, 8), "float32")

@@ -1087,7 +1087,7 @@ cdef Py_ssize_t run_gather(byte_t* base, const offset_t* row) noexcept nogil:
     += c (rows, n, inner) at idx. Returns how many indices were out of range (counted unless the sub-op says a
     check vertex beside this one counts the user's own indices)."""
     cdef Py_ssize_t n = row[C_N], rows = row[C_P0], inner = row[C_P1], size = row[C_P2]
-    cdef Py_ssize_t i, j, s, idx, bad = 0
+    cdef Py_ssize_t i, j, s, idx, at, first, m, bad = 0
     cdef int dta = <int> row[C_DTA]
     cdef int itemsize = itemsize_of(dta)
     cdef bint count = row[C_SUB] == G_COUNT_BAD
@@ -1109,11 +1109,14 @@ cdef Py_ssize_t run_gather(byte_t* base, const offset_t* row) noexcept nogil:
                 memcpy(base + row[C_OUT] + ((j * n + i) * inner) * itemsize,
                        base + row[C_A] + ((j * size + idx) * inner) * itemsize, inner * itemsize)
             else:
-                load(base + row[C_C], dta, (j * n + i) * inner, inner, bufb)
-                load(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
-                for s in range(inner):
-                    bufa[s] += bufb[s]
-                store(base + row[C_OUT], dta, (j * size + idx) * inner, inner, bufa)
+                at = (j * size + idx) * inner
+                for first in range(0, inner, BLOCK):  # the buffers hold BLOCK elements of a longer slice
+                    m = min(BLOCK, inner - first)
+                    load(base + row[C_C], dta, (j * n + i) * inner + first, m, bufb)
+                    load(base + row[C_OUT], dta, at + first, m, bufa)
+                    for s in range(m):
+                        bufa[s] += bufb[s]
+                    store(base + row[C_OUT], dta, at + first, m, bufa)
     return bad
 
 

@@ -780,6 +780,23 @@ def _expand(ctx, x, size, *, implicit=False):
     return x if x.shape == shape else _op("broadcast_to", x, shape=shape)
 
 
+@lowers(aten.as_strided.default)
+def _as_strided(ctx, x, size, stride, storage_offset=None):
+    # Device tensors have no strides, so only a view that reads all of a row-major input in order (a
+    # reshape) is modelled; torch's adaptive pooling to 1x1 of a channels-last-looking tensor emits one.
+    source = ctx.node.args[0].meta["val"]
+    view = torch.empty_strided(size, stride, device="meta")
+    in_order = source.is_contiguous() and source.storage_offset() == 0 and view.is_contiguous()
+    if not in_order or (storage_offset or 0) != 0 or view.numel() != source.numel():
+        raise Error(
+            f"as_strided(size={list(size)}, stride={list(stride)}, storage_offset={storage_offset or 0}) of a "
+            f"tensor of shape {list(source.shape)} and strides {list(source.stride())} reads memory out of "
+            "row-major order, which the IPU model (no strides on the device) cannot: use view, permute, "
+            "narrow or unfold instead"
+        )
+    return _reshape(ctx, x)
+
+
 def slice_axis(x, axis, start, stop, step=1):
     """``x[..., start:stop:step, ...]`` along ``axis`` (bounds already clamped)."""
     if (start, stop, step) == (0, x.shape[axis], 1):

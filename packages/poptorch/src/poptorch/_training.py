@@ -90,6 +90,22 @@ def the_loss(captured):
     return loss
 
 
+def _refuse_written_parameters(graph, candidates):
+    """A parameter to train that the forward pass writes in place (``with torch.no_grad(): w.clamp_(...)``):
+    eager steps from the written value with the gradient at it, which the update (from the parameter as read,
+    and reaching none when the forward reads only the written value) does not model: refused rather than
+    losing the write or the step."""
+    for name in candidates:
+        written = graph.updates.get(graph.input(name))
+        if written is not None:
+            raise Error(
+                f"The model's forward pass writes the trained parameter {name} in place{_where(written)}, which "
+                "the IPU model cannot combine with the optimizer's update: make the change outside forward (on "
+                "the host between steps, then copyWeightsToDevice()), or use the changed value without writing "
+                "the parameter"
+            )
+
+
 def _where(value):
     source = value.producer.source if value.producer is not None else None
     return f" (at {source})" if source else ""
@@ -106,6 +122,7 @@ def build_training(captured, spec, group_of, options, on_phase=lambda phase: Non
     graph = captured.graph
     loss = the_loss(captured)
     candidates = [name for name in captured.parameters if name not in captured.frozen and name in group_of]
+    _refuse_written_parameters(graph, candidates)
     sharded = dict(sharded or {})
     builder = OptimizerBuilder(spec, options.Training.automatic_loss_scaling_settings, sharded)
     on_phase("autodiff")
