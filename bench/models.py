@@ -138,14 +138,15 @@ def _case(name):
     return Case(model, args, loss_of=lambda out: out[1])
 
 
-def row(name):
-    """Compile and time model ``name`` (of the zoo or the compile table); its table row."""
+def training_steps(name, options):
+    """(the training model, its step, eager's step) of model ``name``: SGD at ``LR`` on both, from the same
+    weights; the first simulated step compiles."""
     torch.manual_seed(0)
     case = _case(name)
     model = case.model.train()
     eager = copy.deepcopy(model)
     eager_optimizer = torch.optim.SGD(eager.parameters(), lr=LR)
-    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    training = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=LR))
 
     def sim_step():
         training(*case.args, **case.kwargs)
@@ -155,6 +156,12 @@ def row(name):
         case.loss_of(eager(*case.args, **case.kwargs)).backward()
         eager_optimizer.step()
 
+    return training, sim_step, eager_step
+
+
+def row(name):
+    """Compile and time model ``name`` (of the zoo or the compile table); its table row."""
+    training, sim_step, eager_step = training_steps(name, poptorch.Options())
     compile_s = _seconds(sim_step)
     sim, eager_ms, ratio = _interleaved(sim_step, eager_step)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -41,7 +41,6 @@ It keeps the exact count and size of the exchange rows, so a plan with fewer, la
 
 import argparse
 import collections
-import copy
 import pathlib
 import statistics
 import sys
@@ -337,27 +336,12 @@ def measure(name):
     """The floor of model ``name``'s training step and its median figures over interleaved rounds."""
     # Imported here: the floor's helpers above need only NumPy and popsim, so popsim's tests can pin them.
     import torch
-    from models import LR, STEPS_PER_ROUND, _case, _timed, threads
+    from models import STEPS_PER_ROUND, _timed, threads, training_steps
 
     import poptorch
 
     torch.set_num_threads(threads())
-    torch.manual_seed(0)
-    case = _case(name)
-    model = case.model.train()
-    eager = copy.deepcopy(model)
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=LR)
-    options = poptorch.Options().showCompilationProgressBar(False)
-    training = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=LR))
-
-    def sim_step():
-        training(*case.args, **case.kwargs)
-
-    def eager_step():
-        eager_optimizer.zero_grad()
-        case.loss_of(eager(*case.args, **case.kwargs)).backward()
-        eager_optimizer.step()
-
+    training, sim_step, eager_step = training_steps(name, poptorch.Options().showCompilationProgressBar(False))
     sim_step()  # compiles
     eager_step()
     engine = _engine_watch(training._exe)

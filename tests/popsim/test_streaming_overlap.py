@@ -12,15 +12,17 @@ ROOMY = popsim.Target.small(num_tiles=4, tile_bytes=256 * 1024)
 PHASES, WIDTH, BATCH = 3, 16, 128
 
 
-def _phased_graph():
-    """One sin(h @ w) layer per phase on IPU 0: the backward pass reads every phase's activations."""
+def _phased_graph(activation=popir.ops.sin):
+    """One activation(h @ w) layer per phase on IPU 0: the backward pass reads every phase's activations (with
+    tanh, each phase's output is read by its own backward phase, tanh's gradient, and by the next phase's, the
+    weight gradient of the layer it feeds)."""
     g = popir.Graph("train")
     h = g.add_input("x", (BATCH, WIDTH), "float32")
     ws = [g.add_input(f"w{p}", (WIDTH, WIDTH), "float32", kind="parameter") for p in range(PHASES)]
     with g.annotate(role="forward"):
         for p, w in enumerate(ws):
             with g.placed((p, 0)):
-                h = popir.ops.sin(popir.ops.matmul(h, w))
+                h = activation(popir.ops.matmul(h, w))
         with g.placed((PHASES - 1, 0)):
             loss = popir.ops.reduce_sum(h, axes=(0, 1), keepdims=False)
     g.output("loss", loss)
@@ -128,31 +130,13 @@ def test_a_parked_activation_is_stored_in_the_unit_of_its_last_forward_reader():
     assert (now["first"], now["last"]) == (was["first"], phase2[-1])
 
 
-def _tanh_graph():
-    """One tanh(h @ w) layer per phase on IPU 0: each phase's output is read by its own backward phase (tanh's
-    gradient) and the next phase's (the weight gradient of the layer it feeds)."""
-    g = popir.Graph("train")
-    h = g.add_input("x", (BATCH, WIDTH), "float32")
-    ws = [g.add_input(f"w{p}", (WIDTH, WIDTH), "float32", kind="parameter") for p in range(PHASES)]
-    with g.annotate(role="forward"):
-        for p, w in enumerate(ws):
-            with g.placed((p, 0)):
-                h = popir.ops.tanh(popir.ops.matmul(h, w))
-        with g.placed((PHASES - 1, 0)):
-            loss = popir.ops.reduce_sum(h, axes=(0, 1), keepdims=False)
-    g.output("loss", loss)
-    for p, grad in enumerate(popir.autodiff.grad(g, loss, ws)):
-        g.output(f"grad{p}", grad)
-    return g
-
-
 def test_a_kept_value_is_loaded_once_for_neighbouring_phases_on_its_ipu():
     feeds, weights = _feeds()
-    expected = popir.interpreter.run(_tanh_graph(), {**feeds, **weights})
+    expected = popir.interpreter.run(_phased_graph(popir.ops.tanh), {**feeds, **weights})
     runs = {}
     for keep in (False, True):
         spill = popsim.remote.Spill("backward", keep_adjacent=keep)
-        exe = popsim.compile(_tanh_graph(), target=ROOMY, spill=spill, overlap_streaming=True)
+        exe = popsim.compile(_phased_graph(popir.ops.tanh), target=ROOMY, spill=spill, overlap_streaming=True)
         for name, value in weights.items():
             exe.write_variable(name, value)
         outputs = exe.run(feeds)
