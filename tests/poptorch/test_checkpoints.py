@@ -248,12 +248,17 @@ def test_ctrl_c_in_a_long_call_keeps_the_completed_steps_and_the_executor_usable
         return run_on_device(exe, feeds, program, *args)
 
     monkeypatch.setattr(poptorch._executor, "_run_on_device", interrupting)
+    # A process started in the background by a shell without job control inherits an ignored SIGINT (POSIX),
+    # where Ctrl-C does nothing and PopTorch leaves it so: the test needs Python's default handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         training(x, y)
     except KeyboardInterrupt as interrupt:
         assert "Interrupted after 3 of 6 device iterations" in str(interrupt)
     else:  # says which premise failed: the runs seen, and the SIGINT handler when the signal was raised
         pytest.fail(f"no KeyboardInterrupt after {len(runs)} runs; SIGINT handler at the 3rd: {handlers}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(runs) == 3
     for i in range(3):
         eager_step(eager, eager_opt, x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])
