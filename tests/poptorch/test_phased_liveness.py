@@ -4,7 +4,7 @@ the forward and backward passes (OffChipAfterFwd, OffChipAfterFwdNoOverlap) or b
 
 import pytest
 import torch
-from sgd_step import train_one_step_like_eager
+from sgd_step import eager_step, train_one_step_like_eager
 
 import popsim
 import poptorch
@@ -288,11 +288,7 @@ def _eager_losses(phases=PHASES, steps=2):
     x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
     losses = []
     for _ in range(steps):
-        optimizer.zero_grad()
-        loss = model(x, y)[1]
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+        losses.append(eager_step(model, optimizer, x, y))
     return losses, [p.detach() for p in model.parameters()]
 
 

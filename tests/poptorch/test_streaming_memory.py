@@ -4,7 +4,7 @@ numbers as in tile memory (and eagerly), with a lower tile-memory peak and more 
 
 import pytest
 import torch
-from sgd_step import train_one_step_like_eager
+from sgd_step import eager_step, train_one_step_like_eager
 
 import popsim
 import poptorch
@@ -51,11 +51,7 @@ def _eager():
     x, y = _data(1)
     losses = []
     for _ in range(STEPS):
-        optimizer.zero_grad()
-        loss = model(x, y)[1]
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+        losses.append(eager_step(model, optimizer, x, y))
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
